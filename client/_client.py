@@ -1,0 +1,198 @@
+"""The Python client: one method per daemon call, errors raised as WorldlineError."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+
+from worldline.v1 import worldline_pb2 as pb
+from worldline.v1 import worldline_pb2_grpc as pb_grpc
+
+from .config import default_address, unix_path
+from .errors import Unavailable, error_for_code
+from .models import (
+    Approval, AuditEvent, Checkpoint, CheckpointDetail, Diff, PolicyDecision, RestoreResult,
+    Session, SideEffect, Task, ToolCall,
+)
+
+MAX_MESSAGE = 64 << 20
+
+
+def _dumps(value: Any) -> str:
+    return "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+class Client:
+    """A connection to the worldline daemon. ``address`` is ``unix:///abs/path`` or
+    ``host:port``; None means ``$WORLDLINE_ADDRESS`` or the default socket."""
+
+    def __init__(self, address: str | None = None, timeout: float = 120.0) -> None:
+        self.address = address or default_address()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(self.address, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE)])
+        self._stub = pb_grpc.WorldlineStub(self._channel)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request, timeout: float | None = None):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.UNAVAILABLE and unix_path(self.address) is not None:
+                raise Unavailable(f"cannot reach the worldline daemon at {self.address}"
+                                  f" (start it with `worldline daemon`): {details}") from None
+            raise error_for_code(code.name, details) from None
+
+    # sessions
+    def create_session(self, workspace: str, container: str | None = None,
+                       name: str | None = None) -> Session:
+        m = self._call("CreateSession", pb.CreateSessionRequest(
+            workspace=workspace, container=container or "", name=name or ""))
+        return Session.from_pb(m, self)
+
+    def get_session(self, session_id: str) -> Session:
+        return Session.from_pb(self._call("GetSession", pb.GetSessionRequest(
+            session_id=session_id)), self)
+
+    def list_sessions(self) -> list[Session]:
+        return [Session.from_pb(s, self)
+                for s in self._call("ListSessions", pb.ListSessionsRequest()).sessions]
+
+    # checkpoints
+    def checkpoint(self, session_id: str, label: str | None = None, reasoning: str | None = None,
+                   messages: list | None = None, state: dict | None = None,
+                   trace_id: str | None = None, expected_head: str | None = None) -> Checkpoint:
+        return Checkpoint.from_pb(self._call("CreateCheckpoint", pb.CheckpointRequest(
+            session_id=session_id, label=label or "", reasoning=reasoning or "",
+            trace_id=trace_id or "", messages_json=_dumps(messages) if messages else "",
+            state_json=_dumps(state), expected_head=expected_head or "")))
+
+    def checkpoint_raw(self, session_id: str, messages_json: str = "", state_json: str = "",
+                       **kw) -> Checkpoint:
+        """As ``checkpoint`` with messages and state as JSON text, validated by the daemon."""
+        return Checkpoint.from_pb(self._call("CreateCheckpoint", pb.CheckpointRequest(
+            session_id=session_id, messages_json=messages_json, state_json=state_json,
+            label=kw.get("label") or "", reasoning=kw.get("reasoning") or "",
+            trace_id=kw.get("trace_id") or "", expected_head=kw.get("expected_head") or "")))
+
+    def show(self, checkpoint_id: str) -> CheckpointDetail:
+        return CheckpointDetail.from_pb(self._call("GetCheckpoint", pb.GetCheckpointRequest(
+            checkpoint_id=checkpoint_id)))
+
+    def log(self, session_id: str) -> list[Checkpoint]:
+        return [Checkpoint.from_pb(c) for c in self._call("ListCheckpoints",
+                pb.ListCheckpointsRequest(session_id=session_id)).checkpoints]
+
+    def diff(self, from_id: str, to_id: str, patch: bool = False) -> Diff:
+        return Diff.from_pb(self._call("Diff", pb.DiffRequest(from_id=from_id, to_id=to_id,
+                                                              patch=patch)))
+
+    def restore(self, session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
+                dry_run: bool = False, expected_head: str | None = None) -> RestoreResult:
+        return RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
+            session_id=session_id, checkpoint_id=checkpoint_id,
+            acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
+            expected_head=expected_head or "")))
+
+    def fork(self, checkpoint_id: str, workspace: str | None = None,
+             name: str | None = None) -> Session:
+        m = self._call("Fork", pb.ForkRequest(checkpoint_id=checkpoint_id,
+                                              workspace=workspace or "", name=name or ""))
+        session = Session.from_pb(m.session, self)
+        session.side_effects = [SideEffect.from_pb(s) for s in m.side_effects]
+        return session
+
+    # tool calls and policy
+    def record_tool_call(self, session_id: str, name: str, args: dict | None = None,
+                         effect: str | None = None, result: Any = None,
+                         idempotency_key: str | None = None,
+                         approval_id: str | None = None) -> ToolCall:
+        return self.record_tool_call_raw(session_id, name, _dumps(args), _dumps(result),
+                                         effect, idempotency_key, approval_id)
+
+    def record_tool_call_raw(self, session_id: str, name: str, args_json: str = "",
+                             result_json: str = "", effect: str | None = None,
+                             idempotency_key: str | None = None,
+                             approval_id: str | None = None) -> ToolCall:
+        return ToolCall.from_pb(self._call("RecordToolCall", pb.RecordToolCallRequest(
+            session_id=session_id, name=name, args_json=args_json, result_json=result_json,
+            effect=effect or "", idempotency_key=idempotency_key or "",
+            approval_id=approval_id or "")))
+
+    def tool_calls(self, session_id: str) -> list[ToolCall]:
+        return [ToolCall.from_pb(t) for t in self._call("ListToolCalls", pb.ListToolCallsRequest(
+            session_id=session_id)).tool_calls]
+
+    def explain_policy(self, tool: str, args_json: str = "") -> PolicyDecision:
+        m = self._call("ExplainPolicy", pb.ExplainPolicyRequest(tool=tool, args_json=args_json))
+        return PolicyDecision(m.effect, m.rule, m.requires_approval)
+
+    # tasks
+    def set_task(self, session_id: str, task_id: str, status: str, title: str | None = None,
+                 parent: str | None = None, note: str | None = None) -> Task:
+        return Task.from_pb(self._call("SetTask", pb.SetTaskRequest(
+            session_id=session_id, task_id=task_id, status=status, title=title or "",
+            parent=parent or "", note=note or "")))
+
+    def tasks(self, session_id: str) -> tuple[list[Task], str | None]:
+        m = self._call("ListTasks", pb.ListTasksRequest(session_id=session_id))
+        return [Task.from_pb(t) for t in m.tasks], m.resume or None
+
+    # approvals
+    def request_approval(self, session_id: str, tool: str, args: dict | None = None,
+                         ttl: float | None = None, args_json: str | None = None) -> Approval:
+        return Approval.from_pb(self._call("RequestApproval", pb.RequestApprovalRequest(
+            session_id=session_id, tool=tool,
+            args_json=args_json if args_json is not None else _dumps(args),
+            ttl_seconds=ttl or 0.0)))
+
+    def get_approval(self, approval_id: str) -> Approval:
+        return Approval.from_pb(self._call("GetApproval", pb.GetApprovalRequest(
+            approval_id=approval_id)))
+
+    def wait_approval(self, approval_id: str, timeout: float = 30.0) -> Approval:
+        """Wait until the approval is decided or expires; after ``timeout`` seconds it is
+        returned still pending."""
+        return Approval.from_pb(self._call("WaitApproval", pb.WaitApprovalRequest(
+            approval_id=approval_id, timeout_seconds=timeout), timeout=timeout + 30.0))
+
+    def list_approvals(self, session_id: str | None = None,
+                       status: str | None = None) -> list[Approval]:
+        return [Approval.from_pb(a) for a in self._call("ListApprovals", pb.ListApprovalsRequest(
+            session_id=session_id or "", status=status or "")).approvals]
+
+    def decide_approval(self, approval_id: str, approve: bool = True, reason: str = "") -> Approval:
+        return Approval.from_pb(self._call("DecideApproval", pb.DecideApprovalRequest(
+            approval_id=approval_id, approve=approve, reason=reason)))
+
+    # audit and maintenance
+    def audit(self, session_id: str | None = None, kind: str | None = None,
+              limit: int = 0) -> list[AuditEvent]:
+        return [AuditEvent.from_pb(e) for e in self._call("ListAudit", pb.ListAuditRequest(
+            session_id=session_id or "", kind=kind or "", limit=limit)).events]
+
+    def verify_audit(self) -> dict:
+        m = self._call("VerifyAudit", pb.VerifyAuditRequest())
+        return {"ok": m.ok, "events": m.events, "problems": list(m.problems)}
+
+    def fsck(self, repair: bool = False) -> dict:
+        m = self._call("Fsck", pb.FsckRequest(repair=repair), timeout=3600)
+        return {"ok": m.ok, "problems": list(m.problems), "blobs_checked": m.blobs_checked,
+                "checkpoints_checked": m.checkpoints_checked, "repaired": list(m.repaired)}
+
+    def gc(self, dry_run: bool = False) -> dict:
+        m = self._call("Gc", pb.GcRequest(dry_run=dry_run), timeout=3600)
+        return {"blobs_removed": m.blobs_removed, "bytes_freed": m.bytes_freed,
+                "dry_run": m.dry_run}

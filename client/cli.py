@@ -1,0 +1,391 @@
+"""The ``worldline`` command line. Every command takes ``--json`` (stdout is then
+exactly one JSON document) and ``--address``. Errors print one line on stderr,
+``error: CODE: message``, and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+from ._client import Client
+from .errors import InvalidArgument, WorldlineError
+
+EXIT_ERROR, EXIT_DENIED, EXIT_EXPIRED = 1, 3, 4
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, document: Any, human: Callable[[], str]) -> None:
+        if self.as_json:
+            json.dump(document, sys.stdout, ensure_ascii=False, indent=2)
+            sys.stdout.write("\n")
+        else:
+            text = human()
+            if text:
+                print(text)
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers)] + [line(r) for r in rows])
+
+
+def _kv(d: dict, keys: list[str]) -> str:
+    return "\n".join(f"{k}: {d[k] if d[k] is not None else '-'}" for k in keys)
+
+
+def _read_json_file(path: str, what: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {what} file {path}: {exc.strerror}") from None
+
+
+def _session_human(s: dict) -> str:
+    return _kv(s, ["id", "name", "workspace", "container", "head", "forked_from", "created_at"])
+
+
+def _checkpoint_rows(cps: list[dict]) -> str:
+    return _table([[c["seq"], c["id"], c["kind"], c["created_at"][:19], c["label"]]
+                   for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
+
+
+def _effects_human(effects: list[dict]) -> str:
+    if not effects:
+        return ""
+    rows = [[e["tool_call_id"], e["tool"], e["created_at"][:19], e["args_summary"][:60]]
+            for e in effects]
+    return "side effects no restore can undo:\n" + _table(rows, ["TOOL CALL", "TOOL", "AT", "ARGS"])
+
+
+# -- commands --------------------------------------------------------------------------
+def cmd_session(c: Client, a, out: Output) -> int:
+    if a.session_cmd == "create":
+        s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name)
+        out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
+    elif a.session_cmd == "list":
+        sessions = [s.to_dict() for s in c.list_sessions()]
+        out.emit(sessions, lambda: _table(
+            [[s["id"], s["name"], s["head"], s["workspace"]] for s in sessions],
+            ["ID", "NAME", "HEAD", "WORKSPACE"]))
+    else:
+        s = c.get_session(a.id).to_dict()
+        out.emit(s, lambda: _session_human(s))
+    return 0
+
+
+def cmd_checkpoint(c: Client, a, out: Output) -> int:
+    messages = _read_json_file(a.messages, "messages") if a.messages else ""
+    state = _read_json_file(a.state, "state") if a.state else ""
+    cp = c.checkpoint_raw(a.session, messages_json=messages, state_json=state, label=a.label,
+                          reasoning=a.reasoning, trace_id=a.trace_id,
+                          expected_head=a.expected_head).to_dict()
+    out.emit(cp, lambda: f"checkpoint {cp['id']} (seq {cp['seq']})")
+    return 0
+
+
+def cmd_log(c: Client, a, out: Output) -> int:
+    cps = [cp.to_dict() for cp in c.log(a.session)]
+    out.emit(cps, lambda: _checkpoint_rows(cps))
+    return 0
+
+
+def cmd_show(c: Client, a, out: Output) -> int:
+    d = c.show(a.checkpoint).to_dict()
+    out.emit(d, lambda: _kv(d, ["id", "session_id", "seq", "kind", "parent_id", "label",
+                                "reasoning", "created_at", "tree", "bytes", "message_count"])
+             + f"\nmessages: {len(d['messages'])}\ntasks: {len(d['tasks'])}"
+             + f"\nstate: {json.dumps(d['state'])[:200]}")
+    return 0
+
+
+def cmd_diff(c: Client, a, out: Output) -> int:
+    d = c.diff(a.from_id, a.to_id, patch=a.patch).to_dict()
+    if not a.patch:
+        d.pop("patch")
+
+    def human() -> str:
+        if a.patch:
+            return d["patch"].rstrip("\n")
+        lines = [f"A {p}" for p in d["added"]] + [f"M {p}" for p in d["modified"]] + \
+                [f"D {p}" for p in d["deleted"]]
+        return "\n".join(sorted(lines, key=lambda s: s[2:])) or "(no differences)"
+    out.emit(d, human)
+    return 0
+
+
+def cmd_restore(c: Client, a, out: Output) -> int:
+    r = c.restore(a.session, a.checkpoint, acknowledge_side_effects=a.yes,
+                  dry_run=a.dry_run).to_dict()
+
+    def human() -> str:
+        verb = "would write" if a.dry_run else "wrote"
+        head = "" if a.dry_run else f"restored to {r['restored_from']}: new head" \
+                                    f" {r['checkpoint']['id']}\n"
+        text = f"{head}{verb} {len(r['files_written'])} path(s), " \
+               f"{'would remove' if a.dry_run else 'removed'} {len(r['files_removed'])}"
+        effects = _effects_human(r["side_effects"])
+        return text + ("\n" + effects if effects else "")
+    out.emit(r, human)
+    return 0
+
+
+def cmd_fork(c: Client, a, out: Output) -> int:
+    s = c.fork(a.checkpoint, workspace=os.path.abspath(a.workspace) if a.workspace else None,
+               name=a.name)
+    d = s.to_dict()
+    d["side_effects"] = [e.to_dict() for e in getattr(s, "side_effects", [])]
+    out.emit(d, lambda: _session_human(d) + ("\n" + _effects_human(d["side_effects"])
+                                             if d["side_effects"] else ""))
+    return 0
+
+
+def cmd_tool(c: Client, a, out: Output) -> int:
+    t = c.record_tool_call_raw(a.session, a.name, args_json=a.args or "",
+                               result_json=a.result or "", effect=a.effect,
+                               idempotency_key=a.idempotency_key,
+                               approval_id=a.approval).to_dict()
+    out.emit(t, lambda: f"tool call {t['id']}: {t['name']} ({t['effect']})"
+             + (" [replayed: already executed]" if t["replayed"] else ""))
+    return 0
+
+
+def cmd_tools(c: Client, a, out: Output) -> int:
+    calls = [t.to_dict() for t in c.tool_calls(a.session)]
+    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"], t["created_at"][:19]]
+                                    for t in calls], ["ID", "TOOL", "EFFECT", "AT"]))
+    return 0
+
+
+def cmd_task(c: Client, a, out: Output) -> int:
+    t = c.set_task(a.session, a.task_id, a.status, title=a.title, parent=a.parent,
+                   note=a.note).to_dict()
+    out.emit(t, lambda: f"task {t['id']}: {t['status']}")
+    return 0
+
+
+def cmd_tasks(c: Client, a, out: Output) -> int:
+    tasks, resume = c.tasks(a.session)
+    d = {"tasks": [t.to_dict() for t in tasks], "resume": resume}
+    out.emit(d, lambda: _table([[t["id"], t["status"], t["parent"] or "", t["title"]]
+                                for t in d["tasks"]], ["ID", "STATUS", "PARENT", "TITLE"])
+             + f"\nresume: {resume or '-'}")
+    return 0
+
+
+def _approval_human(ap: dict) -> str:
+    return _kv(ap, ["id", "status", "tool", "checkpoint_id", "reason", "expires_at"])
+
+
+def cmd_approval(c: Client, a, out: Output) -> int:
+    ap = c.request_approval(a.session, a.tool, args_json=a.args or "", ttl=a.ttl)
+    if a.wait is not None:
+        ap = c.wait_approval(ap.id, timeout=a.wait)
+    d = ap.to_dict()
+    out.emit(d, lambda: _approval_human(d))
+    if a.wait is None:
+        return 0
+    return {"approved": 0, "denied": EXIT_DENIED}.get(d["status"], EXIT_EXPIRED)
+
+
+def cmd_approvals(c: Client, a, out: Output) -> int:
+    aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
+    out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
+                                   x["created_at"][:19]] for x in aps],
+                                 ["ID", "STATUS", "SESSION", "TOOL", "REQUESTED"]))
+    return 0
+
+
+def cmd_decide(c: Client, a, out: Output) -> int:
+    d = c.decide_approval(a.id, approve=a.command == "approve", reason=a.reason or "").to_dict()
+    out.emit(d, lambda: f"approval {d['id']}: {d['status']}")
+    return 0
+
+
+def cmd_policy(c: Client, a, out: Output) -> int:
+    d = c.explain_policy(a.tool, a.args or "").to_dict()
+    out.emit(d, lambda: _kv(d, ["effect", "requires_approval", "rule"]))
+    return 0
+
+
+def cmd_audit(c: Client, a, out: Output) -> int:
+    if a.audit_cmd == "verify":
+        d = c.verify_audit()
+        out.emit(d, lambda: ("ok" if d["ok"] else "BROKEN") + f": {d['events']} event(s)"
+                 + "".join(f"\n  {p}" for p in d["problems"]))
+        return 0 if d["ok"] else EXIT_ERROR
+    events = [e.to_dict() for e in c.audit(a.session, a.kind, a.limit)]
+    out.emit(events, lambda: _table([[e["seq"], e["created_at"][:19], e["kind"],
+                                      e["session_id"] or "", e["subject_id"]] for e in events],
+                                    ["SEQ", "AT", "KIND", "SESSION", "SUBJECT"]))
+    return 0
+
+
+def cmd_fsck(c: Client, a, out: Output) -> int:
+    d = c.fsck(repair=a.repair)
+    out.emit(d, lambda: ("ok" if d["ok"] else "PROBLEMS") + f": {d['checkpoints_checked']}"
+             f" checkpoint(s), {d['blobs_checked']} blob(s)"
+             + "".join(f"\n  {p}" for p in d["problems"])
+             + "".join(f"\n  repaired: {p}" for p in d["repaired"]))
+    return 0 if d["ok"] else EXIT_ERROR
+
+
+def cmd_gc(c: Client, a, out: Output) -> int:
+    d = c.gc(dry_run=a.dry_run)
+    out.emit(d, lambda: f"{'would remove' if a.dry_run else 'removed'} {d['blobs_removed']}"
+             f" blob(s), {d['bytes_freed']} bytes")
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print exactly one JSON document on stdout")
+    common.add_argument("--address", default=argparse.SUPPRESS,
+                        help="daemon address: unix:///abs/path or host:port"
+                             " (default $WORLDLINE_ADDRESS or the default socket)")
+    p = argparse.ArgumentParser(prog="worldline", parents=[common],
+                                description="Undo, branch and audit a coding agent's world.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn, help: str, **kw) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help, description=help, **kw)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    d = sub.add_parser("daemon", help="run the daemon in the foreground")
+    d.add_argument("--root", help="data root (default $WORLDLINE_ROOT or ~/.local/share/worldline)")
+    d.add_argument("--listen", help="address to listen on (default unix://<root>/worldline.sock)")
+    d.add_argument("--policy", help="side-effect policy file (TOML); default $WORLDLINE_POLICY")
+    d.set_defaults(fn=None)
+
+    s = add("session", cmd_session, "create, list and show sessions")
+    ss = s.add_subparsers(dest="session_cmd", required=True, metavar="SUBCOMMAND")
+    sc = ss.add_parser("create", parents=[common], help="start a session on a workspace")
+    sc.add_argument("--workspace", required=True)
+    sc.add_argument("--container")
+    sc.add_argument("--name")
+    ss.add_parser("list", parents=[common], help="list sessions")
+    sh = ss.add_parser("show", parents=[common], help="show one session")
+    sh.add_argument("id")
+
+    c = add("checkpoint", cmd_checkpoint, "record a checkpoint of a session's world")
+    c.add_argument("session")
+    c.add_argument("--label")
+    c.add_argument("--reasoning")
+    c.add_argument("--trace-id")
+    c.add_argument("--messages", metavar="FILE", help="JSON list of messages appended since"
+                                                      " the previous checkpoint ('-': stdin)")
+    c.add_argument("--state", metavar="FILE", help="JSON object: the agent state ('-': stdin)")
+    c.add_argument("--expected-head", help="fail with ABORTED unless this is the head")
+
+    add("log", cmd_log, "list a session's checkpoints, oldest first").add_argument("session")
+    add("show", cmd_show, "show a checkpoint with its conversation, state and tasks"
+        ).add_argument("checkpoint")
+    df = add("diff", cmd_diff, "paths that differ between two checkpoints")
+    df.add_argument("from_id", metavar="FROM")
+    df.add_argument("to_id", metavar="TO")
+    df.add_argument("--patch", action="store_true", help="a unified diff of text files")
+
+    r = add("restore", cmd_restore, "make a session's world equal to a checkpoint")
+    r.add_argument("session")
+    r.add_argument("checkpoint")
+    r.add_argument("--yes", action="store_true",
+                   help="acknowledge non-idempotent side effects the restore cannot undo")
+    r.add_argument("--dry-run", action="store_true", help="report, change nothing")
+
+    f = add("fork", cmd_fork, "start a new session from a checkpoint")
+    f.add_argument("checkpoint")
+    f.add_argument("--workspace", help="folder for the fork (default: under the data root)")
+    f.add_argument("--name")
+
+    t = add("tool", cmd_tool, "record a tool call")
+    t.add_argument("session")
+    t.add_argument("name")
+    t.add_argument("--args", help="JSON object")
+    t.add_argument("--effect", help="read_only | local | external_idempotent |"
+                                    " external_non_idempotent (default: the policy decides)")
+    t.add_argument("--result", help="JSON")
+    t.add_argument("--idempotency-key")
+    t.add_argument("--approval", help="id of the approved approval for a gated tool")
+    add("tools", cmd_tools, "list a session's tool calls").add_argument("session")
+
+    tk = add("task", cmd_task, "set a subtask's status")
+    tk.add_argument("session")
+    tk.add_argument("task_id")
+    tk.add_argument("--status", required=True)
+    tk.add_argument("--title")
+    tk.add_argument("--parent")
+    tk.add_argument("--note")
+    add("tasks", cmd_tasks, "list tasks and the resume point").add_argument("session")
+
+    ap = add("approval", cmd_approval, "ask an operator to approve a tool call")
+    aps = ap.add_subparsers(dest="approval_cmd", required=True, metavar="SUBCOMMAND")
+    apr = aps.add_parser("request", parents=[common], help="checkpoint, then request approval")
+    apr.add_argument("session")
+    apr.add_argument("tool")
+    apr.add_argument("--args", help="JSON object")
+    apr.add_argument("--wait", type=float, metavar="SECONDS",
+                     help="wait for the decision: exit 0 approved, 3 denied, 4 expired/timeout")
+    apr.add_argument("--ttl", type=float, metavar="SECONDS", help="expire after (default 3600)")
+    al = add("approvals", cmd_approvals, "list approvals")
+    als = al.add_subparsers(dest="approvals_cmd", required=True, metavar="SUBCOMMAND")
+    all_ = als.add_parser("list", parents=[common], help="list approvals")
+    all_.add_argument("--session")
+    all_.add_argument("--status")
+    a1 = add("approve", cmd_decide, "approve a pending approval")
+    a1.add_argument("id")
+    a1.add_argument("--reason")
+    a2 = add("deny", cmd_decide, "deny a pending approval")
+    a2.add_argument("id")
+    a2.add_argument("--reason", required=True)
+
+    po = add("policy", cmd_policy, "explain the side-effect policy")
+    pos = po.add_subparsers(dest="policy_cmd", required=True, metavar="SUBCOMMAND")
+    pe = pos.add_parser("explain", parents=[common], help="the effect of a tool call and why")
+    pe.add_argument("tool")
+    pe.add_argument("--args", help="JSON object")
+
+    au = add("audit", cmd_audit, "read or verify the audit log")
+    au.add_argument("audit_cmd", nargs="?", choices=["verify"], help="verify the hash chain")
+    au.add_argument("--session")
+    au.add_argument("--kind")
+    au.add_argument("--limit", type=int, default=0)
+
+    add("fsck", cmd_fsck, "check every blob, reference and the audit chain").add_argument(
+        "--repair", action="store_true", help="repair what is safe to repair")
+    add("gc", cmd_gc, "remove blobs no checkpoint needs").add_argument(
+        "--dry-run", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "daemon":
+        from worldline.daemon.main import run
+        return run(args.root, args.listen, args.policy)
+    out = Output(getattr(args, "json", False))
+    try:
+        with Client(getattr(args, "address", None)) as client:
+            return args.fn(client, args, out)
+    except WorldlineError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

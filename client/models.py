@@ -1,0 +1,258 @@
+"""What the client hands back: plain dataclasses, each with ``to_dict()`` giving the
+CLI's JSON (the keys of CONTRACT.md, plus more)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+
+def _opt(text: str) -> str | None:
+    return text or None
+
+
+def _json(text: str) -> Any:
+    return json.loads(text) if text else None
+
+
+class _Record:
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            if f.name.startswith("_"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, _Record):
+                value = value.to_dict()
+            elif isinstance(value, list):
+                value = [v.to_dict() if isinstance(v, _Record) else v for v in value]
+            out[f.name] = value
+        return out
+
+
+@dataclass
+class Checkpoint(_Record):
+    id: str
+    session_id: str
+    seq: int
+    parent_id: str | None
+    label: str
+    reasoning: str
+    trace_id: str
+    created_at: str
+    kind: str
+    restored_from: str | None
+    tree: str
+    bytes: int
+    messages_added: int
+    message_count: int
+    acknowledged_side_effects: list[str]
+
+    @classmethod
+    def from_pb(cls, m) -> "Checkpoint":
+        return cls(m.id, m.session_id, m.seq, _opt(m.parent_id), m.label, m.reasoning,
+                   m.trace_id, m.created_at, m.kind, _opt(m.restored_from), m.tree, m.bytes,
+                   m.messages_added, m.message_count, list(m.acknowledged_side_effects))
+
+
+@dataclass
+class Task(_Record):
+    id: str
+    title: str
+    parent: str | None
+    status: str
+    note: str
+    updated_at: str
+
+    @classmethod
+    def from_pb(cls, m) -> "Task":
+        return cls(m.id, m.title, _opt(m.parent), m.status, m.note, m.updated_at)
+
+
+@dataclass
+class CheckpointDetail(Checkpoint):
+    messages: list = field(default_factory=list)
+    state: dict = field(default_factory=dict)
+    tasks: list[Task] = field(default_factory=list)
+
+    @classmethod
+    def from_pb(cls, m) -> "CheckpointDetail":
+        base = Checkpoint.from_pb(m.checkpoint)
+        return cls(**{f.name: getattr(base, f.name) for f in fields(Checkpoint)},
+                   messages=_json(m.messages_json) or [], state=_json(m.state_json) or {},
+                   tasks=[Task.from_pb(t) for t in m.tasks])
+
+
+@dataclass
+class SideEffect(_Record):
+    tool_call_id: str
+    tool: str
+    args_summary: str
+    created_at: str
+    checkpoint_id: str
+    effect: str
+
+    @classmethod
+    def from_pb(cls, m) -> "SideEffect":
+        return cls(m.tool_call_id, m.tool, m.args_summary, m.created_at, m.checkpoint_id,
+                   m.effect)
+
+
+@dataclass
+class RestoreResult(_Record):
+    checkpoint: Checkpoint | None
+    restored_from: str
+    files_written: list[str]
+    files_removed: list[str]
+    side_effects: list[SideEffect]
+    dry_run: bool
+
+    @classmethod
+    def from_pb(cls, m) -> "RestoreResult":
+        return cls(Checkpoint.from_pb(m.checkpoint) if m.HasField("checkpoint") else None,
+                   m.restored_from, list(m.files_written), list(m.files_removed),
+                   [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run)
+
+
+@dataclass
+class Diff(_Record):
+    added: list[str]
+    modified: list[str]
+    deleted: list[str]
+    patch: str = ""
+
+    @classmethod
+    def from_pb(cls, m) -> "Diff":
+        return cls(list(m.added), list(m.modified), list(m.deleted), m.patch)
+
+
+@dataclass
+class ToolCall(_Record):
+    id: str
+    session_id: str
+    name: str
+    args: Any
+    result: Any
+    effect: str
+    idempotency_key: str | None
+    checkpoint_id: str
+    created_at: str
+    replayed: bool
+    rule: str
+    approval_id: str | None
+
+    @classmethod
+    def from_pb(cls, m) -> "ToolCall":
+        return cls(m.id, m.session_id, m.name, _json(m.args_json), _json(m.result_json),
+                   m.effect, _opt(m.idempotency_key), m.checkpoint_id, m.created_at, m.replayed,
+                   m.rule, _opt(m.approval_id))
+
+
+@dataclass
+class Approval(_Record):
+    id: str
+    session_id: str
+    tool: str
+    args: Any
+    status: str
+    checkpoint_id: str
+    reason: str
+    created_at: str
+    decided_at: str | None
+    expires_at: str
+
+    @classmethod
+    def from_pb(cls, m) -> "Approval":
+        return cls(m.id, m.session_id, m.tool, _json(m.args_json), m.status, m.checkpoint_id,
+                   m.reason, m.created_at, _opt(m.decided_at), m.expires_at)
+
+
+@dataclass
+class PolicyDecision(_Record):
+    effect: str
+    rule: str
+    requires_approval: bool
+
+
+@dataclass
+class AuditEvent(_Record):
+    seq: int
+    kind: str
+    session_id: str | None
+    subject_id: str
+    detail: dict
+    created_at: str
+    hash: str
+    prev_hash: str
+
+    @classmethod
+    def from_pb(cls, m) -> "AuditEvent":
+        return cls(m.seq, m.kind, _opt(m.session_id), m.subject_id, _json(m.detail_json) or {},
+                   m.created_at, m.hash, m.prev_hash)
+
+
+@dataclass
+class Session(_Record):
+    """A session, with the agent-side calls bound to it."""
+
+    id: str
+    name: str
+    workspace: str
+    container: str | None
+    head: str
+    forked_from: str | None
+    created_at: str
+    _client: "Client | None" = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, m, client: "Client") -> "Session":
+        return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
+                   m.created_at, client)
+
+    def checkpoint(self, label: str | None = None, reasoning: str | None = None,
+                   messages: list | None = None, state: dict | None = None,
+                   trace_id: str | None = None, expected_head: str | None = None) -> Checkpoint:
+        cp = self._client.checkpoint(self.id, label=label, reasoning=reasoning,
+                                     messages=messages, state=state, trace_id=trace_id,
+                                     expected_head=expected_head)
+        self.head = cp.id
+        return cp
+
+    def restore(self, checkpoint_id: str, acknowledge_side_effects: bool = False,
+                dry_run: bool = False) -> RestoreResult:
+        result = self._client.restore(self.id, checkpoint_id,
+                                      acknowledge_side_effects=acknowledge_side_effects,
+                                      dry_run=dry_run)
+        if result.checkpoint is not None:
+            self.head = result.checkpoint.id
+        return result
+
+    def fork(self, checkpoint_id: str, workspace: str | None = None,
+             name: str | None = None) -> "Session":
+        return self._client.fork(checkpoint_id, workspace=workspace, name=name)
+
+    def log(self) -> list[Checkpoint]:
+        return self._client.log(self.id)
+
+    def record_tool_call(self, name: str, args: dict | None = None, effect: str | None = None,
+                         result: Any = None, idempotency_key: str | None = None,
+                         approval_id: str | None = None) -> ToolCall:
+        return self._client.record_tool_call(self.id, name, args=args, effect=effect,
+                                             result=result, idempotency_key=idempotency_key,
+                                             approval_id=approval_id)
+
+    def set_task(self, task_id: str, status: str, title: str | None = None,
+                 parent: str | None = None, note: str | None = None) -> Task:
+        return self._client.set_task(self.id, task_id, status, title=title, parent=parent,
+                                     note=note)
+
+    def tasks(self) -> tuple[list[Task], str | None]:
+        return self._client.tasks(self.id)
+
+    def request_approval(self, tool: str, args: dict | None = None,
+                         ttl: float | None = None) -> Approval:
+        return self._client.request_approval(self.id, tool, args=args, ttl=ttl)

@@ -1,0 +1,315 @@
+"""Blob stores: immutable bytes named by the SHA-256 of their content.
+
+Contract of every ``BlobStore``:
+
+- Terms: a *blob* is a byte string; its *digest* is the lowercase hex SHA-256 of
+  those bytes, and the blob's only name.
+- Lifecycle: ``put_*`` makes a blob readable under its digest; it stays readable,
+  unchanged, until ``delete`` (only garbage collection calls it). Putting bytes that
+  are already stored is cheap and returns the same digest.
+- Atomicity: a blob is visible under its digest only once all its bytes are there;
+  a crash mid-put leaves at most an unnamed temporary, never a short blob.
+- Durability: once ``sync()`` returns, every blob put before it survives a crash.
+  Callers put all of a checkpoint's blobs, call ``sync()`` once, then commit the
+  metadata that references them.
+- Integrity: reads verify the digest; bytes that no longer match raise ``DataLoss``.
+- Errors: ``NotFound`` for a digest that is not stored; ``InvalidArgument`` for a
+  string that is not a digest; ``ResourceExhausted`` when the disk is full.
+
+Implementations: ``LocalBlobStore`` (files under the data root), ``MemoryBlobStore``
+(the reference, and the store of tests). An S3-compatible store fits the same shape.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import threading
+import time
+from typing import Iterator, Protocol
+
+from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
+
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1 << 20
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    if not _DIGEST_RE.match(digest):
+        raise InvalidArgument(f"{digest!r} is not a blob digest")
+    return digest
+
+
+class BlobStore(Protocol):
+    def has(self, digest: str) -> bool: ...
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data``; return its digest."""
+
+    def put_fd(self, fd: int) -> tuple[str, int]:
+        """Store what remains to be read from ``fd``; return (digest, size)."""
+
+    def read_bytes(self, digest: str) -> bytes:
+        """The blob's bytes, verified."""
+
+    def copy_to_fd(self, digest: str, fd: int) -> int:
+        """Write the blob's bytes, verified, to ``fd``; return the size."""
+
+    def size(self, digest: str) -> int: ...
+
+    def stored_at(self, digest: str) -> float:
+        """When the blob was stored (seconds since the epoch): gc's grace period."""
+
+    def delete(self, digest: str) -> int:
+        """Remove the blob; return the bytes freed (0 if it was absent)."""
+
+    def digests(self) -> Iterator[str]: ...
+
+    def sync(self) -> None:
+        """Make every blob put so far durable."""
+
+
+def _disk_full(exc: OSError) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhausted(f"no space left for blobs: {exc.strerror}")
+    return exc
+
+
+class LocalBlobStore:
+    """Blobs as read-only files ``<root>/<2 hex>/<62 hex>``, written aside then renamed."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.tmp = os.path.join(root, "tmp")
+        os.makedirs(self.tmp, mode=0o700, exist_ok=True)
+        self._dirty_dirs: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _path(self, digest: str) -> str:
+        check_digest(digest)
+        return os.path.join(self.root, digest[:2], digest[2:])
+
+    def has(self, digest: str) -> bool:
+        return os.path.exists(self._path(digest))
+
+    def put_bytes(self, data: bytes) -> str:
+        digest = digest_of(data)
+        if self.has(digest):
+            return digest
+        fd, tmp = self._open_temp()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            self._seal(fd, tmp, digest)
+        except BaseException as exc:
+            _discard(fd, tmp)
+            raise _disk_full(exc) if isinstance(exc, OSError) else exc
+        return digest
+
+    def put_fd(self, src: int) -> tuple[str, int]:
+        hasher = hashlib.sha256()
+        fd, tmp = self._open_temp()
+        size = 0
+        try:
+            while chunk := os.read(src, CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            digest = hasher.hexdigest()
+            if self.has(digest):
+                _discard(fd, tmp)
+            else:
+                self._seal(fd, tmp, digest)
+        except BaseException as exc:
+            _discard(fd, tmp)
+            raise _disk_full(exc) if isinstance(exc, OSError) else exc
+        return digest, size
+
+    def _open_temp(self) -> tuple[int, str]:
+        name = os.path.join(self.tmp, f"{os.getpid()}-{threading.get_ident()}-{os.urandom(6).hex()}")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
+        except OSError as exc:
+            raise _disk_full(exc) from exc
+
+    def _seal(self, fd: int, tmp: str, digest: str) -> None:
+        """fsync the temporary, make it read-only and rename it to its digest."""
+        os.fchmod(fd, 0o444)
+        os.fsync(fd)
+        os.close(fd)
+        final = self._path(digest)
+        folder = os.path.dirname(final)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.rename(tmp, final)
+        with self._lock:
+            self._dirty_dirs.add(folder)
+
+    def _open_verified(self, digest: str) -> int:
+        try:
+            return os.open(self._path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound(f"blob {digest} does not exist") from None
+
+    def read_bytes(self, digest: str) -> bytes:
+        fd = self._open_verified(digest)
+        try:
+            chunks = []
+            while chunk := os.read(fd, CHUNK):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if digest_of(data) != digest:
+            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+        return data
+
+    def copy_to_fd(self, digest: str, dst: int) -> int:
+        fd = self._open_verified(digest)
+        hasher = hashlib.sha256()
+        size = 0
+        try:
+            while chunk := os.read(fd, CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst, view):]
+        except OSError as exc:
+            raise _disk_full(exc) from exc
+        finally:
+            os.close(fd)
+        if hasher.hexdigest() != digest:
+            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+        return size
+
+    def size(self, digest: str) -> int:
+        try:
+            return os.stat(self._path(digest)).st_size
+        except FileNotFoundError:
+            raise NotFound(f"blob {digest} does not exist") from None
+
+    def stored_at(self, digest: str) -> float:
+        try:
+            return os.stat(self._path(digest)).st_mtime
+        except FileNotFoundError:
+            raise NotFound(f"blob {digest} does not exist") from None
+
+    def delete(self, digest: str) -> int:
+        path = self._path(digest)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def digests(self) -> Iterator[str]:
+        for prefix in sorted(os.listdir(self.root)):
+            if len(prefix) != 2:
+                continue
+            for rest in sorted(os.listdir(os.path.join(self.root, prefix))):
+                if _DIGEST_RE.match(prefix + rest):
+                    yield prefix + rest
+
+    def sync(self) -> None:
+        with self._lock:
+            folders, self._dirty_dirs = self._dirty_dirs, set()
+        for folder in folders:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def clean_temporaries(self) -> int:
+        """Remove temporaries left by a crash; called at start, before any put."""
+        removed = 0
+        for name in os.listdir(self.tmp):
+            os.unlink(os.path.join(self.tmp, name))
+            removed += 1
+        return removed
+
+
+def _discard(fd: int, tmp: str) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
+class MemoryBlobStore:
+    """The reference blob store: a dict. Durable for as long as the process lives."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, bytes] = {}
+        self._stored_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def has(self, digest: str) -> bool:
+        return check_digest(digest) in self._blobs
+
+    def put_bytes(self, data: bytes) -> str:
+        digest = digest_of(data)
+        with self._lock:
+            if digest not in self._blobs:
+                self._blobs[digest] = bytes(data)
+                self._stored_at[digest] = time.time()
+        return digest
+
+    def put_fd(self, fd: int) -> tuple[str, int]:
+        chunks = []
+        while chunk := os.read(fd, CHUNK):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        return self.put_bytes(data), len(data)
+
+    def read_bytes(self, digest: str) -> bytes:
+        try:
+            data = self._blobs[check_digest(digest)]
+        except KeyError:
+            raise NotFound(f"blob {digest} does not exist") from None
+        if digest_of(data) != digest:
+            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+        return data
+
+    def copy_to_fd(self, digest: str, fd: int) -> int:
+        data = self.read_bytes(digest)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        return len(data)
+
+    def size(self, digest: str) -> int:
+        return len(self.read_bytes(digest))
+
+    def stored_at(self, digest: str) -> float:
+        self.read_bytes(digest)
+        return self._stored_at[digest]
+
+    def delete(self, digest: str) -> int:
+        with self._lock:
+            data = self._blobs.pop(check_digest(digest), None)
+        return len(data) if data is not None else 0
+
+    def digests(self) -> Iterator[str]:
+        return iter(sorted(self._blobs))
+
+    def sync(self) -> None:
+        return None
+
+    def corrupt(self, digest: str, data: bytes) -> None:
+        """Replace a blob's bytes behind its digest: for fault-injection tests only."""
+        self._blobs[digest] = data

@@ -1,0 +1,212 @@
+"""Tool calls, tasks and approval gates: what the agent did, is doing, and may do.
+
+- The ledger records every tool call with its effect (stated, or decided by the
+  policy) and the head checkpoint it followed. A call whose idempotency key was
+  already recorded in the session's lineage (before a restore included) is not
+  recorded again: the first call comes back with ``replayed=True``.
+- Tasks are the session's working task list; every checkpoint captures them.
+- Approval gates: a request checkpoints the world, then waits for an operator's
+  decision or the deadline. A tool the policy gates cannot be recorded without an
+  approved approval for it in the same session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from dataclasses import replace
+
+from worldline.client.errors import FailedPrecondition, InvalidArgument
+
+from . import ids
+from .policy import Decision, Policy, parse_args_json
+from .records import (
+    APPROVAL_STATUSES, EFFECTS, TASK_STATUSES, Approval, AuditEvent, Task, ToolCall,
+)
+from .store import ordered_tasks
+from .world import World, check_id, check_text
+
+DEFAULT_APPROVAL_TTL = 3600.0
+MAX_APPROVAL_TTL = 7 * 24 * 3600.0
+MAX_WAIT = 3600.0
+
+
+class Gates:
+    def __init__(self, world: World, policy: Policy) -> None:
+        self.world = world
+        self.store = world.store
+        self.policy = policy
+        self._decided = threading.Condition()
+
+    # -- tool calls ------------------------------------------------------------------
+    def explain(self, tool: str, args_json: str) -> Decision:
+        return self.policy.classify(check_text("tool", tool), parse_args_json(args_json))
+
+    def record_tool_call(self, session_id: str, name: str, *, args_json: str = "",
+                         result_json: str = "", effect: str = "", idempotency_key: str = "",
+                         approval_id: str = "") -> ToolCall:
+        if not name:
+            raise InvalidArgument("a tool call needs a tool name")
+        check_text("tool name", name)
+        check_text("idempotency key", idempotency_key)
+        args = parse_args_json(args_json)
+        if result_json:
+            try:
+                json.loads(result_json)
+            except ValueError as exc:
+                raise InvalidArgument(f"result is not valid JSON: {exc}") from None
+        if effect and effect not in EFFECTS:
+            raise InvalidArgument(f"effect {effect!r} is not one of {', '.join(EFFECTS)}")
+        decision = self.policy.classify(name, args)
+        rule = decision.rule if not effect else "stated by the caller"
+        effect = effect or decision.effect
+        session = self.world.session(session_id)
+        if idempotency_key:
+            lineage = self.store.lineage(session.head)
+            for call in self.store.list_tool_calls(checkpoint_ids=lineage):
+                if call.idempotency_key == idempotency_key:
+                    self.store.append_audit([AuditEvent(
+                        "tool_call.replay", session_id, call.id,
+                        {"idempotency_key": idempotency_key}, ids.now())])
+                    return replace(call, replayed=True)
+        if decision.requires_approval:
+            self._check_approved(session_id, name, approval_id)
+        elif approval_id:
+            check_id("approval", approval_id)
+        call = ToolCall(ids.new_id(), session_id, name,
+                        json.dumps(args, ensure_ascii=False, sort_keys=True),
+                        result_json or None, effect, idempotency_key or None, session.head,
+                        ids.now(), rule, approval_id or None)
+        self.store.add_tool_call(call, [AuditEvent(
+            "tool_call", session_id, call.id,
+            {"tool": name, "effect": effect, "checkpoint": session.head}, ids.now())])
+        return call
+
+    def _check_approved(self, session_id: str, tool: str, approval_id: str) -> None:
+        if not approval_id:
+            raise FailedPrecondition(
+                f"tool {tool!r} requires an approved approval: request one with"
+                f" `worldline approval request {session_id} {tool}` and pass its id")
+        approval = self.get_approval(check_id("approval", approval_id))
+        if approval.session_id != session_id or approval.tool != tool:
+            raise FailedPrecondition(f"approval {approval_id} is not for {tool!r} in this session")
+        if approval.status != "approved":
+            raise FailedPrecondition(f"approval {approval_id} is {approval.status}, not approved")
+
+    # -- tasks ---------------------------------------------------------------------------
+    def set_task(self, session_id: str, task_id: str, status: str, title: str = "",
+                 parent: str = "", note: str = "") -> Task:
+        if not task_id:
+            raise InvalidArgument("a task needs an id")
+        if status not in TASK_STATUSES:
+            raise InvalidArgument(f"task status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+        for what, text in (("task id", task_id), ("title", title), ("parent", parent),
+                           ("note", note)):
+            check_text(what, text)
+        existing = {t.id: t for t in self.store.list_tasks(self.world.session(session_id).id)}
+        if parent and parent not in existing:
+            raise InvalidArgument(f"parent task {parent!r} does not exist in this session")
+        if parent == task_id:
+            raise InvalidArgument("a task cannot be its own parent")
+        old = existing.get(task_id)
+        task = Task(task_id, title or (old.title if old else task_id),
+                    parent or (old.parent if old else None), status,
+                    note or (old.note if old else ""), ids.now())
+        self.store.set_task(session_id, task, [AuditEvent(
+            "task", session_id, task_id, {"status": status}, ids.now())])
+        return task
+
+    def tasks(self, session_id: str) -> tuple[list[Task], str | None]:
+        tasks = ordered_tasks(self.store.list_tasks(self.world.session(session_id).id))
+        resume = next((t.id for t in tasks if t.status not in ("completed", "skipped")), None)
+        return tasks, resume
+
+    # -- approvals -------------------------------------------------------------------------
+    def request_approval(self, session_id: str, tool: str, args_json: str = "",
+                         ttl: float = 0.0) -> Approval:
+        if not tool:
+            raise InvalidArgument("an approval needs a tool name")
+        args = parse_args_json(args_json)
+        if ttl < 0 or ttl > MAX_APPROVAL_TTL:
+            raise InvalidArgument(f"ttl must be between 0 and {MAX_APPROVAL_TTL} seconds")
+        cp = self.world.checkpoint(session_id, label=f"approval requested: {tool}")
+        created = dt.datetime.now(dt.timezone.utc)
+        expires = created + dt.timedelta(seconds=ttl or DEFAULT_APPROVAL_TTL)
+        approval = Approval(ids.new_id(), session_id, tool, json.dumps(args, sort_keys=True),
+                            "pending", cp.id, _fmt(created), _fmt(expires))
+        self.store.add_approval(approval, [AuditEvent(
+            "approval.request", session_id, approval.id,
+            {"tool": tool, "checkpoint": cp.id, "expires_at": approval.expires_at}, ids.now())])
+        return approval
+
+    def get_approval(self, approval_id: str) -> Approval:
+        return self._expire_if_due(self.store.get_approval(check_id("approval", approval_id)))
+
+    def list_approvals(self, session_id: str = "", status: str = "") -> list[Approval]:
+        if status and status not in APPROVAL_STATUSES:
+            raise InvalidArgument(f"approval status {status!r} is not one of"
+                                  f" {', '.join(APPROVAL_STATUSES)}")
+        if session_id:
+            self.world.session(session_id)
+        for approval in self.store.list_approvals(session_id or None, "pending"):
+            self._expire_if_due(approval)
+        return self.store.list_approvals(session_id or None, status or None)
+
+    def decide(self, approval_id: str, approve: bool, reason: str = "") -> Approval:
+        check_text("reason", reason)
+        if not approve and not reason.strip():
+            raise InvalidArgument("a denial needs a reason")
+        approval = self.get_approval(approval_id)
+        if approval.status != "pending":
+            raise FailedPrecondition(f"approval {approval_id} is already {approval.status}")
+        status = "approved" if approve else "denied"
+        decided = self.store.decide_approval(approval_id, status, reason, ids.now(), [AuditEvent(
+            f"approval.{status}", approval.session_id, approval_id, {"reason": reason},
+            ids.now())])
+        with self._decided:
+            self._decided.notify_all()
+        return decided
+
+    def wait(self, approval_id: str, timeout: float) -> Approval:
+        """Block until the approval is decided or expires, or ``timeout`` passes."""
+        timeout = min(max(timeout, 0.0), MAX_WAIT)
+        deadline = _monotonic() + timeout
+        while True:
+            approval = self.get_approval(approval_id)
+            remaining = deadline - _monotonic()
+            if approval.status != "pending" or remaining <= 0:
+                return approval
+            until_expiry = (_parse(approval.expires_at) - dt.datetime.now(dt.timezone.utc)
+                            ).total_seconds()
+            with self._decided:
+                self._decided.wait(max(0.01, min(remaining, until_expiry + 0.01, 1.0)))
+
+    def _expire_if_due(self, approval: Approval) -> Approval:
+        if approval.status != "pending":
+            return approval
+        if _parse(approval.expires_at) > dt.datetime.now(dt.timezone.utc):
+            return approval
+        try:
+            expired = self.store.decide_approval(approval.id, "expired", "deadline passed",
+                                                 ids.now(), [AuditEvent(
+                                                     "approval.expired", approval.session_id,
+                                                     approval.id, {}, ids.now())])
+        except FailedPrecondition:
+            return self.store.get_approval(approval.id)
+        with self._decided:
+            self._decided.notify_all()
+        return expired
+
+
+def _fmt(t: dt.datetime) -> str:
+    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _parse(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _monotonic() -> float:
+    import time
+    return time.monotonic()

@@ -1,0 +1,168 @@
+"""``worldline daemon``: run the daemon in the foreground until SIGTERM or SIGINT.
+
+Start-up order: take the data root's lock (a second daemon on the same root or
+socket refuses to start), open the stores, clear temporaries a crash left, load
+the policy (a malformed policy file stops the start), then bind the socket
+owner-only in an owner-only folder and serve.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from worldline.client.config import default_address, default_root, unix_path
+from worldline.client.errors import WorldlineError
+from worldline.v1 import worldline_pb2 as pb
+from worldline.v1 import worldline_pb2_grpc as pb_grpc
+
+from .blobs import LocalBlobStore
+from .gates import Gates
+from .policy import Policy
+from .server import ErrorInterceptor, WorldlineServicer
+from .sqlite_store import SqliteStore
+from .statcache import StatCache
+from .world import World
+
+log = logging.getLogger("worldline.daemon")
+
+MAX_MESSAGE = 64 << 20
+SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def _lock(path: str, what: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            holder = ""
+            try:
+                with open(path) as f:
+                    holder = f.read().strip()
+            except OSError:
+                pass
+            raise StartupError(f"another worldline daemon{' (pid ' + holder + ')' if holder else ''}"
+                               f" already holds {what}") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+class Daemon:
+    def __init__(self, root: str, listen: str, policy_path: str | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self.listen = listen
+        self.policy_path = policy_path
+        self.stopping = threading.Event()
+        self._locks: list[int] = []
+        self.server: grpc.Server | None = None
+
+    def start(self) -> None:
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        self._locks.append(_lock(os.path.join(self.root, "daemon.lock"), f"data root {self.root}"))
+        socket_path = unix_path(self.listen)
+        if socket_path is None:
+            raise StartupError(
+                f"listening on TCP ({self.listen}) needs TLS and a bearer token, which this"
+                " version does not offer yet; listen on a unix:///path socket")
+        if not os.path.isabs(socket_path):
+            raise StartupError(f"socket path {socket_path!r} must be absolute")
+        if len(os.fsencode(socket_path)) > 107:
+            raise StartupError(f"socket path {socket_path} is longer than 107 bytes")
+        folder = os.path.dirname(socket_path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        # Always lock the socket itself too: a daemon on another root must not take it over.
+        self._locks.append(_lock(socket_path + ".lock", f"socket {socket_path}"))
+        policy = Policy.load(self.policy_path) if self.policy_path else Policy()
+        self.store = SqliteStore(os.path.join(self.root, "meta.db"))
+        self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
+        self.blobs.clean_temporaries()
+        self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
+        self.world = World(self.root, self.store, self.blobs, self.stat_cache)
+        self.gates = Gates(self.world, policy)
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
+            interceptors=[ErrorInterceptor()],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                     ("grpc.max_send_message_length", MAX_MESSAGE),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_WorldlineServicer_to_server(WorldlineServicer(self.world, self.gates), server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME,
+                                             health.SERVICE_NAME), server)
+        if os.path.lexists(socket_path):
+            os.unlink(socket_path)  # stale: we hold the lock, so no daemon serves it
+        old_umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(self.listen)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
+        finally:
+            os.umask(old_umask)
+        os.chmod(socket_path, 0o600)
+        server.start()
+        self.server = server
+        self.socket_path = socket_path
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
+                 self.root)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.server is None:
+            return
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.server = None
+        self.store.close()
+        self.stat_cache.close()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        for fd in self._locks:
+            os.close(fd)
+        log.info("worldline daemon stopped")
+
+
+def run(root: str | None, listen: str | None, policy_path: str | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    root = root or default_root()
+    listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
+    policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
+    daemon = Daemon(root, listen, policy_path)
+    try:
+        daemon.start()
+    except (StartupError, WorldlineError) as exc:
+        message = exc.message if isinstance(exc, WorldlineError) else str(exc)
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"worldline daemon listening on {listen}", file=sys.stderr, flush=True)
+    stop.wait()
+    daemon.stop()
+    return 0

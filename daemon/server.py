@@ -1,0 +1,224 @@
+"""The gRPC edge: servicers that only translate, and the one error interceptor.
+
+Servicers turn requests into calls on the World and Gates and records into
+messages; they hold no logic and catch nothing. ``ErrorInterceptor`` is the only
+place where exceptions become statuses: a ``WorldlineError`` travels as its own
+code, a full disk as RESOURCE_EXHAUSTED, anything else as INTERNAL (logged with
+its traceback, never shown to the caller).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import grpc
+
+from worldline.client.errors import WorldlineError
+from worldline.v1 import worldline_pb2 as pb
+from worldline.v1 import worldline_pb2_grpc as pb_grpc
+
+from . import maintenance
+from .gates import Gates
+from .records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
+from .world import World
+
+log = logging.getLogger(__name__)
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner, method = handler.unary_unary, handler_call_details.method
+
+        def guarded(request, context):
+            try:
+                return inner(request, context)
+            except WorldlineError as exc:
+                context.abort(grpc.StatusCode[exc.code], exc.message)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"no space left on device: {exc.filename or ''}".strip())
+                log.exception("%s failed", method)
+                context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc.strerror}")
+            except Exception:
+                log.exception("%s failed", method)
+                context.abort(grpc.StatusCode.INTERNAL, f"{method} failed; see the daemon log")
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
+def session_pb(s: Session) -> pb.Session:
+    return pb.Session(id=s.id, name=s.name, workspace=s.workspace, container=s.container or "",
+                      head=s.head, forked_from=s.forked_from or "", created_at=s.created_at)
+
+
+def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
+    return pb.Checkpoint(
+        id=c.id, session_id=c.session_id, seq=c.seq, parent_id=c.parent_id or "", label=c.label,
+        reasoning=c.reasoning, trace_id=c.trace_id, created_at=c.created_at, kind=c.kind,
+        restored_from=c.restored_from or "", tree=c.tree, bytes=c.bytes,
+        messages_added=c.messages_added, message_count=c.message_count,
+        acknowledged_side_effects=list(c.acknowledged))
+
+
+def tool_call_pb(t: ToolCall) -> pb.ToolCall:
+    return pb.ToolCall(
+        id=t.id, session_id=t.session_id, name=t.name, args_json=t.args_json,
+        result_json=t.result_json or "", effect=t.effect, idempotency_key=t.idempotency_key or "",
+        checkpoint_id=t.checkpoint_id, created_at=t.created_at, replayed=t.replayed, rule=t.rule,
+        approval_id=t.approval_id or "")
+
+
+def side_effect_pb(t: ToolCall) -> pb.SideEffect:
+    summary = t.args_json if len(t.args_json) <= 200 else t.args_json[:197] + "..."
+    return pb.SideEffect(tool_call_id=t.id, tool=t.name, args_summary=summary,
+                         created_at=t.created_at, checkpoint_id=t.checkpoint_id, effect=t.effect)
+
+
+def task_pb(t: Task) -> pb.Task:
+    return pb.Task(id=t.id, title=t.title, parent=t.parent or "", status=t.status, note=t.note,
+                   updated_at=t.updated_at)
+
+
+def approval_pb(a: Approval) -> pb.Approval:
+    return pb.Approval(id=a.id, session_id=a.session_id, tool=a.tool, args_json=a.args_json,
+                       status=a.status, checkpoint_id=a.checkpoint_id, reason=a.reason,
+                       created_at=a.created_at, decided_at=a.decided_at or "",
+                       expires_at=a.expires_at)
+
+
+def audit_pb(e: AuditEvent) -> pb.AuditEvent:
+    return pb.AuditEvent(seq=e.seq, kind=e.kind, session_id=e.session_id or "",
+                         subject_id=e.subject_id, detail_json=json.dumps(e.detail, sort_keys=True),
+                         created_at=e.created_at, hash=e.hash, prev_hash=e.prev_hash)
+
+
+class WorldlineServicer(pb_grpc.WorldlineServicer):
+    def __init__(self, world: World, gates: Gates) -> None:
+        self.world = world
+        self.gates = gates
+
+    # sessions
+    def CreateSession(self, r, context):
+        return session_pb(self.world.create_session(r.workspace, r.container or None, r.name))
+
+    def GetSession(self, r, context):
+        return session_pb(self.world.session(r.session_id))
+
+    def ListSessions(self, r, context):
+        return pb.ListSessionsResponse(
+            sessions=[session_pb(s) for s in self.world.store.list_sessions()])
+
+    # checkpoints
+    def CreateCheckpoint(self, r, context):
+        return checkpoint_pb(self.world.checkpoint(
+            r.session_id, label=r.label, reasoning=r.reasoning, trace_id=r.trace_id,
+            messages_json=r.messages_json, state_json=r.state_json,
+            expected_head=r.expected_head))
+
+    def GetCheckpoint(self, r, context):
+        view = self.world.view(r.checkpoint_id)
+        return pb.CheckpointDetail(
+            checkpoint=checkpoint_pb(view.checkpoint),
+            messages_json=json.dumps(view.messages, ensure_ascii=False),
+            state_json=json.dumps(view.state, ensure_ascii=False),
+            tasks=[task_pb(t) for t in view.tasks])
+
+    def ListCheckpoints(self, r, context):
+        self.world.session(r.session_id)
+        return pb.ListCheckpointsResponse(checkpoints=[
+            checkpoint_pb(c) for c in self.world.store.list_checkpoints(r.session_id)])
+
+    def Diff(self, r, context):
+        changes, patch = self.world.diff(r.from_id, r.to_id, r.patch)
+        return pb.DiffResponse(added=changes.added, modified=changes.modified,
+                               deleted=changes.deleted, patch=patch)
+
+    def Restore(self, r, context):
+        result = self.world.restore(r.session_id, r.checkpoint_id,
+                                    acknowledge=r.acknowledge_side_effects, dry_run=r.dry_run,
+                                    expected_head=r.expected_head)
+        return pb.RestoreResponse(
+            checkpoint=checkpoint_pb(result.checkpoint) if result.checkpoint else None,
+            restored_from=result.restored_from, files_written=result.files_written,
+            files_removed=result.files_removed,
+            side_effects=[side_effect_pb(c) for c in result.side_effects],
+            dry_run=result.dry_run)
+
+    def Fork(self, r, context):
+        result = self.world.fork(r.checkpoint_id, r.workspace, r.name)
+        return pb.ForkResponse(session=session_pb(result.session),
+                               side_effects=[side_effect_pb(c) for c in result.side_effects])
+
+    # tool calls and policy
+    def RecordToolCall(self, r, context):
+        return tool_call_pb(self.gates.record_tool_call(
+            r.session_id, r.name, args_json=r.args_json, result_json=r.result_json,
+            effect=r.effect, idempotency_key=r.idempotency_key, approval_id=r.approval_id))
+
+    def ListToolCalls(self, r, context):
+        self.world.session(r.session_id)
+        return pb.ListToolCallsResponse(tool_calls=[
+            tool_call_pb(c) for c in self.world.store.list_tool_calls(session_id=r.session_id)])
+
+    def ExplainPolicy(self, r, context):
+        d = self.gates.explain(r.tool, r.args_json)
+        return pb.PolicyDecision(effect=d.effect, rule=d.rule,
+                                 requires_approval=d.requires_approval)
+
+    # tasks
+    def SetTask(self, r, context):
+        return task_pb(self.gates.set_task(r.session_id, r.task_id, r.status, r.title, r.parent,
+                                           r.note))
+
+    def ListTasks(self, r, context):
+        tasks, resume = self.gates.tasks(r.session_id)
+        return pb.ListTasksResponse(tasks=[task_pb(t) for t in tasks], resume=resume or "")
+
+    # approvals
+    def RequestApproval(self, r, context):
+        return approval_pb(self.gates.request_approval(r.session_id, r.tool, r.args_json,
+                                                       r.ttl_seconds))
+
+    def GetApproval(self, r, context):
+        return approval_pb(self.gates.get_approval(r.approval_id))
+
+    def WaitApproval(self, r, context):
+        remaining = context.time_remaining()
+        timeout = r.timeout_seconds if remaining is None else min(r.timeout_seconds,
+                                                                   max(remaining - 0.5, 0))
+        return approval_pb(self.gates.wait(r.approval_id, timeout))
+
+    def ListApprovals(self, r, context):
+        return pb.ListApprovalsResponse(approvals=[
+            approval_pb(a) for a in self.gates.list_approvals(r.session_id, r.status)])
+
+    def DecideApproval(self, r, context):
+        return approval_pb(self.gates.decide(r.approval_id, r.approve, r.reason))
+
+    # audit and maintenance
+    def ListAudit(self, r, context):
+        events = self.world.store.list_audit(r.session_id or None, r.kind or None, r.limit)
+        return pb.ListAuditResponse(events=[audit_pb(e) for e in events])
+
+    def VerifyAudit(self, r, context):
+        count, problems = maintenance.verify_audit(self.world)
+        return pb.VerifyAuditResponse(ok=not problems, events=count, problems=problems)
+
+    def Fsck(self, r, context):
+        report = maintenance.fsck(self.world, repair=r.repair)
+        return pb.FsckResponse(ok=report.ok, problems=report.problems,
+                               blobs_checked=report.blobs_checked,
+                               checkpoints_checked=report.checkpoints_checked,
+                               repaired=report.repaired)
+
+    def Gc(self, r, context):
+        removed, freed = maintenance.gc(self.world, dry_run=r.dry_run)
+        return pb.GcResponse(blobs_removed=removed, bytes_freed=freed, dry_run=r.dry_run)

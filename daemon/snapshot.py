@@ -1,0 +1,375 @@
+"""Snapshotters: capture a world's files into trees and blobs, and bring them back.
+
+Contract of every ``Snapshotter``:
+
+- ``capture(persist=True, dirty=None)`` reads the world and returns a ``Capture``
+  whose ``root`` is the digest of its root tree. With ``persist`` the blobs and
+  trees are stored (not yet synced: the caller calls ``BlobStore.sync()`` once);
+  without it nothing is written anywhere and the new trees travel in
+  ``Capture.trees``. ``dirty`` names the paths that may have changed since the
+  last persisted capture (a change tracker's report); ``None`` means "anything may
+  have changed": the whole world is examined, with the stat cache sparing the
+  reads of unchanged files.
+- ``apply(current, target_root)`` makes the world equal to the target tree,
+  touching only what differs from ``current`` (a fresh capture). Every file is
+  written aside and renamed into place; nothing is ever written through a symlink
+  or outside the world.
+- ``commit(capture)`` records, after the metadata that references a capture is
+  durable, what the capture learnt (the stat cache).
+
+Implementations: ``WorkspaceSnapshotter`` (a directory; workspaces and forks),
+``MemorySnapshotter`` (the reference: a dict of paths), and the container
+snapshotter (a Docker container's writable layer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import stat as st_
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from worldline.client.errors import FailedPrecondition, InvalidArgument
+
+from .blobs import CHUNK, BlobStore, digest_of
+from .statcache import Signature, StatCache, is_racy, signature
+from .trees import DIR, FILE, SYMLINK, Entry, TreeReader, check_name, encode
+
+log = logging.getLogger(__name__)
+
+SMALL_FILE = 4 << 20
+TEMP_PREFIX = ".worldline-tmp-"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass
+class Capture:
+    root: str
+    bytes: int
+    trees: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    seen: dict[str, tuple[Signature, str]] = field(default_factory=dict)
+    persisted: bool = True
+
+
+class Snapshotter(Protocol):
+    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture: ...
+
+    def apply(self, current: Capture, target_root: str) -> None: ...
+
+    def commit(self, capture: Capture) -> None: ...
+
+
+class _Scan:
+    def __init__(self, persist: bool) -> None:
+        self.persist = persist
+        self.trees: dict[str, dict[str, Entry]] = {}
+        self.warnings: list[str] = []
+        self.seen: dict[str, tuple[Signature, str]] = {}
+
+
+class WorkspaceSnapshotter:
+    """A workspace directory, read and written only through folder descriptors."""
+
+    def __init__(self, path: str, blobs: BlobStore, trees: TreeReader,
+                 stat_cache: StatCache) -> None:
+        self.path = path
+        self.blobs = blobs
+        self.trees = trees
+        self.stat_cache = stat_cache
+
+    # -- capture ---------------------------------------------------------------
+    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture:
+        scan = _Scan(persist)
+        cache = self.stat_cache.entries(self.path)
+        root_fd = self._open_root()
+        try:
+            root, size = self._scan_dir(root_fd, "", scan, cache)
+        finally:
+            os.close(root_fd)
+        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist)
+
+    def commit(self, capture: Capture) -> None:
+        if not capture.persisted:
+            return
+        cache = self.stat_cache.entries(self.path)
+        changed = {p: v for p, v in capture.seen.items() if cache.get(p) != v}
+        removed = set(cache) - set(capture.seen)
+        self.stat_cache.update(self.path, changed, removed)
+
+    def _open_root(self) -> int:
+        try:
+            return os.open(self.path, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise FailedPrecondition(f"workspace {self.path} does not exist") from None
+        except NotADirectoryError:
+            raise FailedPrecondition(f"workspace {self.path} is not a folder") from None
+        except OSError as exc:
+            if os.path.islink(self.path):
+                raise FailedPrecondition(
+                    f"workspace {self.path} has been replaced by a symlink") from None
+            raise
+
+    def _scan_dir(self, dfd: int, prefix: str, scan: _Scan, cache) -> tuple[str, int]:
+        tree: dict[str, Entry] = {}
+        total = 0
+        with os.scandir(dfd) as it:
+            dirents = list(it)
+        for de in dirents:
+            name = de.name
+            path = prefix + name
+            if name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                st = de.stat(follow_symlinks=False)
+                mode = st.st_mode
+                if st_.S_ISDIR(mode):
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                    try:
+                        digest, size = self._scan_dir(sub, path + "/", scan, cache)
+                    finally:
+                        os.close(sub)
+                    tree[name] = Entry(DIR, st_.S_IMODE(mode), digest, size)
+                    total += size
+                elif st_.S_ISLNK(mode):
+                    tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
+                elif st_.S_ISREG(mode):
+                    entry = self._scan_file(dfd, name, path, st, scan, cache)
+                    if entry is not None:
+                        tree[name] = entry
+                        total += entry.size
+                else:
+                    scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+            except FileNotFoundError:
+                continue  # removed while we looked: absent from this snapshot
+        return self._store_tree(tree, scan), total
+
+    def _scan_file(self, dfd: int, name: str, path: str, st: os.stat_result, scan: _Scan,
+                   cache) -> Entry | None:
+        sig = signature(st)
+        known = cache.get(path)
+        if known is not None and known[0] == sig:
+            scan.seen[path] = known
+            return Entry(FILE, st_.S_IMODE(st.st_mode), known[1], st.st_size)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+        try:
+            before = os.fstat(fd)
+            if not st_.S_ISREG(before.st_mode):
+                scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+                return None
+            digest, size = self._read_content(fd, before.st_size, scan.persist)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if signature(before) == signature(after) and not is_racy(after):
+            scan.seen[path] = (signature(after), digest)
+        return Entry(FILE, st_.S_IMODE(after.st_mode), digest, size)
+
+    def _read_content(self, fd: int, size_hint: int, persist: bool) -> tuple[str, int]:
+        if size_hint <= SMALL_FILE:
+            chunks = []
+            while chunk := os.read(fd, CHUNK):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+            return (self.blobs.put_bytes(data) if persist else digest_of(data)), len(data)
+        if persist:
+            return self.blobs.put_fd(fd)
+        hasher, size = hashlib.sha256(), 0
+        while chunk := os.read(fd, CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+        return hasher.hexdigest(), size
+
+    def _store_tree(self, tree: dict[str, Entry], scan: _Scan) -> str:
+        data = encode(tree)
+        if scan.persist:
+            digest = self.blobs.put_bytes(data)
+            self.trees.remember(digest, tree)
+        else:
+            digest = digest_of(data)
+            scan.trees[digest] = tree
+        return digest
+
+    # -- apply -----------------------------------------------------------------
+    def apply(self, current: Capture, target_root: str) -> None:
+        root_fd = self._open_root()
+        mode = os.fstat(root_fd).st_mode & 0o7777
+        try:
+            self._sync_dir(root_fd, current.root, target_root, current.trees)
+        finally:
+            os.fchmod(root_fd, mode)  # the workspace folder's own mode is not in the tree
+            os.close(root_fd)
+
+    def _sync_dir(self, dfd: int, cur_digest: str | None, tgt_digest: str, pending) -> None:
+        if cur_digest == tgt_digest:
+            return
+        cur = self.trees.read(cur_digest, pending) if cur_digest else {}
+        tgt = self.trees.read(tgt_digest)
+        os.fchmod(dfd, os.fstat(dfd).st_mode & 0o7777 | 0o700)  # writable while we work
+        for name, entry in cur.items():
+            if name not in tgt:
+                _remove(dfd, name, entry)
+        for name, want in sorted(tgt.items()):
+            check_name(name)
+            have = cur.get(name)
+            if have == want:
+                continue
+            if have is not None and (have.kind == DIR) != (want.kind == DIR):
+                _remove(dfd, name, have)
+                have = None
+            if want.kind == DIR:
+                if have is None:
+                    os.mkdir(name, 0o700, dir_fd=dfd)
+                sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                try:
+                    self._sync_dir(sub, have.ref if have else None, want.ref, pending)
+                    os.fchmod(sub, want.mode)
+                finally:
+                    os.close(sub)
+            elif want.kind == FILE:
+                if have is not None and have.kind == FILE and have.ref == want.ref:
+                    _chmod_file(dfd, name, want.mode)
+                else:
+                    self._write_file(dfd, name, want)
+            else:
+                _write_symlink(dfd, name, want.ref)
+
+    def _write_file(self, dfd: int, name: str, entry: Entry) -> None:
+        tmp = TEMP_PREFIX + os.urandom(8).hex()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        try:
+            self.blobs.copy_to_fd(entry.ref, fd)
+            os.fchmod(fd, entry.mode)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _remove(dfd: int, name: str, entry: Entry) -> None:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if st_.S_ISDIR(st.st_mode):
+        _make_tree_writable(dfd, name)
+        shutil.rmtree(name, dir_fd=dfd)
+    else:
+        os.unlink(name, dir_fd=dfd)
+
+
+def _make_tree_writable(dfd: int, name: str) -> None:
+    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    try:
+        os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
+        for de in os.scandir(fd):
+            if de.is_dir(follow_symlinks=False):
+                _make_tree_writable(fd, de.name)
+    finally:
+        os.close(fd)
+
+
+def _chmod_file(dfd: int, name: str, mode: int) -> None:
+    fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _write_symlink(dfd: int, name: str, target: str) -> None:
+    tmp = TEMP_PREFIX + os.urandom(8).hex()
+    os.symlink(target, tmp, dir_fd=dfd)
+    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+# -- the reference snapshotter ---------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryFile:
+    kind: str  # FILE | SYMLINK | DIR
+    mode: int = 0o644
+    data: bytes = b""  # content of a FILE, target of a SYMLINK (UTF-8)
+
+
+class MemorySnapshotter:
+    """A world held in a dict {relative path: MemoryFile}; parents are implied folders
+    unless listed. The reference implementation of the Snapshotter contract."""
+
+    def __init__(self, blobs: BlobStore, trees: TreeReader,
+                 files: dict[str, MemoryFile] | None = None) -> None:
+        self.blobs = blobs
+        self.trees = trees
+        self.files: dict[str, MemoryFile] = dict(files or {})
+
+    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture:
+        nested: dict = {}
+        for path, f in self.files.items():
+            parts = path.split("/")
+            for part in parts:
+                check_name(part)
+            node = nested
+            for part in parts[:-1]:
+                node = node.setdefault(part, ({}, 0o755))[0]
+            if f.kind == DIR:
+                node.setdefault(parts[-1], ({}, f.mode))
+                node[parts[-1]] = (node[parts[-1]][0], f.mode)
+            else:
+                node[parts[-1]] = f
+        scan = _Scan(persist)
+        root, size = self._build(nested, scan)
+        return Capture(root, size, scan.trees, [], {}, persist)
+
+    def _build(self, nested: dict, scan: _Scan) -> tuple[str, int]:
+        tree, total = {}, 0
+        for name, node in nested.items():
+            if isinstance(node, MemoryFile):
+                if node.kind == FILE:
+                    d = self.blobs.put_bytes(node.data) if scan.persist else digest_of(node.data)
+                    tree[name] = Entry(FILE, node.mode, d, len(node.data))
+                    total += len(node.data)
+                else:
+                    tree[name] = Entry(SYMLINK, 0, node.data.decode("utf-8", "surrogateescape"))
+            else:
+                digest, size = self._build(node[0], scan)
+                tree[name] = Entry(DIR, node[1], digest, size)
+                total += size
+        data = encode(tree)
+        if scan.persist:
+            digest = self.blobs.put_bytes(data)
+        else:
+            digest = digest_of(data)
+            scan.trees[digest] = tree
+        return digest, total
+
+    def apply(self, current: Capture, target_root: str) -> None:
+        files: dict[str, MemoryFile] = {}
+        for path, entry in self.trees.walk(target_root):
+            if entry.kind == FILE:
+                files[path] = MemoryFile(FILE, entry.mode, self.blobs.read_bytes(entry.ref))
+            elif entry.kind == SYMLINK:
+                files[path] = MemoryFile(SYMLINK, 0, entry.ref.encode("utf-8", "surrogateescape"))
+            else:
+                files[path] = MemoryFile(DIR, entry.mode)
+        self.files = files
+
+    def commit(self, capture: Capture) -> None:
+        return None
+
+
+def validate_relative(path: str) -> str:
+    """A workspace-relative path, refused if it could land outside the workspace."""
+    if not path or path.startswith("/") or "\0" in path:
+        raise InvalidArgument(f"{path!r} is not a workspace-relative path")
+    for part in path.split("/"):
+        check_name(part)
+    return path
+

@@ -1,0 +1,254 @@
+"""Metadata stores: sessions, checkpoints, conversation, tool calls, tasks,
+approvals and the audit log.
+
+Contract of every ``Store``:
+
+- Terms: records are those of ``records.py``. A session's *head* is the id of its
+  latest checkpoint. A checkpoint's *lineage* is the chain of parents from it back
+  to the first checkpoint of the first session it descends from (forks included).
+- Lifecycle: records are appended and never rewritten. The only updates are a
+  session's head (``append_checkpoint``, compare-and-set), its working task list
+  (``set_task``, and replaced whole by a restore) and an approval's status (once,
+  from pending).
+- Atomicity: every method is one transaction. ``append_checkpoint`` inserts the
+  checkpoint, its messages and its audit events and moves the head, or does
+  nothing. Audit events passed to a method are chained into the log in the same
+  transaction.
+- Errors: ``NotFound`` for unknown ids; ``Aborted`` when the head is not the one
+  expected; ``FailedPrecondition`` when an approval is no longer pending;
+  ``AlreadyExists`` for a duplicate id.
+
+Implementations: ``SqliteStore`` (the embedded default), ``MemoryStore`` (the
+reference and the store of tests); PostgreSQL fits the same shape. The contract
+tests in tests/test_store_contract.py run against each.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Collection, Protocol
+
+from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+
+from .records import (
+    GENESIS_HASH, Approval, AuditEvent, Checkpoint, Session, Task, ToolCall, chain_hash,
+)
+
+
+class Store(Protocol):
+    def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
+                       events: list[AuditEvent]) -> None: ...
+    def get_session(self, session_id: str) -> Session: ...
+    def list_sessions(self) -> list[Session]: ...
+
+    def append_checkpoint(self, cp: Checkpoint, messages: list[str], expected_head: str,
+                          tasks: list[Task] | None, events: list[AuditEvent]) -> Checkpoint:
+        """Insert ``cp`` (its ``seq`` assigned here) and move its session's head to it,
+        provided the head is still ``expected_head``; with ``tasks``, the session's
+        working task list becomes exactly those."""
+
+    def get_checkpoint(self, checkpoint_id: str) -> Checkpoint: ...
+    def list_checkpoints(self, session_id: str | None = None) -> list[Checkpoint]: ...
+    def conversation(self, checkpoint_id: str) -> list[str]:
+        """Every message (JSON text) of the conversation as of the checkpoint, in order."""
+    def lineage(self, checkpoint_id: str) -> list[str]:
+        """Checkpoint ids from this one back through its parents, newest first."""
+
+    def add_tool_call(self, call: ToolCall, events: list[AuditEvent]) -> None: ...
+    def list_tool_calls(self, session_id: str | None = None,
+                        checkpoint_ids: Collection[str] | None = None) -> list[ToolCall]: ...
+
+    def set_task(self, session_id: str, task: Task, events: list[AuditEvent]) -> None: ...
+    def list_tasks(self, session_id: str) -> list[Task]:
+        """The working task list, in order of creation."""
+
+    def add_approval(self, approval: Approval, events: list[AuditEvent]) -> None: ...
+    def get_approval(self, approval_id: str) -> Approval: ...
+    def decide_approval(self, approval_id: str, status: str, reason: str, decided_at: str,
+                        events: list[AuditEvent]) -> Approval: ...
+    def list_approvals(self, session_id: str | None = None,
+                       status: str | None = None) -> list[Approval]: ...
+
+    def append_audit(self, events: list[AuditEvent]) -> None: ...
+    def list_audit(self, session_id: str | None = None, kind: str | None = None,
+                   limit: int = 0) -> list[AuditEvent]: ...
+
+    def close(self) -> None: ...
+
+
+def ordered_tasks(tasks: list[Task]) -> list[Task]:
+    """Depth-first in creation order: each task followed by its subtasks."""
+    children: dict[str | None, list[Task]] = {}
+    ids = {t.id for t in tasks}
+    for t in tasks:
+        children.setdefault(t.parent if t.parent in ids else None, []).append(t)
+    out: list[Task] = []
+
+    def visit(parent: str | None) -> None:
+        for t in children.get(parent, []):
+            out.append(t)
+            visit(t.id)
+
+    visit(None)
+    return out
+
+
+class MemoryStore:
+    """The reference store: plain dicts behind one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._sessions: dict[str, Session] = {}
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self._messages: dict[str, list[str]] = {}
+        self._tool_calls: dict[str, ToolCall] = {}
+        self._tasks: dict[str, dict[str, Task]] = {}
+        self._approvals: dict[str, Approval] = {}
+        self._audit: list[AuditEvent] = []
+
+    def create_session(self, session, first, tasks, events):
+        with self._lock:
+            if session.id in self._sessions or first.id in self._checkpoints:
+                raise AlreadyExists(f"session {session.id} already exists")
+            self._sessions[session.id] = replace(session, head=first.id)
+            self._checkpoints[first.id] = first
+            self._messages[first.id] = []
+            self._tasks[session.id] = {t.id: t for t in tasks}
+            self.append_audit(events)
+
+    def get_session(self, session_id):
+        with self._lock:
+            try:
+                return self._sessions[session_id]
+            except KeyError:
+                raise NotFound(f"session {session_id} does not exist") from None
+
+    def list_sessions(self):
+        with self._lock:
+            return sorted(self._sessions.values(), key=lambda s: s.id)
+
+    def append_checkpoint(self, cp, messages, expected_head, tasks, events):
+        with self._lock:
+            session = self.get_session(cp.session_id)
+            if session.head != expected_head:
+                raise Aborted(f"session {session.id} head moved to {session.head}"
+                              f" (expected {expected_head})")
+            if cp.id in self._checkpoints:
+                raise AlreadyExists(f"checkpoint {cp.id} already exists")
+            seq = max(c.seq for c in self._checkpoints.values()
+                      if c.session_id == cp.session_id) + 1
+            cp = replace(cp, seq=seq)
+            self._checkpoints[cp.id] = cp
+            self._messages[cp.id] = list(messages)
+            self._sessions[session.id] = replace(session, head=cp.id)
+            if tasks is not None:
+                self._tasks[session.id] = {t.id: t for t in tasks}
+            self.append_audit(events)
+            return cp
+
+    def get_checkpoint(self, checkpoint_id):
+        with self._lock:
+            try:
+                return self._checkpoints[checkpoint_id]
+            except KeyError:
+                raise NotFound(f"checkpoint {checkpoint_id} does not exist") from None
+
+    def list_checkpoints(self, session_id=None):
+        with self._lock:
+            if session_id is not None:
+                self.get_session(session_id)
+            cps = [c for c in self._checkpoints.values()
+                   if session_id is None or c.session_id == session_id]
+            return sorted(cps, key=lambda c: (c.session_id, c.seq))
+
+    def conversation(self, checkpoint_id):
+        with self._lock:
+            chain = []
+            cp = self.get_checkpoint(checkpoint_id)
+            while cp is not None:
+                chain.append(cp.id)
+                cp = self._checkpoints.get(cp.conversation_parent or "")
+            out: list[str] = []
+            for cid in reversed(chain):
+                out.extend(self._messages[cid])
+            return out
+
+    def lineage(self, checkpoint_id):
+        with self._lock:
+            out = []
+            cp = self.get_checkpoint(checkpoint_id)
+            while cp is not None:
+                out.append(cp.id)
+                cp = self._checkpoints.get(cp.parent_id or "")
+            return out
+
+    def add_tool_call(self, call, events):
+        with self._lock:
+            self.get_session(call.session_id)
+            self._tool_calls[call.id] = call
+            self.append_audit(events)
+
+    def list_tool_calls(self, session_id=None, checkpoint_ids=None):
+        with self._lock:
+            ids = set(checkpoint_ids) if checkpoint_ids is not None else None
+            calls = [c for c in self._tool_calls.values()
+                     if (session_id is None or c.session_id == session_id)
+                     and (ids is None or c.checkpoint_id in ids)]
+            return sorted(calls, key=lambda c: c.id)
+
+    def set_task(self, session_id, task, events):
+        with self._lock:
+            self.get_session(session_id)
+            self._tasks[session_id][task.id] = task  # dicts keep insertion order
+            self.append_audit(events)
+
+    def list_tasks(self, session_id):
+        with self._lock:
+            self.get_session(session_id)
+            return list(self._tasks[session_id].values())
+
+    def add_approval(self, approval, events):
+        with self._lock:
+            self._approvals[approval.id] = approval
+            self.append_audit(events)
+
+    def get_approval(self, approval_id):
+        with self._lock:
+            try:
+                return self._approvals[approval_id]
+            except KeyError:
+                raise NotFound(f"approval {approval_id} does not exist") from None
+
+    def decide_approval(self, approval_id, status, reason, decided_at, events):
+        with self._lock:
+            current = self.get_approval(approval_id)
+            if current.status != "pending":
+                raise FailedPrecondition(f"approval {approval_id} is already {current.status}")
+            decided = replace(current, status=status, reason=reason, decided_at=decided_at)
+            self._approvals[approval_id] = decided
+            self.append_audit(events)
+            return decided
+
+    def list_approvals(self, session_id=None, status=None):
+        with self._lock:
+            return sorted((a for a in self._approvals.values()
+                           if (session_id is None or a.session_id == session_id)
+                           and (status is None or a.status == status)), key=lambda a: a.id)
+
+    def append_audit(self, events):
+        with self._lock:
+            for event in events:
+                prev = self._audit[-1].hash if self._audit else GENESIS_HASH
+                event = replace(event, seq=len(self._audit) + 1)
+                self._audit.append(replace(event, prev_hash=prev, hash=chain_hash(prev, event)))
+
+    def list_audit(self, session_id=None, kind=None, limit=0):
+        with self._lock:
+            events = [e for e in self._audit
+                      if (session_id is None or e.session_id == session_id)
+                      and (kind is None or e.kind == kind)]
+            return events[-limit:] if limit else events
+
+    def close(self):
+        return None

@@ -1,0 +1,501 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Session(_message.Message):
+    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    workspace: str
+    container: str
+    head: str
+    forked_from: str
+    created_at: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("workspace", "container", "name")
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    workspace: str
+    container: str
+    name: str
+    def __init__(self, workspace: _Optional[str] = ..., container: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
+
+class Checkpoint(_message.Message):
+    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    session_id: str
+    seq: int
+    parent_id: str
+    label: str
+    reasoning: str
+    trace_id: str
+    created_at: str
+    kind: str
+    restored_from: str
+    tree: str
+    bytes: int
+    messages_added: int
+    message_count: int
+    acknowledged_side_effects: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    label: str
+    reasoning: str
+    trace_id: str
+    messages_json: str
+    state_json: str
+    expected_head: str
+    def __init__(self, session_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., expected_head: _Optional[str] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointDetail(_message.Message):
+    __slots__ = ("checkpoint", "messages_json", "state_json", "tasks")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    messages_json: str
+    state_json: str
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ...) -> None: ...
+
+class DiffRequest(_message.Message):
+    __slots__ = ("from_id", "to_id", "patch")
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    from_id: str
+    to_id: str
+    patch: bool
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., patch: _Optional[bool] = ...) -> None: ...
+
+class DiffResponse(_message.Message):
+    __slots__ = ("added", "modified", "deleted", "patch")
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    MODIFIED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    added: _containers.RepeatedScalarFieldContainer[str]
+    modified: _containers.RepeatedScalarFieldContainer[str]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    patch: str
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., modified: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ..., patch: _Optional[str] = ...) -> None: ...
+
+class SideEffect(_message.Message):
+    __slots__ = ("tool_call_id", "tool", "args_summary", "created_at", "checkpoint_id", "effect")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    tool: str
+    args_summary: str
+    created_at: str
+    checkpoint_id: str
+    effect: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    checkpoint_id: str
+    acknowledge_side_effects: bool
+    dry_run: bool
+    expected_head: str
+    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    FILES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    restored_from: str
+    files_written: _containers.RepeatedScalarFieldContainer[str]
+    files_removed: _containers.RepeatedScalarFieldContainer[str]
+    side_effects: _containers.RepeatedCompositeFieldContainer[SideEffect]
+    dry_run: bool
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "workspace", "name")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    workspace: str
+    name: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("session", "side_effects")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    side_effects: _containers.RepeatedCompositeFieldContainer[SideEffect]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "checkpoint_id", "created_at", "replayed", "rule", "approval_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    session_id: str
+    name: str
+    args_json: str
+    result_json: str
+    effect: str
+    idempotency_key: str
+    checkpoint_id: str
+    created_at: str
+    replayed: bool
+    rule: str
+    approval_id: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., created_at: _Optional[str] = ..., replayed: _Optional[bool] = ..., rule: _Optional[str] = ..., approval_id: _Optional[str] = ...) -> None: ...
+
+class RecordToolCallRequest(_message.Message):
+    __slots__ = ("session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "approval_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    args_json: str
+    result_json: str
+    effect: str
+    idempotency_key: str
+    approval_id: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ...) -> None: ...
+
+class ListToolCallsRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListToolCallsResponse(_message.Message):
+    __slots__ = ("tool_calls",)
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+
+class ExplainPolicyRequest(_message.Message):
+    __slots__ = ("tool", "args_json")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    args_json: str
+    def __init__(self, tool: _Optional[str] = ..., args_json: _Optional[str] = ...) -> None: ...
+
+class PolicyDecision(_message.Message):
+    __slots__ = ("effect", "rule", "requires_approval")
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    effect: str
+    rule: str
+    requires_approval: bool
+    def __init__(self, effect: _Optional[str] = ..., rule: _Optional[str] = ..., requires_approval: _Optional[bool] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("id", "title", "parent", "status", "note", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    title: str
+    parent: str
+    status: str
+    note: str
+    updated_at: str
+    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., parent: _Optional[str] = ..., status: _Optional[str] = ..., note: _Optional[str] = ..., updated_at: _Optional[str] = ...) -> None: ...
+
+class SetTaskRequest(_message.Message):
+    __slots__ = ("session_id", "task_id", "status", "title", "parent", "note")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    task_id: str
+    status: str
+    title: str
+    parent: str
+    note: str
+    def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., status: _Optional[str] = ..., title: _Optional[str] = ..., parent: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "resume")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    resume: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., resume: _Optional[str] = ...) -> None: ...
+
+class Approval(_message.Message):
+    __slots__ = ("id", "session_id", "tool", "args_json", "status", "checkpoint_id", "reason", "created_at", "decided_at", "expires_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    session_id: str
+    tool: str
+    args_json: str
+    status: str
+    checkpoint_id: str
+    reason: str
+    created_at: str
+    decided_at: str
+    expires_at: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_json: _Optional[str] = ..., status: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[str] = ..., decided_at: _Optional[str] = ..., expires_at: _Optional[str] = ...) -> None: ...
+
+class RequestApprovalRequest(_message.Message):
+    __slots__ = ("session_id", "tool", "args_json", "ttl_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tool: str
+    args_json: str
+    ttl_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_json: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class GetApprovalRequest(_message.Message):
+    __slots__ = ("approval_id",)
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    def __init__(self, approval_id: _Optional[str] = ...) -> None: ...
+
+class WaitApprovalRequest(_message.Message):
+    __slots__ = ("approval_id", "timeout_seconds")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    timeout_seconds: float
+    def __init__(self, approval_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ListApprovalsRequest(_message.Message):
+    __slots__ = ("session_id", "status")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    status: str
+    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[str] = ...) -> None: ...
+
+class ListApprovalsResponse(_message.Message):
+    __slots__ = ("approvals",)
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    approvals: _containers.RepeatedCompositeFieldContainer[Approval]
+    def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ...) -> None: ...
+
+class DecideApprovalRequest(_message.Message):
+    __slots__ = ("approval_id", "approve", "reason")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    approve: bool
+    reason: str
+    def __init__(self, approval_id: _Optional[str] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("seq", "kind", "session_id", "subject_id", "detail_json", "created_at", "hash", "prev_hash")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    PREV_HASH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: str
+    session_id: str
+    subject_id: str
+    detail_json: str
+    created_at: str
+    hash: str
+    prev_hash: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., session_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., detail_json: _Optional[str] = ..., created_at: _Optional[str] = ..., hash: _Optional[str] = ..., prev_hash: _Optional[str] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("session_id", "kind", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    kind: str
+    limit: int
+    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ...) -> None: ...
+
+class VerifyAuditRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VerifyAuditResponse(_message.Message):
+    __slots__ = ("ok", "events", "problems")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    events: int
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., events: _Optional[int] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FsckRequest(_message.Message):
+    __slots__ = ("repair",)
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
+    repair: bool
+    def __init__(self, repair: _Optional[bool] = ...) -> None: ...
+
+class FsckResponse(_message.Message):
+    __slots__ = ("ok", "problems", "blobs_checked", "checkpoints_checked", "repaired")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    blobs_checked: int
+    checkpoints_checked: int
+    repaired: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., blobs_checked: _Optional[int] = ..., checkpoints_checked: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GcRequest(_message.Message):
+    __slots__ = ("dry_run",)
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    dry_run: bool
+    def __init__(self, dry_run: _Optional[bool] = ...) -> None: ...
+
+class GcResponse(_message.Message):
+    __slots__ = ("blobs_removed", "bytes_freed", "dry_run")
+    BLOBS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    blobs_removed: int
+    bytes_freed: int
+    dry_run: bool
+    def __init__(self, blobs_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...

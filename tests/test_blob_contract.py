@@ -1,0 +1,84 @@
+"""The BlobStore contract, run against every implementation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from worldline.client.errors import DataLoss, InvalidArgument, NotFound
+from worldline.daemon.blobs import LocalBlobStore, MemoryBlobStore
+
+
+@pytest.fixture(params=["memory", "local"])
+def blobs(request, tmp_path):
+    return MemoryBlobStore() if request.param == "memory" else LocalBlobStore(str(tmp_path / "b"))
+
+
+def test_put_read_is_content_addressed(blobs):
+    d = blobs.put_bytes(b"hello")
+    assert d == hashlib.sha256(b"hello").hexdigest()
+    assert blobs.put_bytes(b"hello") == d
+    assert blobs.has(d) and blobs.read_bytes(d) == b"hello" and blobs.size(d) == 5
+    assert list(blobs.digests()) == [d]
+
+
+def test_put_fd_streams(blobs, tmp_path):
+    data = os.urandom(3 << 20)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        digest, size = blobs.put_fd(fd)
+    finally:
+        os.close(fd)
+    assert size == len(data) and blobs.read_bytes(digest) == data
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        assert blobs.copy_to_fd(digest, fd) == len(data)
+    finally:
+        os.close(fd)
+    assert out.read_bytes() == data
+
+
+def test_missing_and_malformed(blobs):
+    with pytest.raises(NotFound):
+        blobs.read_bytes("a" * 64)
+    with pytest.raises(InvalidArgument):
+        blobs.has("../../etc/passwd")
+    assert blobs.delete("b" * 64) == 0
+
+
+def test_delete_frees(blobs):
+    d = blobs.put_bytes(b"x" * 100)
+    blobs.sync()
+    assert blobs.delete(d) == 100 and not blobs.has(d)
+
+
+def test_corruption_is_data_loss(blobs, tmp_path):
+    d = blobs.put_bytes(b"precious")
+    if isinstance(blobs, MemoryBlobStore):
+        blobs.corrupt(d, b"garbage!")
+    else:
+        path = os.path.join(blobs.root, d[:2], d[2:])
+        os.chmod(path, 0o644)
+        with open(path, "wb") as f:
+            f.write(b"garbage!")
+    with pytest.raises(DataLoss):
+        blobs.read_bytes(d)
+    fd = os.open(tmp_path / "sink", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(DataLoss):
+            blobs.copy_to_fd(d, fd)
+    finally:
+        os.close(fd)
+
+
+def test_local_blobs_are_read_only_and_leave_no_temporaries(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    d = blobs.put_bytes(b"abc")
+    blobs.sync()
+    assert os.stat(os.path.join(blobs.root, d[:2], d[2:])).st_mode & 0o777 == 0o444
+    assert os.listdir(blobs.tmp) == []

@@ -1,0 +1,133 @@
+"""The Snapshotter contract, run against every implementation: a world captured
+then changed comes back exactly, touching only what differs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from worldline.daemon.blobs import MemoryBlobStore
+from worldline.daemon.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
+from worldline.daemon.statcache import StatCache
+from worldline.daemon.trees import DIR, FILE, SYMLINK, TreeReader, diff
+
+from .conftest import tree_state
+
+
+class DirWorld:
+    def __init__(self, path: Path, blobs, trees):
+        self.path = path
+        self.snap = WorkspaceSnapshotter(str(path), blobs, trees, StatCache(None))
+
+    def write(self, rel, data=b"", mode=0o644):
+        p = self.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.chmod(p, mode)
+
+    def symlink(self, rel, target):
+        p = self.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, p)
+
+    def mkdir(self, rel, mode=0o755):
+        p = self.path / rel
+        p.mkdir(parents=True, exist_ok=True)
+        os.chmod(p, mode)
+
+    def remove(self, rel):
+        p = self.path / rel
+        if p.is_dir() and not p.is_symlink():
+            import shutil
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+    def state(self):
+        return tree_state(self.path)
+
+
+class MemWorld:
+    def __init__(self, blobs, trees):
+        self.snap = MemorySnapshotter(blobs, trees)
+
+    def write(self, rel, data=b"", mode=0o644):
+        self.snap.files[rel] = MemoryFile(FILE, mode, data)
+
+    def symlink(self, rel, target):
+        self.snap.files[rel] = MemoryFile(SYMLINK, 0, target.encode())
+
+    def mkdir(self, rel, mode=0o755):
+        self.snap.files[rel] = MemoryFile(DIR, mode)
+
+    def remove(self, rel):
+        for k in [k for k in self.snap.files if k == rel or k.startswith(rel + "/")]:
+            del self.snap.files[k]
+
+    def state(self):
+        """Files with their implied parent folders made explicit."""
+        out = dict(self.snap.files)
+        for path in list(out):
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                out.setdefault("/".join(parts[:i]), MemoryFile(DIR, 0o755))
+        return out
+
+
+@pytest.fixture(params=["memory", "directory"])
+def world(request, tmp_path):
+    blobs = MemoryBlobStore()
+    trees = TreeReader(blobs)
+    if request.param == "memory":
+        return MemWorld(blobs, trees), trees
+    (tmp_path / "w").mkdir()
+    return DirWorld(tmp_path / "w", blobs, trees), trees
+
+
+def populate(w):
+    w.write("a.txt", b"alpha")
+    w.write("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755)
+    w.symlink("link-out", "/etc/passwd")
+    w.symlink("dangling", "does/not/exist")
+    w.mkdir("empty/inner", 0o700)
+    w.write("deep/a/b/c/d.bin", bytes(range(256)) * 10)
+    w.write("ünïcødé ✓.txt", "ü".encode())
+
+
+def test_round_trip_after_heavy_change(world):
+    w, trees = world
+    populate(w)
+    before = w.state()
+    cap = w.snap.capture()
+    w.remove("deep")
+    w.remove("a.txt")
+    w.mkdir("a.txt")  # a file replaced by a folder
+    w.write("a.txt/inside", b"x")
+    w.write("bin/run.sh", b"changed", 0o644)
+    w.symlink("new-link", "a.txt")
+    w.remove("empty")
+    current = w.snap.capture(persist=False)
+    changes = diff(trees, current.root, cap.root, current.trees)
+    assert "deep/a/b/c/d.bin" in changes.added and "new-link" in changes.deleted
+    w.snap.apply(current, cap.root)
+    assert w.state() == before
+    assert w.snap.capture(persist=False).root == cap.root
+
+
+def test_identical_worlds_have_identical_roots(world):
+    w, trees = world
+    populate(w)
+    a = w.snap.capture()
+    b = w.snap.capture()
+    assert a.root == b.root and diff(trees, a.root, b.root).added == []
+
+
+def test_mode_only_change_is_captured(world):
+    w, trees = world
+    w.write("x.sh", b"echo", 0o644)
+    a = w.snap.capture()
+    w.write("x.sh", b"echo", 0o755)
+    b = w.snap.capture()
+    assert diff(trees, a.root, b.root).modified == ["x.sh"]

@@ -1,0 +1,149 @@
+"""The Store contract, run against every implementation."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.daemon import ids
+from worldline.daemon.records import (
+    GENESIS_HASH, Approval, AuditEvent, Checkpoint, Session, Task, ToolCall, chain_hash,
+)
+from worldline.daemon.sqlite_store import SqliteStore
+from worldline.daemon.store import MemoryStore, ordered_tasks
+
+D = "0" * 64
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    s = MemoryStore() if request.param == "memory" else SqliteStore(str(tmp_path / "meta.db"))
+    yield s
+    s.close()
+
+
+def make_cp(session_id: str, parent: str | None, conv: str | None = None, n_msgs: int = 0,
+            count: int = 0, kind: str = "checkpoint") -> Checkpoint:
+    return Checkpoint(ids.new_id(), session_id, 0, parent, kind, ids.now(), D, 0, D, D,
+                      conv if conv is not None else parent, n_msgs, count)
+
+
+def new_session(store) -> tuple[Session, Checkpoint]:
+    sid = ids.new_id()
+    first = make_cp(sid, None, kind="initial")
+    s = Session(sid, "s", "/ws", None, first.id, None, ids.now())
+    store.create_session(s, first, [], [AuditEvent("session.create", sid, sid, {}, ids.now())])
+    return store.get_session(sid), first
+
+
+def test_session_round_trip(store):
+    s, first = new_session(store)
+    assert store.get_session(s.id).head == first.id
+    assert [x.id for x in store.list_sessions()] == [s.id]
+    assert store.get_checkpoint(first.id).seq == 0
+    with pytest.raises(NotFound):
+        store.get_session(ids.new_id())
+    with pytest.raises(NotFound):
+        store.get_checkpoint(ids.new_id())
+    with pytest.raises(AlreadyExists):
+        store.create_session(s, first, [], [])
+
+
+def test_append_moves_head_and_assigns_seq(store):
+    s, first = new_session(store)
+    a = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
+    b = store.append_checkpoint(make_cp(s.id, a.id), [], a.id, None, [])
+    assert (a.seq, b.seq) == (1, 2)
+    assert store.get_session(s.id).head == b.id
+    assert [c.id for c in store.list_checkpoints(s.id)] == [first.id, a.id, b.id]
+    assert store.lineage(b.id) == [b.id, a.id, first.id]
+
+
+def test_compare_and_set_loses_exactly_one(store):
+    s, first = new_session(store)
+    results = []
+
+    def attempt():
+        try:
+            results.append(store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, []))
+        except Aborted as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wins = [r for r in results if isinstance(r, Checkpoint)]
+    assert len(wins) == 1 and len(results) == 8
+    assert store.get_session(s.id).head == wins[0].id
+    assert len(store.list_checkpoints(s.id)) == 2
+
+
+def test_conversation_follows_conversation_parents(store):
+    s, first = new_session(store)
+    a = store.append_checkpoint(make_cp(s.id, first.id, n_msgs=2, count=2),
+                                ['{"role":"user","content":"1"}', '{"role":"a","content":"2"}'],
+                                first.id, None, [])
+    b = store.append_checkpoint(make_cp(s.id, a.id, n_msgs=1, count=3),
+                                ['{"role":"user","content":"3"}'], a.id, None, [])
+    # a restore to `a`: parent is b, conversation is a's
+    r = store.append_checkpoint(make_cp(s.id, b.id, conv=a.id, count=2, kind="restore"), [],
+                                b.id, None, [])
+    assert len(store.conversation(b.id)) == 3
+    assert store.conversation(r.id) == store.conversation(a.id)
+    assert store.lineage(r.id)[:2] == [r.id, b.id]
+
+
+def test_tasks_replace_on_append(store):
+    s, first = new_session(store)
+    store.set_task(s.id, Task("t1", "one", None, "pending", "", ids.now()), [])
+    store.set_task(s.id, Task("t2", "two", None, "pending", "", ids.now()), [])
+    store.set_task(s.id, Task("t1", "one", None, "completed", "", ids.now()), [])
+    assert [(t.id, t.status) for t in store.list_tasks(s.id)] == [("t1", "completed"),
+                                                                 ("t2", "pending")]
+    store.append_checkpoint(make_cp(s.id, first.id), [], first.id,
+                            [Task("t9", "nine", None, "pending", "", ids.now())], [])
+    assert [t.id for t in store.list_tasks(s.id)] == ["t9"]
+
+
+def test_ordered_tasks_depth_first():
+    t = lambda i, p=None: Task(i, i, p, "pending", "", "")  # noqa: E731
+    order = ordered_tasks([t("a"), t("b"), t("a1", "a"), t("b1", "b"), t("a2", "a")])
+    assert [x.id for x in order] == ["a", "a1", "a2", "b", "b1"]
+
+
+def test_tool_calls_by_checkpoint(store):
+    s, first = new_session(store)
+    call = ToolCall(ids.new_id(), s.id, "bash", "{}", None, "local", "k", first.id, ids.now())
+    store.add_tool_call(call, [])
+    assert store.list_tool_calls(checkpoint_ids=[first.id]) == [call]
+    assert store.list_tool_calls(checkpoint_ids=[]) == []
+    assert store.list_tool_calls(session_id=s.id) == [call]
+
+
+def test_approval_decided_once(store):
+    s, first = new_session(store)
+    a = Approval(ids.new_id(), s.id, "deploy", "{}", "pending", first.id, ids.now(), ids.now())
+    store.add_approval(a, [])
+    assert store.list_approvals(status="pending") == [a]
+    decided = store.decide_approval(a.id, "approved", "ok", ids.now(), [])
+    assert decided.status == "approved" and decided.reason == "ok"
+    with pytest.raises(FailedPrecondition):
+        store.decide_approval(a.id, "denied", "no", ids.now(), [])
+    with pytest.raises(NotFound):
+        store.decide_approval(ids.new_id(), "denied", "no", ids.now(), [])
+
+
+def test_audit_chain(store):
+    new_session(store)
+    store.append_audit([AuditEvent("x", None, "y", {"k": 1}, ids.now())])
+    events = store.list_audit()
+    assert [e.seq for e in events] == [1, 2]
+    prev = GENESIS_HASH
+    for e in events:
+        assert e.prev_hash == prev and chain_hash(prev, e) == e.hash
+        prev = e.hash
+    assert store.list_audit(kind="x")[0].detail == {"k": 1}
