@@ -6,13 +6,32 @@ Every error is a ``WorldlineError`` subclass named after its gRPC status code; s
 
 from ._client import Client
 from .errors import (
-    Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
-    InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unauthenticated,
-    Unavailable, WorldlineError,
+    Aborted,
+    AlreadyExists,
+    DataLoss,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    WorldlineError,
 )
 from .models import (
-    Approval, AuditEvent, Checkpoint, CheckpointDetail, Diff, PolicyDecision, RestoreResult,
-    Session, SideEffect, Task, ToolCall,
+    Approval,
+    AuditEvent,
+    Checkpoint,
+    CheckpointDetail,
+    Diff,
+    PolicyDecision,
+    RestoreResult,
+    Session,
+    SideEffect,
+    Task,
+    ToolCall,
 )
 
 __all__ = [

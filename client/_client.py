@@ -6,15 +6,23 @@ import json
 from typing import Any
 
 import grpc
-
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .config import default_address, unix_path
 from .errors import Unavailable, error_for_code
 from .models import (
-    Approval, AuditEvent, Checkpoint, CheckpointDetail, Diff, PolicyDecision, RestoreResult,
-    Session, SideEffect, Task, ToolCall,
+    Approval,
+    AuditEvent,
+    Checkpoint,
+    CheckpointDetail,
+    Diff,
+    PolicyDecision,
+    RestoreResult,
+    Session,
+    SideEffect,
+    Task,
+    ToolCall,
 )
 
 MAX_MESSAGE = 64 << 20
@@ -36,7 +44,7 @@ class Client:
             ("grpc.max_send_message_length", MAX_MESSAGE)])
         self._stub = pb_grpc.WorldlineStub(self._channel)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._client import Client
 from .errors import InvalidArgument, WorldlineError
@@ -34,7 +35,7 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     if not rows:
         return "(none)"
     widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
     return "\n".join([line(headers)] + [line(r) for r in rows])
 
 

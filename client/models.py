@@ -53,7 +53,7 @@ class Checkpoint(_Record):
     acknowledged_side_effects: list[str]
 
     @classmethod
-    def from_pb(cls, m) -> "Checkpoint":
+    def from_pb(cls, m) -> Checkpoint:
         return cls(m.id, m.session_id, m.seq, _opt(m.parent_id), m.label, m.reasoning,
                    m.trace_id, m.created_at, m.kind, _opt(m.restored_from), m.tree, m.bytes,
                    m.messages_added, m.message_count, list(m.acknowledged_side_effects))
@@ -69,7 +69,7 @@ class Task(_Record):
     updated_at: str
 
     @classmethod
-    def from_pb(cls, m) -> "Task":
+    def from_pb(cls, m) -> Task:
         return cls(m.id, m.title, _opt(m.parent), m.status, m.note, m.updated_at)
 
 
@@ -80,7 +80,7 @@ class CheckpointDetail(Checkpoint):
     tasks: list[Task] = field(default_factory=list)
 
     @classmethod
-    def from_pb(cls, m) -> "CheckpointDetail":
+    def from_pb(cls, m) -> CheckpointDetail:
         base = Checkpoint.from_pb(m.checkpoint)
         return cls(**{f.name: getattr(base, f.name) for f in fields(Checkpoint)},
                    messages=_json(m.messages_json) or [], state=_json(m.state_json) or {},
@@ -97,7 +97,7 @@ class SideEffect(_Record):
     effect: str
 
     @classmethod
-    def from_pb(cls, m) -> "SideEffect":
+    def from_pb(cls, m) -> SideEffect:
         return cls(m.tool_call_id, m.tool, m.args_summary, m.created_at, m.checkpoint_id,
                    m.effect)
 
@@ -112,7 +112,7 @@ class RestoreResult(_Record):
     dry_run: bool
 
     @classmethod
-    def from_pb(cls, m) -> "RestoreResult":
+    def from_pb(cls, m) -> RestoreResult:
         return cls(Checkpoint.from_pb(m.checkpoint) if m.HasField("checkpoint") else None,
                    m.restored_from, list(m.files_written), list(m.files_removed),
                    [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run)
@@ -126,7 +126,7 @@ class Diff(_Record):
     patch: str = ""
 
     @classmethod
-    def from_pb(cls, m) -> "Diff":
+    def from_pb(cls, m) -> Diff:
         return cls(list(m.added), list(m.modified), list(m.deleted), m.patch)
 
 
@@ -146,7 +146,7 @@ class ToolCall(_Record):
     approval_id: str | None
 
     @classmethod
-    def from_pb(cls, m) -> "ToolCall":
+    def from_pb(cls, m) -> ToolCall:
         return cls(m.id, m.session_id, m.name, _json(m.args_json), _json(m.result_json),
                    m.effect, _opt(m.idempotency_key), m.checkpoint_id, m.created_at, m.replayed,
                    m.rule, _opt(m.approval_id))
@@ -166,7 +166,7 @@ class Approval(_Record):
     expires_at: str
 
     @classmethod
-    def from_pb(cls, m) -> "Approval":
+    def from_pb(cls, m) -> Approval:
         return cls(m.id, m.session_id, m.tool, _json(m.args_json), m.status, m.checkpoint_id,
                    m.reason, m.created_at, _opt(m.decided_at), m.expires_at)
 
@@ -190,7 +190,7 @@ class AuditEvent(_Record):
     prev_hash: str
 
     @classmethod
-    def from_pb(cls, m) -> "AuditEvent":
+    def from_pb(cls, m) -> AuditEvent:
         return cls(m.seq, m.kind, _opt(m.session_id), m.subject_id, _json(m.detail_json) or {},
                    m.created_at, m.hash, m.prev_hash)
 
@@ -206,10 +206,10 @@ class Session(_Record):
     head: str
     forked_from: str | None
     created_at: str
-    _client: "Client | None" = field(default=None, repr=False, compare=False)
+    _client: Client | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_pb(cls, m, client: "Client") -> "Session":
+    def from_pb(cls, m, client: Client) -> Session:
         return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
                    m.created_at, client)
 
@@ -232,7 +232,7 @@ class Session(_Record):
         return result
 
     def fork(self, checkpoint_id: str, workspace: str | None = None,
-             name: str | None = None) -> "Session":
+             name: str | None = None) -> Session:
         return self._client.fork(checkpoint_id, workspace=workspace, name=name)
 
     def log(self) -> list[Checkpoint]:

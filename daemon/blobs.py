@@ -28,7 +28,8 @@ import os
 import re
 import threading
 import time
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
@@ -76,6 +77,7 @@ class BlobStore(Protocol):
 
 
 def _disk_full(exc: OSError) -> Exception:
+    """The error to raise for an OSError: a full disk becomes ResourceExhausted."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(f"no space left for blobs: {exc.strerror}")
     return exc
@@ -108,9 +110,12 @@ class LocalBlobStore:
             while view:
                 view = view[os.write(fd, view):]
             self._seal(fd, tmp, digest)
-        except BaseException as exc:
+        except OSError as exc:
             _discard(fd, tmp)
-            raise _disk_full(exc) if isinstance(exc, OSError) else exc
+            raise _disk_full(exc) from exc
+        except BaseException:
+            _discard(fd, tmp)
+            raise
         return digest
 
     def put_fd(self, src: int) -> tuple[str, int]:
@@ -129,13 +134,16 @@ class LocalBlobStore:
                 _discard(fd, tmp)
             else:
                 self._seal(fd, tmp, digest)
-        except BaseException as exc:
+        except OSError as exc:
             _discard(fd, tmp)
-            raise _disk_full(exc) if isinstance(exc, OSError) else exc
+            raise _disk_full(exc) from exc
+        except BaseException:
+            _discard(fd, tmp)
+            raise
         return digest, size
 
     def _open_temp(self) -> tuple[int, str]:
-        name = os.path.join(self.tmp, f"{os.getpid()}-{threading.get_ident()}-{os.urandom(6).hex()}")
+        name = os.path.join(self.tmp, f"{os.getpid()}-{os.urandom(8).hex()}")
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
         except OSError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from dataclasses import replace
 
 from worldline.client.errors import FailedPrecondition, InvalidArgument
@@ -22,9 +23,15 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 from . import ids
 from .policy import Decision, Policy, parse_args_json
 from .records import (
-    APPROVAL_STATUSES, EFFECTS, TASK_STATUSES, Approval, AuditEvent, Task, ToolCall,
+    APPROVAL_STATUSES,
+    EFFECTS,
+    TASK_STATUSES,
+    Approval,
+    AuditEvent,
+    Task,
+    ToolCall,
 )
-from .store import ordered_tasks
+from .store import calls_on_path, ordered_tasks
 from .world import World, check_id, check_text
 
 DEFAULT_APPROVAL_TTL = 3600.0
@@ -63,8 +70,7 @@ class Gates:
         effect = effect or decision.effect
         session = self.world.session(session_id)
         if idempotency_key:
-            lineage = self.store.lineage(session.head)
-            for call in self.store.list_tool_calls(checkpoint_ids=lineage):
+            for call in calls_on_path(self.store, session.head):
                 if call.idempotency_key == idempotency_key:
                     self.store.append_audit([AuditEvent(
                         "tool_call.replay", session_id, call.id,
@@ -100,7 +106,8 @@ class Gates:
         if not task_id:
             raise InvalidArgument("a task needs an id")
         if status not in TASK_STATUSES:
-            raise InvalidArgument(f"task status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+            raise InvalidArgument(
+                f"task status {status!r} is not one of {', '.join(TASK_STATUSES)}")
         for what, text in (("task id", task_id), ("title", title), ("parent", parent),
                            ("note", note)):
             check_text(what, text)
@@ -131,7 +138,7 @@ class Gates:
         if ttl < 0 or ttl > MAX_APPROVAL_TTL:
             raise InvalidArgument(f"ttl must be between 0 and {MAX_APPROVAL_TTL} seconds")
         cp = self.world.checkpoint(session_id, label=f"approval requested: {tool}")
-        created = dt.datetime.now(dt.timezone.utc)
+        created = dt.datetime.now(dt.UTC)
         expires = created + dt.timedelta(seconds=ttl or DEFAULT_APPROVAL_TTL)
         approval = Approval(ids.new_id(), session_id, tool, json.dumps(args, sort_keys=True),
                             "pending", cp.id, _fmt(created), _fmt(expires))
@@ -171,13 +178,13 @@ class Gates:
     def wait(self, approval_id: str, timeout: float) -> Approval:
         """Block until the approval is decided or expires, or ``timeout`` passes."""
         timeout = min(max(timeout, 0.0), MAX_WAIT)
-        deadline = _monotonic() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             approval = self.get_approval(approval_id)
-            remaining = deadline - _monotonic()
+            remaining = deadline - time.monotonic()
             if approval.status != "pending" or remaining <= 0:
                 return approval
-            until_expiry = (_parse(approval.expires_at) - dt.datetime.now(dt.timezone.utc)
+            until_expiry = (_parse(approval.expires_at) - dt.datetime.now(dt.UTC)
                             ).total_seconds()
             with self._decided:
                 self._decided.wait(max(0.01, min(remaining, until_expiry + 0.01, 1.0)))
@@ -185,7 +192,7 @@ class Gates:
     def _expire_if_due(self, approval: Approval) -> Approval:
         if approval.status != "pending":
             return approval
-        if _parse(approval.expires_at) > dt.datetime.now(dt.timezone.utc):
+        if _parse(approval.expires_at) > dt.datetime.now(dt.UTC):
             return approval
         try:
             expired = self.store.decide_approval(approval.id, "expired", "deadline passed",
@@ -206,7 +213,3 @@ def _fmt(t: dt.datetime) -> str:
 def _parse(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
-
-def _monotonic() -> float:
-    import time
-    return time.monotonic()

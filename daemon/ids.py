@@ -40,7 +40,7 @@ def is_id(text: str) -> bool:
 
 def now() -> str:
     """The current time, RFC 3339 in UTC with microseconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace(
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds").replace(
         "+00:00", "Z"
     )
 

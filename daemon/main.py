@@ -20,7 +20,6 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from worldline.client.config import default_address, default_root, unix_path
 from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
@@ -57,8 +56,8 @@ def _lock(path: str, what: str) -> int:
                     holder = f.read().strip()
             except OSError:
                 pass
-            raise StartupError(f"another worldline daemon{' (pid ' + holder + ')' if holder else ''}"
-                               f" already holds {what}") from None
+            pid = f" (pid {holder})" if holder else ""
+            raise StartupError(f"another worldline daemon{pid} already holds {what}") from None
         raise
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())

@@ -129,7 +129,7 @@ class Policy:
         self.source = source
 
     @classmethod
-    def load(cls, path: str) -> "Policy":
+    def load(cls, path: str) -> Policy:
         """Read a policy file; any unknown key or bad value is an error, never ignored."""
         try:
             with open(path, "rb") as f:
@@ -222,6 +222,11 @@ def split_commands(command: str) -> list[str]:
             words = words[1:]
         if words:
             words[0] = words[0].rsplit("/", 1)[-1]
+            if re.match(r"^python[\d.]*$", words[0]) and words[1:2] == ["-m"]:
+                words = words[2:]  # `python -m twine upload` is `twine upload`
+            elif words[0] in ("npx", "uvx", "bunx") or words[:2] == ["pipx", "run"]:
+                words = words[2:] if words[0] == "pipx" else words[1:]
+        if words:
             out.append(" ".join(words))
     return out
 

@@ -14,7 +14,6 @@ import json
 import logging
 
 import grpc
-
 from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc

@@ -29,8 +29,9 @@ import logging
 import os
 import shutil
 import stat as st_
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
@@ -108,7 +109,7 @@ class WorkspaceSnapshotter:
             raise FailedPrecondition(f"workspace {self.path} does not exist") from None
         except NotADirectoryError:
             raise FailedPrecondition(f"workspace {self.path} is not a folder") from None
-        except OSError as exc:
+        except OSError:
             if os.path.islink(self.path):
                 raise FailedPrecondition(
                     f"workspace {self.path} has been replaced by a symlink") from None

@@ -9,14 +9,21 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
 
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
 from .records import (
-    GENESIS_HASH, Approval, AuditEvent, Checkpoint, Session, Task, ToolCall, chain_hash,
+    GENESIS_HASH,
+    Approval,
+    AuditEvent,
+    Checkpoint,
+    Session,
+    Task,
+    ToolCall,
+    chain_hash,
 )
 
 SCHEMA_VERSION = 1
@@ -188,8 +195,9 @@ class SqliteStore:
             " SELECT ?, 0 UNION ALL"
             " SELECT c.parent_id, chain.depth + 1 FROM checkpoints c"
             " JOIN chain ON c.id = chain.id WHERE c.parent_id IS NOT NULL)"
-            " SELECT id FROM chain ORDER BY depth", (checkpoint_id,))
-        return [r[0] for r in rows]
+            " SELECT chain.id, c.session_id FROM chain JOIN checkpoints c ON c.id = chain.id"
+            " ORDER BY depth", (checkpoint_id,))
+        return [(r[0], r[1]) for r in rows]
 
     # -- tool calls -------------------------------------------------------------------
     def add_tool_call(self, call, events):

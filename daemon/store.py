@@ -26,13 +26,21 @@ tests in tests/test_store_contract.py run against each.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from dataclasses import replace
-from typing import Collection, Protocol
+from typing import Protocol
 
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
 from .records import (
-    GENESIS_HASH, Approval, AuditEvent, Checkpoint, Session, Task, ToolCall, chain_hash,
+    GENESIS_HASH,
+    Approval,
+    AuditEvent,
+    Checkpoint,
+    Session,
+    Task,
+    ToolCall,
+    chain_hash,
 )
 
 
@@ -52,8 +60,8 @@ class Store(Protocol):
     def list_checkpoints(self, session_id: str | None = None) -> list[Checkpoint]: ...
     def conversation(self, checkpoint_id: str) -> list[str]:
         """Every message (JSON text) of the conversation as of the checkpoint, in order."""
-    def lineage(self, checkpoint_id: str) -> list[str]:
-        """Checkpoint ids from this one back through its parents, newest first."""
+    def lineage(self, checkpoint_id: str) -> list[tuple[str, str]]:
+        """(checkpoint id, session id) from this one back through its parents, newest first."""
 
     def add_tool_call(self, call: ToolCall, events: list[AuditEvent]) -> None: ...
     def list_tool_calls(self, session_id: str | None = None,
@@ -75,6 +83,24 @@ class Store(Protocol):
                    limit: int = 0) -> list[AuditEvent]: ...
 
     def close(self) -> None: ...
+
+
+def calls_on_path(store: Store, head_id: str, since: str | None = None) -> list[ToolCall]:
+    """Tool calls made on the way to ``head_id``: those whose checkpoint is in its
+    lineage *and* that were made in the timeline leading to the head. A call follows
+    checkpoint X in session S; when the lineage leaves X for a fork, S's later calls
+    belong to S, not to the fork. With ``since``, only calls made after that
+    checkpoint (``since`` itself included, as its calls came after it)."""
+    lineage = store.lineage(head_id)
+    behind = {cid for cid, _ in store.lineage(since)} - {since} if since else set()
+    timeline = {}
+    successor_session = lineage[0][1]
+    for cid, session_id in lineage:
+        timeline[cid] = successor_session
+        successor_session = session_id
+    ids = [cid for cid in timeline if cid not in behind]
+    return [c for c in store.list_tool_calls(checkpoint_ids=ids)
+            if c.session_id == timeline[c.checkpoint_id]]
 
 
 def ordered_tasks(tasks: list[Task]) -> list[Task]:
@@ -179,7 +205,7 @@ class MemoryStore:
             out = []
             cp = self.get_checkpoint(checkpoint_id)
             while cp is not None:
-                out.append(cp.id)
+                out.append((cp.id, cp.session_id))
                 cp = self._checkpoints.get(cp.parent_id or "")
             return out
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 from worldline.client.errors import DataLoss, InvalidArgument
 

@@ -13,21 +13,32 @@ import difflib
 import json
 import logging
 import os
+import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from worldline.client.errors import (
-    Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
 )
 
 from . import ids
 from .blobs import BlobStore
 from .records import (
-    AuditEvent, Checkpoint, Session, Task, ToolCall, tasks_from_json, tasks_to_json,
+    AuditEvent,
+    Checkpoint,
+    Session,
+    Task,
+    ToolCall,
+    tasks_from_json,
+    tasks_to_json,
 )
 from .snapshot import Capture, WorkspaceSnapshotter
 from .statcache import StatCache
-from .store import Store
+from .store import Store, calls_on_path
 from .trees import DIR, EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
 
 log = logging.getLogger(__name__)
@@ -67,7 +78,8 @@ def parse_messages(text: str) -> list[str]:
     if not text:
         return []
     if len(text) > MAX_MESSAGES_BYTES:
-        raise ResourceExhausted(f"messages are {len(text)} bytes; the limit is {MAX_MESSAGES_BYTES}")
+        raise ResourceExhausted(
+            f"messages are {len(text)} bytes; the limit is {MAX_MESSAGES_BYTES}")
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -220,9 +232,7 @@ class World:
     # -- side effects ------------------------------------------------------------------------
     def side_effects_since(self, head_id: str, target_id: str) -> list[ToolCall]:
         """Non-idempotent tool calls recorded after ``target_id`` on the way to ``head_id``."""
-        behind = set(self.store.lineage(target_id)) - {target_id}
-        after = [c for c in self.store.lineage(head_id) if c not in behind]
-        return [c for c in self.store.list_tool_calls(checkpoint_ids=after)
+        return [c for c in calls_on_path(self.store, head_id, since=target_id)
                 if c.effect == "external_non_idempotent"]
 
     # -- restore -------------------------------------------------------------------------------
@@ -293,7 +303,7 @@ class World:
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
 
-    # -- diff -----------------------------------------------------------------------------------------
+    # -- diff ------------------------------------------------------------------------------
     def diff(self, from_id: str, to_id: str, patch: bool = False) -> tuple[Diff, str]:
         a, b = self.checkpoint_record(from_id), self.checkpoint_record(to_id)
         changes = diff(self.trees, a.tree, b.tree)
@@ -335,7 +345,6 @@ class World:
 
 
 def _with_head(session: Session, head: str) -> Session:
-    from dataclasses import replace
     return replace(session, head=head)
 
 
@@ -344,5 +353,4 @@ def _contains(outer: str, inner: str) -> bool:
 
 
 def _remove_tree(path: str) -> None:
-    import shutil
     shutil.rmtree(path, ignore_errors=True)

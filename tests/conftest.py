@@ -15,7 +15,6 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from worldline.client import Client
 
 WORLDLINE = [sys.executable, "-m", "worldline.client.cli"]
@@ -33,7 +32,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen | None = None
         self.log = root.parent / f"{root.name}.log"
 
-    def start(self, wait: bool = True) -> "DaemonProcess":
+    def start(self, wait: bool = True) -> DaemonProcess:
         self.root.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             WORLDLINE + ["daemon", "--root", str(self.root), *self.extra],

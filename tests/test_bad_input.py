@@ -8,9 +8,12 @@ import subprocess
 
 import grpc
 import pytest
-
 from worldline.client import (
-    Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
 )
 from worldline.client.errors import DataLoss
 from worldline.daemon import ids
@@ -18,7 +21,7 @@ from worldline.daemon.trees import decode
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .conftest import WORLDLINE, DaemonProcess
+from .conftest import WORLDLINE
 
 
 def test_unknown_and_malformed_ids(client, workspace):
@@ -135,9 +138,8 @@ def test_second_daemon_on_same_socket_other_root(daemon, tmp_path):
 
 def test_unreachable_daemon_is_unavailable(tmp_path):
     from worldline.client import Client, Unavailable
-    with Client(f"unix://{tmp_path}/nothing.sock", timeout=3) as c:
-        with pytest.raises(Unavailable):
-            c.list_sessions()
+    with Client(f"unix://{tmp_path}/nothing.sock", timeout=3) as c, pytest.raises(Unavailable):
+        c.list_sessions()
 
 
 def test_socket_is_owner_only(daemon):

@@ -6,7 +6,6 @@ import hashlib
 import os
 
 import pytest
-
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.blobs import LocalBlobStore, MemoryBlobStore
 

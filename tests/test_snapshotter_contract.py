@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from worldline.daemon.blobs import MemoryBlobStore
 from worldline.daemon.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
 from worldline.daemon.statcache import StatCache

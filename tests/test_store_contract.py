@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 from worldline.daemon import ids
 from worldline.daemon.records import (
-    GENESIS_HASH, Approval, AuditEvent, Checkpoint, Session, Task, ToolCall, chain_hash,
+    GENESIS_HASH,
+    Approval,
+    AuditEvent,
+    Checkpoint,
+    Session,
+    Task,
+    ToolCall,
+    chain_hash,
 )
 from worldline.daemon.sqlite_store import SqliteStore
 from worldline.daemon.store import MemoryStore, ordered_tasks
@@ -58,7 +64,7 @@ def test_append_moves_head_and_assigns_seq(store):
     assert (a.seq, b.seq) == (1, 2)
     assert store.get_session(s.id).head == b.id
     assert [c.id for c in store.list_checkpoints(s.id)] == [first.id, a.id, b.id]
-    assert store.lineage(b.id) == [b.id, a.id, first.id]
+    assert store.lineage(b.id) == [(b.id, s.id), (a.id, s.id), (first.id, s.id)]
 
 
 def test_compare_and_set_loses_exactly_one(store):
@@ -94,7 +100,7 @@ def test_conversation_follows_conversation_parents(store):
                                 b.id, None, [])
     assert len(store.conversation(b.id)) == 3
     assert store.conversation(r.id) == store.conversation(a.id)
-    assert store.lineage(r.id)[:2] == [r.id, b.id]
+    assert [cid for cid, _ in store.lineage(r.id)[:2]] == [r.id, b.id]
 
 
 def test_tasks_replace_on_append(store):
@@ -110,7 +116,7 @@ def test_tasks_replace_on_append(store):
 
 
 def test_ordered_tasks_depth_first():
-    t = lambda i, p=None: Task(i, i, p, "pending", "", "")  # noqa: E731
+    t = lambda i, p=None: Task(i, i, p, "pending", "", "")
     order = ordered_tasks([t("a"), t("b"), t("a1", "a"), t("b1", "b"), t("a2", "a")])
     assert [x.id for x in order] == ["a", "a1", "a2", "b", "b1"]
 
@@ -147,3 +153,24 @@ def test_audit_chain(store):
         assert e.prev_hash == prev and chain_hash(prev, e) == e.hash
         prev = e.hash
     assert store.list_audit(kind="x")[0].detail == {"k": 1}
+
+
+def test_calls_on_path_keep_to_their_timeline(store):
+    from worldline.daemon.store import calls_on_path
+    s, first = new_session(store)
+    a = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
+    before = ToolCall(ids.new_id(), s.id, "t", "{}", None, "local", None, first.id, ids.now())
+    after = ToolCall(ids.new_id(), s.id, "t", "{}", None, "local", None, a.id, ids.now())
+    store.add_tool_call(before, [])
+    store.add_tool_call(after, [])
+    fork_id = ids.new_id()
+    fork_first = make_cp(fork_id, a.id, kind="fork")
+    store.create_session(Session(fork_id, "f", "/f", None, fork_first.id, a.id, ids.now()),
+                         fork_first, [], [])
+    in_fork = ToolCall(ids.new_id(), fork_id, "t", "{}", None, "local", None, fork_first.id,
+                       ids.now())
+    store.add_tool_call(in_fork, [])
+    assert [c.id for c in calls_on_path(store, a.id)] == [before.id, after.id]
+    assert [c.id for c in calls_on_path(store, a.id, since=a.id)] == [after.id]
+    # the fork's history holds `before` (made before the fork point), not `after`
+    assert [c.id for c in calls_on_path(store, fork_first.id)] == [before.id, in_fork.id]

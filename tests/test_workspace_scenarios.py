@@ -220,7 +220,7 @@ def test_conversation_and_state_as_of_each_checkpoint(client, workspace):
 
 def test_identical_content_is_stored_once(daemon, client, workspace, tmp_path):
     blob_root = daemon.root / "blobs"
-    count = lambda: sum(len(files) for _, _, files in os.walk(blob_root))  # noqa: E731
+    count = lambda: sum(len(files) for _, _, files in os.walk(blob_root))
     payload = os.urandom(1 << 20)
     (workspace / "a.bin").write_bytes(payload)
     s = client.create_session(str(workspace))
