@@ -270,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--root", help="data root (default $WORLDLINE_ROOT or ~/.local/share/worldline)")
     d.add_argument("--listen", help="address to listen on (default unix://<root>/worldline.sock)")
     d.add_argument("--policy", help="side-effect policy file (TOML); default $WORLDLINE_POLICY")
+    d.add_argument("--no-tracker", action="store_true",
+                   help="no change tracking: every checkpoint scans the whole workspace")
+    d.add_argument("--max-watches", type=int, default=1 << 20,
+                   help="inotify watches per workspace before falling back to scans")
     d.set_defaults(fn=None)
 
     s = add("session", cmd_session, "create, list and show sessions")
@@ -376,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "daemon":
         from worldline.daemon.main import run
-        return run(args.root, args.listen, args.policy)
+        return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches)
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

@@ -11,7 +11,8 @@ Contract of every ``BlobStore``:
   a crash mid-put leaves at most an unnamed temporary, never a short blob.
 - Durability: once ``sync()`` returns, every blob put before it survives a crash.
   Callers put all of a checkpoint's blobs, call ``sync()`` once, then commit the
-  metadata that references them.
+  metadata that references them. A blob put but not yet synced is readable by this
+  process; after a crash it is simply absent.
 - Integrity: reads verify the digest; bytes that no longer match raise ``DataLoss``.
 - Errors: ``NotFound`` for a digest that is not stored; ``InvalidArgument`` for a
   string that is not a digest; ``ResourceExhausted`` when the disk is full.
@@ -22,6 +23,7 @@ Implementations: ``LocalBlobStore`` (files under the data root), ``MemoryBlobSto
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import os
@@ -84,20 +86,35 @@ def _disk_full(exc: OSError) -> Exception:
 
 
 class LocalBlobStore:
-    """Blobs as read-only files ``<root>/<2 hex>/<62 hex>``, written aside then renamed."""
+    """Blobs as read-only files ``<root>/<2 hex>/<62 hex>``.
+
+    A put writes the bytes to a temporary under ``<root>/tmp`` and remembers it as
+    *pending*; ``sync()`` flushes every pending temporary with one ``syncfs`` (one
+    flush per checkpoint, not one per blob), then renames each into place and fsyncs
+    the folders it renamed into. A name therefore never exists before its bytes are
+    durable, and a crash leaves only temporaries, which the next start removes.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = root
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
-        self._dirty_dirs: set[str] = set()
+        self._pending: dict[str, str] = {}  # digest -> temporary path
         self._lock = threading.Lock()
 
     def _path(self, digest: str) -> str:
         check_digest(digest)
         return os.path.join(self.root, digest[:2], digest[2:])
 
+    def _located(self, digest: str) -> str:
+        with self._lock:
+            tmp = self._pending.get(digest)
+        return tmp or self._path(digest)
+
     def has(self, digest: str) -> bool:
+        with self._lock:
+            if digest in self._pending:
+                return True
         return os.path.exists(self._path(digest))
 
     def put_bytes(self, data: bytes) -> str:
@@ -109,13 +126,15 @@ class LocalBlobStore:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            self._seal(fd, tmp, digest)
+            os.fchmod(fd, 0o444)
         except OSError as exc:
             _discard(fd, tmp)
             raise _disk_full(exc) from exc
         except BaseException:
             _discard(fd, tmp)
             raise
+        os.close(fd)
+        self._add_pending(digest, tmp)
         return digest
 
     def put_fd(self, src: int) -> tuple[str, int]:
@@ -129,18 +148,27 @@ class LocalBlobStore:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
-            digest = hasher.hexdigest()
-            if self.has(digest):
-                _discard(fd, tmp)
-            else:
-                self._seal(fd, tmp, digest)
+            os.fchmod(fd, 0o444)
         except OSError as exc:
             _discard(fd, tmp)
             raise _disk_full(exc) from exc
         except BaseException:
             _discard(fd, tmp)
             raise
+        os.close(fd)
+        digest = hasher.hexdigest()
+        if self.has(digest):
+            os.unlink(tmp)
+        else:
+            self._add_pending(digest, tmp)
         return digest, size
+
+    def _add_pending(self, digest: str, tmp: str) -> None:
+        with self._lock:
+            if digest in self._pending:
+                os.unlink(tmp)  # another thread stored the same bytes meanwhile
+            else:
+                self._pending[digest] = tmp
 
     def _open_temp(self) -> tuple[int, str]:
         name = os.path.join(self.tmp, f"{os.getpid()}-{os.urandom(8).hex()}")
@@ -149,23 +177,34 @@ class LocalBlobStore:
         except OSError as exc:
             raise _disk_full(exc) from exc
 
-    def _seal(self, fd: int, tmp: str, digest: str) -> None:
-        """fsync the temporary, make it read-only and rename it to its digest."""
-        os.fchmod(fd, 0o444)
-        os.fsync(fd)
-        os.close(fd)
-        final = self._path(digest)
-        folder = os.path.dirname(final)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        os.rename(tmp, final)
+    def sync(self) -> None:
         with self._lock:
-            self._dirty_dirs.add(folder)
+            batch = dict(self._pending)
+        if not batch:
+            return
+        _flush_filesystem(self.tmp, batch.values())
+        folders = set()
+        for digest, tmp in batch.items():
+            final = self._path(digest)
+            folder = os.path.dirname(final)
+            if folder not in folders:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                folders.add(folder)
+            os.rename(tmp, final)
+        for folder in folders | {self.tmp}:
+            _fsync_dir(folder)
+        _fsync_dir(self.root)  # new fan-out folders
+        with self._lock:
+            for digest in batch:
+                self._pending.pop(digest, None)
 
     def _open_verified(self, digest: str) -> int:
-        try:
-            return os.open(self._path(digest), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFound(f"blob {digest} does not exist") from None
+        for _ in range(2):  # a pending blob may be renamed between lookup and open
+            try:
+                return os.open(self._located(digest), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+        raise NotFound(f"blob {digest} does not exist")
 
     def read_bytes(self, digest: str) -> bytes:
         fd = self._open_verified(digest)
@@ -201,13 +240,13 @@ class LocalBlobStore:
 
     def size(self, digest: str) -> int:
         try:
-            return os.stat(self._path(digest)).st_size
+            return os.stat(self._located(digest)).st_size
         except FileNotFoundError:
             raise NotFound(f"blob {digest} does not exist") from None
 
     def stored_at(self, digest: str) -> float:
         try:
-            return os.stat(self._path(digest)).st_mtime
+            return os.stat(self._located(digest)).st_mtime
         except FileNotFoundError:
             raise NotFound(f"blob {digest} does not exist") from None
 
@@ -221,22 +260,13 @@ class LocalBlobStore:
         return size
 
     def digests(self) -> Iterator[str]:
-        for prefix in sorted(os.listdir(self.root)):
-            if len(prefix) != 2:
-                continue
-            for rest in sorted(os.listdir(os.path.join(self.root, prefix))):
-                if _DIGEST_RE.match(prefix + rest):
-                    yield prefix + rest
-
-    def sync(self) -> None:
         with self._lock:
-            folders, self._dirty_dirs = self._dirty_dirs, set()
-        for folder in folders:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            found = set(self._pending)
+        for prefix in os.listdir(self.root):
+            if len(prefix) == 2:
+                found.update(prefix + rest for rest in os.listdir(os.path.join(self.root, prefix))
+                             if _DIGEST_RE.match(prefix + rest))
+        return iter(sorted(found))
 
     def clean_temporaries(self) -> int:
         """Remove temporaries left by a crash; called at start, before any put."""
@@ -245,6 +275,35 @@ class LocalBlobStore:
             os.unlink(os.path.join(self.tmp, name))
             removed += 1
         return removed
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syncfs = getattr(_libc, "syncfs", None)
+
+
+def _flush_filesystem(folder: str, files) -> None:
+    """Make the data of ``files`` durable: one syncfs where the platform has it."""
+    if _syncfs is not None:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for path in files:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _discard(fd: int, tmp: str) -> None:

@@ -31,6 +31,7 @@ from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
 from .sqlite_store import SqliteStore
 from .statcache import StatCache
+from .tracker import ChangeMonitor
 from .world import World
 
 log = logging.getLogger("worldline.daemon")
@@ -65,10 +66,13 @@ def _lock(path: str, what: str) -> int:
 
 
 class Daemon:
-    def __init__(self, root: str, listen: str, policy_path: str | None = None) -> None:
+    def __init__(self, root: str, listen: str, policy_path: str | None = None,
+                 track: bool = True, max_watches: int = 1 << 20) -> None:
         self.root = os.path.abspath(root)
         self.listen = listen
         self.policy_path = policy_path
+        self.track = track
+        self.max_watches = max_watches
         self.stopping = threading.Event()
         self._locks: list[int] = []
         self.server: grpc.Server | None = None
@@ -95,7 +99,8 @@ class Daemon:
         self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
         self.blobs.clean_temporaries()
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
-        self.world = World(self.root, self.store, self.blobs, self.stat_cache)
+        self.monitor = ChangeMonitor(self.max_watches) if self.track else None
+        self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor)
         self.gates = Gates(self.world, policy)
 
         server = grpc.server(
@@ -133,6 +138,8 @@ class Daemon:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         self.server = None
+        if self.monitor is not None:
+            self.monitor.close()
         self.store.close()
         self.stat_cache.close()
         try:
@@ -144,14 +151,15 @@ class Daemon:
         log.info("worldline daemon stopped")
 
 
-def run(root: str | None, listen: str | None, policy_path: str | None = None) -> int:
+def run(root: str | None, listen: str | None, policy_path: str | None = None,
+        track: bool = True, max_watches: int = 1 << 20) -> int:
     logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
-    daemon = Daemon(root, listen, policy_path)
+    daemon = Daemon(root, listen, policy_path, track, max_watches)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:

@@ -2,14 +2,15 @@
 
 Contract of every ``Snapshotter``:
 
-- ``capture(persist=True, dirty=None)`` reads the world and returns a ``Capture``
-  whose ``root`` is the digest of its root tree. With ``persist`` the blobs and
-  trees are stored (not yet synced: the caller calls ``BlobStore.sync()`` once);
-  without it nothing is written anywhere and the new trees travel in
-  ``Capture.trees``. ``dirty`` names the paths that may have changed since the
-  last persisted capture (a change tracker's report); ``None`` means "anything may
-  have changed": the whole world is examined, with the stat cache sparing the
-  reads of unchanged files.
+- ``capture(persist=True, changes=None, base=None)`` reads the world and returns a
+  ``Capture`` whose ``root`` is the digest of its root tree. With ``persist`` the
+  blobs and trees are stored (not yet synced: the caller calls
+  ``BlobStore.sync()`` once); without it nothing is written anywhere and the new
+  trees travel in ``Capture.trees``. ``changes`` (a change tracker's report) names
+  the paths that may differ from the tree ``base``; only those are examined and
+  only the trees on their paths rewritten. Without them, or when they say
+  ``full``, the whole world is examined, the stat cache sparing the reads of
+  unchanged files.
 - ``apply(current, target_root)`` makes the world equal to the target tree,
   touching only what differs from ``current`` (a fresh capture). Every file is
   written aside and renamed into place; nothing is ever written through a symlink
@@ -37,12 +38,12 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from .blobs import CHUNK, BlobStore, digest_of
 from .statcache import Signature, StatCache, is_racy, signature
+from .tracker import TEMP_PREFIX, Changes
 from .trees import DIR, FILE, SYMLINK, Entry, TreeReader, check_name, encode
 
 log = logging.getLogger(__name__)
 
 SMALL_FILE = 4 << 20
-TEMP_PREFIX = ".worldline-tmp-"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -55,10 +56,12 @@ class Capture:
     warnings: list[str] = field(default_factory=list)
     seen: dict[str, tuple[Signature, str]] = field(default_factory=dict)
     persisted: bool = True
+    full: bool = True  # every file was examined (not just a tracker's changes)
 
 
 class Snapshotter(Protocol):
-    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture: ...
+    def capture(self, persist: bool = True, changes: Changes | None = None,
+                base: str | None = None) -> Capture: ...
 
     def apply(self, current: Capture, target_root: str) -> None: ...
 
@@ -66,8 +69,9 @@ class Snapshotter(Protocol):
 
 
 class _Scan:
-    def __init__(self, persist: bool) -> None:
+    def __init__(self, persist: bool, watch: Callable[[str, int], None] | None = None) -> None:
         self.persist = persist
+        self.watch = watch  # called with (relative folder, fd) before a folder is listed
         self.trees: dict[str, dict[str, Entry]] = {}
         self.warnings: list[str] = []
         self.seen: dict[str, tuple[Signature, str]] = {}
@@ -77,29 +81,39 @@ class WorkspaceSnapshotter:
     """A workspace directory, read and written only through folder descriptors."""
 
     def __init__(self, path: str, blobs: BlobStore, trees: TreeReader,
-                 stat_cache: StatCache) -> None:
+                 stat_cache: StatCache, watch: Callable[[str, int], None] | None = None) -> None:
         self.path = path
         self.blobs = blobs
         self.trees = trees
         self.stat_cache = stat_cache
+        self.watch = watch  # a change tracker's hook: folders to watch as they are read
 
     # -- capture ---------------------------------------------------------------
-    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture:
-        scan = _Scan(persist)
+    def capture(self, persist: bool = True, changes: Changes | None = None,
+                base: str | None = None) -> Capture:
+        full = changes is None or changes.full or base is None
+        scan = _Scan(persist, self.watch if full else None)
         cache = self.stat_cache.entries(self.path)
         root_fd = self._open_root()
         try:
-            root, size = self._scan_dir(root_fd, "", scan, cache)
+            if full:
+                if scan.watch is not None:
+                    scan.watch("", root_fd)
+                root, size = self._scan_dir(root_fd, "", scan, cache)
+            else:
+                root, size = self._update_dir(root_fd, "", base, _trie(changes), scan, cache)
         finally:
             os.close(root_fd)
-        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist)
+        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist, full)
 
     def commit(self, capture: Capture) -> None:
         if not capture.persisted:
             return
         cache = self.stat_cache.entries(self.path)
         changed = {p: v for p, v in capture.seen.items() if cache.get(p) != v}
-        removed = set(cache) - set(capture.seen)
+        # A full scan saw every file, so what it did not see is gone; an incremental
+        # one vouches only for what it examined.
+        removed = set(cache) - set(capture.seen) if capture.full else set()
         self.stat_cache.update(self.path, changed, removed)
 
     def _open_root(self) -> int:
@@ -131,6 +145,8 @@ class WorkspaceSnapshotter:
                 if st_.S_ISDIR(mode):
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
+                        if scan.watch is not None:
+                            scan.watch(path, sub)
                         digest, size = self._scan_dir(sub, path + "/", scan, cache)
                     finally:
                         os.close(sub)
@@ -147,6 +163,45 @@ class WorkspaceSnapshotter:
                     scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
             except FileNotFoundError:
                 continue  # removed while we looked: absent from this snapshot
+        return self._store_tree(tree, scan), total
+
+    def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
+                    cache) -> tuple[str, int]:
+        """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``."""
+        tree = dict(self.trees.read(base))
+        for name, child in node.items():
+            if name == _RESCAN or name.startswith(TEMP_PREFIX):
+                continue
+            path = prefix + name
+            old = tree.get(name)
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                mode = st.st_mode
+                if st_.S_ISDIR(mode):
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                    try:
+                        if child.get(_RESCAN) or old is None or old.kind != DIR:
+                            digest, size = self._scan_dir(sub, path + "/", scan, cache)
+                        else:
+                            digest, size = self._update_dir(sub, path + "/", old.ref, child,
+                                                            scan, cache)
+                    finally:
+                        os.close(sub)
+                    tree[name] = Entry(DIR, st_.S_IMODE(mode), digest, size)
+                elif st_.S_ISLNK(mode):
+                    tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
+                elif st_.S_ISREG(mode):
+                    entry = self._scan_file(dfd, name, path, st, scan, cache)
+                    if entry is None:
+                        tree.pop(name, None)
+                    else:
+                        tree[name] = entry
+                else:
+                    scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+                    tree.pop(name, None)
+            except (FileNotFoundError, NotADirectoryError):
+                tree.pop(name, None)  # gone, or replaced while we looked
+        total = sum(e.size for e in tree.values())
         return self._store_tree(tree, scan), total
 
     def _scan_file(self, dfd: int, name: str, path: str, st: os.stat_result, scan: _Scan,
@@ -196,16 +251,23 @@ class WorkspaceSnapshotter:
         return digest
 
     # -- apply -----------------------------------------------------------------
-    def apply(self, current: Capture, target_root: str) -> None:
+    def apply(self, current: Capture, target_root: str, watch_new: bool = False) -> None:
+        """With ``watch_new`` (a fork into a fresh folder), every folder is handed to the
+        watch hook once its contents are written, so the tracker starts from the target
+        tree without a scan and never sees the fork's own writes."""
         root_fd = self._open_root()
         mode = os.fstat(root_fd).st_mode & 0o7777
+        watch = self.watch if watch_new else None
         try:
-            self._sync_dir(root_fd, current.root, target_root, current.trees)
+            self._sync_dir(root_fd, current.root, target_root, current.trees, watch, "")
+            if watch is not None:
+                watch("", root_fd)
         finally:
             os.fchmod(root_fd, mode)  # the workspace folder's own mode is not in the tree
             os.close(root_fd)
 
-    def _sync_dir(self, dfd: int, cur_digest: str | None, tgt_digest: str, pending) -> None:
+    def _sync_dir(self, dfd: int, cur_digest: str | None, tgt_digest: str, pending,
+                  watch=None, prefix: str = "") -> None:
         if cur_digest == tgt_digest:
             return
         cur = self.trees.read(cur_digest, pending) if cur_digest else {}
@@ -227,8 +289,11 @@ class WorkspaceSnapshotter:
                     os.mkdir(name, 0o700, dir_fd=dfd)
                 sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                 try:
-                    self._sync_dir(sub, have.ref if have else None, want.ref, pending)
+                    self._sync_dir(sub, have.ref if have else None, want.ref, pending, watch,
+                                   f"{prefix}{name}/")
                     os.fchmod(sub, want.mode)
+                    if watch is not None:
+                        watch(prefix + name, sub)
                 finally:
                     os.close(sub)
             elif want.kind == FILE:
@@ -292,6 +357,22 @@ def _write_symlink(dfd: int, name: str, target: str) -> None:
     os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
+_RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
+
+
+def _trie(changes: Changes) -> dict:
+    """Nested dicts of the changed paths; a rescan path's node is marked ``_RESCAN``."""
+    root: dict = {}
+    for paths, rescan in ((changes.dirty, False), (changes.rescan, True)):
+        for path in paths:
+            node = root
+            for part in path.split("/"):
+                node = node.setdefault(part, {})
+            if rescan:
+                node[_RESCAN] = True
+    return root
+
+
 # -- the reference snapshotter ---------------------------------------------------
 
 @dataclass(frozen=True)
@@ -311,7 +392,8 @@ class MemorySnapshotter:
         self.trees = trees
         self.files: dict[str, MemoryFile] = dict(files or {})
 
-    def capture(self, persist: bool = True, dirty: Iterable[str] | None = None) -> Capture:
+    def capture(self, persist: bool = True, changes: Changes | None = None,
+                base: str | None = None) -> Capture:
         nested: dict = {}
         for path, f in self.files.items():
             parts = path.split("/")

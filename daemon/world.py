@@ -37,6 +37,7 @@ from .records import (
     tasks_to_json,
 )
 from .snapshot import Capture, WorkspaceSnapshotter
+from .tracker import Changes, ChangeMonitor, WorkspaceTracker
 from .statcache import StatCache
 from .store import Store, calls_on_path
 from .trees import DIR, EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
@@ -120,25 +121,54 @@ def check_id(what: str, value: str) -> str:
 
 
 class World:
-    def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache) -> None:
+    def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
+                 monitor: ChangeMonitor | None = None) -> None:
         self.root = os.path.realpath(root)
         self.store = store
         self.blobs = blobs
         self.trees = TreeReader(blobs)
         self.stat_cache = stat_cache
+        self.monitor = monitor
         self.fork_root = os.path.join(self.root, "workspaces")
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
+        blobs.sync()
 
     # -- helpers ---------------------------------------------------------------------
     def lock(self, workspace: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(workspace, threading.Lock())
 
+    def tracker(self, workspace: str) -> WorkspaceTracker | None:
+        return self.monitor.tracker(workspace) if self.monitor is not None else None
+
     def snapshotter(self, session: Session) -> WorkspaceSnapshotter:
-        return WorkspaceSnapshotter(session.workspace, self.blobs, self.trees, self.stat_cache)
+        tracker = self.tracker(session.workspace)
+        return WorkspaceSnapshotter(session.workspace, self.blobs, self.trees, self.stat_cache,
+                                    tracker.watch_folder if tracker is not None else None)
+
+    def _changes(self, workspace: str, base: str, consume: bool) -> Changes | None:
+        """What changed in the workspace since ``base``, or None: examine everything."""
+        tracker = self.tracker(workspace)
+        if tracker is None:
+            return None
+        changes = tracker.prepare() if consume else tracker.peek()
+        if tracker.base != base:
+            changes.full = True  # the tracker's picture is relative to another tree
+        return changes
+
+    def _give_back(self, workspace: str, changes: Changes | None) -> None:
+        tracker = self.tracker(workspace)
+        if tracker is not None and changes is not None:
+            tracker.give_back(changes)
+
+    def _tracked(self, workspace: str, tree: str) -> None:
+        """The workspace is now exactly ``tree`` plus what the tracker has seen since."""
+        tracker = self.tracker(workspace)
+        if tracker is not None:
+            tracker.base = tree
 
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
@@ -174,7 +204,12 @@ class World:
         session = Session(sid, name or os.path.basename(path), path, container or None, "",
                           None, ids.now())
         with self.lock(path):
-            capture = self.snapshotter(session).capture()
+            changes = self._changes(path, "", consume=True)
+            try:
+                capture = self.snapshotter(session).capture(changes=changes)
+            except BaseException:
+                self._give_back(path, changes)
+                raise
             tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
             self.blobs.sync()
             first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(), capture.root,
@@ -186,6 +221,7 @@ class World:
                 AuditEvent("checkpoint", sid, first.id, {"seq": 0, "tree": first.tree},
                            ids.now())])
             self.snapshotter(session).commit(capture)
+            self._tracked(path, capture.root)
         return self.store.get_session(sid)
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -205,18 +241,26 @@ class World:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             head = self.store.get_checkpoint(session.head)
             snap = self.snapshotter(session)
-            capture = snap.capture()
-            state_digest = self.blobs.put_bytes(state) if state is not None else head.state_digest
-            tasks_digest = self.blobs.put_bytes(tasks_to_json(self.store.list_tasks(session_id)))
-            self.blobs.sync()
-            cp = Checkpoint(ids.new_id(), session_id, 0, head.id, "checkpoint", ids.now(),
-                            capture.root, capture.bytes, state_digest, tasks_digest, head.id,
-                            len(messages), head.message_count + len(messages), label=label,
-                            reasoning=reasoning, trace_id=trace_id)
-            cp = self.store.append_checkpoint(cp, messages, head.id, None, [
-                AuditEvent("checkpoint", session_id, cp.id,
-                           {"tree": cp.tree, "label": label, "messages": len(messages)},
-                           ids.now())])
+            changes = self._changes(session.workspace, head.tree, consume=True)
+            try:
+                capture = snap.capture(changes=changes, base=head.tree)
+                state_digest = (self.blobs.put_bytes(state) if state is not None
+                                else head.state_digest)
+                tasks_digest = self.blobs.put_bytes(
+                    tasks_to_json(self.store.list_tasks(session_id)))
+                self.blobs.sync()
+                cp = Checkpoint(ids.new_id(), session_id, 0, head.id, "checkpoint", ids.now(),
+                                capture.root, capture.bytes, state_digest, tasks_digest, head.id,
+                                len(messages), head.message_count + len(messages), label=label,
+                                reasoning=reasoning, trace_id=trace_id)
+                cp = self.store.append_checkpoint(cp, messages, head.id, None, [
+                    AuditEvent("checkpoint", session_id, cp.id,
+                               {"tree": cp.tree, "label": label, "messages": len(messages)},
+                               ids.now())])
+            except BaseException:
+                self._give_back(session.workspace, changes)
+                raise
+            self._tracked(session.workspace, capture.root)
             snap.commit(capture)
             for warning in capture.warnings:
                 log.warning("session %s: %s", session_id, warning)
@@ -246,7 +290,9 @@ class World:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             effects = self.side_effects_since(session.head, target.id)
             snap = self.snapshotter(session)
-            current = snap.capture(persist=False)
+            head = self.store.get_checkpoint(session.head)
+            seen = self._changes(session.workspace, head.tree, consume=False)
+            current = snap.capture(persist=False, changes=seen, base=head.tree)
             changes = diff(self.trees, current.root, target.tree, current.trees)
             written = sorted(changes.added + changes.modified)
             if dry_run:
@@ -269,6 +315,8 @@ class World:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
             cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
+            if seen is not None and not seen.full:
+                self._tracked(session.workspace, target.tree)
         return RestoreResult(cp, target.id, written, changes.deleted, effects)
 
     # -- fork -------------------------------------------------------------------------------------
@@ -286,7 +334,10 @@ class World:
         try:
             with self.lock(path):
                 snap = self.snapshotter(session)
-                snap.apply(Capture(self.empty_tree, 0), source.tree)
+                tracker = self.tracker(path)
+                if tracker is not None:
+                    tracker.prepare()  # drop the "no history" mark: we know what we write
+                snap.apply(Capture(self.empty_tree, 0), source.tree, watch_new=True)
                 first = Checkpoint(ids.new_id(), sid, 0, source.id, "fork", ids.now(),
                                    source.tree, source.bytes, source.state_digest,
                                    source.tasks_digest, source.id, 0, source.message_count,
@@ -296,6 +347,7 @@ class World:
                 self.store.create_session(session, first, tasks, [
                     AuditEvent("fork", sid, first.id,
                                {"source": source.id, "workspace": path}, ids.now())])
+                self._tracked(path, source.tree)
         except BaseException:
             if created:
                 _remove_tree(path)

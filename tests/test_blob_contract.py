@@ -58,6 +58,7 @@ def test_delete_frees(blobs):
 
 def test_corruption_is_data_loss(blobs, tmp_path):
     d = blobs.put_bytes(b"precious")
+    blobs.sync()
     if isinstance(blobs, MemoryBlobStore):
         blobs.corrupt(d, b"garbage!")
     else:
@@ -73,6 +74,23 @@ def test_corruption_is_data_loss(blobs, tmp_path):
             blobs.copy_to_fd(d, fd)
     finally:
         os.close(fd)
+
+
+def test_unsynced_blobs_are_readable_and_synced_ones_named(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    d = blobs.put_bytes(b"pending")
+    assert blobs.has(d) and blobs.read_bytes(d) == b"pending"
+    assert not os.path.exists(os.path.join(blobs.root, d[:2], d[2:]))  # no name before sync
+    blobs.sync()
+    assert os.path.exists(os.path.join(blobs.root, d[:2], d[2:]))
+
+
+def test_crash_before_sync_leaves_only_temporaries(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    d = blobs.put_bytes(b"never synced")
+    reopened = LocalBlobStore(str(tmp_path / "b"))  # as a restarted daemon would
+    assert reopened.clean_temporaries() == 1
+    assert not reopened.has(d)
 
 
 def test_local_blobs_are_read_only_and_leave_no_temporaries(tmp_path):

@@ -1,0 +1,330 @@
+"""Change tracking: which workspace paths may have changed since the last capture.
+
+One inotify instance and one reader thread serve every tracked workspace (the
+per-user instance limit is small, and one queue orders every event). A
+``WorkspaceTracker`` turns events into *dirty* paths (re-examine this path) and
+*rescan* paths (a folder that appeared: examine everything below it).
+
+Correctness rules, in order of importance:
+
+- Extra dirty paths are always safe; a missed one never is. Whenever the tracker
+  cannot vouch for its picture (queue overflow, a watch it could not add, the
+  watch limit, a start with no history), it asks for a *full* scan instead, which
+  compares every file's stat against the stat cache.
+- ``prepare()`` is a barrier: it creates a cookie file in the workspace and waits
+  until the reader thread has seen the cookie's own event. inotify queues events in
+  order, so every write that finished before the request is then in the dirty set
+  (watchman's sync cookies). Cookies start with the temporary prefix, so no capture
+  ever records them, and they are removed at once (and at start, if a crash left one).
+- Folders are watched through ``/proc/self/fd`` of a descriptor opened with
+  ``O_NOFOLLOW``, so a symlink is never watched through.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import select
+import struct
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+COOKIE_PREFIX = ".worldline-tmp-cookie-"
+TEMP_PREFIX = ".worldline-tmp-"
+
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
+IN_ONLYDIR, IN_ISDIR = 0x01000000, 0x40000000
+IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
+WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+              | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+_EVENT = struct.Struct("iIII")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+class WatchLimit(Exception):
+    """A watch could not be added (the kernel's limit, or the tracker's own cap)."""
+
+
+@dataclass
+class Changes:
+    """What a capture must examine: everything (``full``), or these paths."""
+
+    full: bool
+    dirty: set[str] = field(default_factory=set)
+    rescan: set[str] = field(default_factory=set)
+
+
+class WorkspaceTracker:
+    def __init__(self, monitor: "ChangeMonitor", path: str, max_watches: int) -> None:
+        self.monitor = monitor
+        self.path = path
+        self.max_watches = max_watches
+        self._lock = threading.Lock()
+        self._full = True  # no history yet: the first capture scans everything
+        self.base: str | None = None  # the tree the changes are relative to (set by the World)
+        self._dirty: set[str] = set()
+        self._rescan: set[str] = set()
+        self._paths: dict[int, str] = {}  # wd -> relative folder path ("" is the root)
+        self._cookies: dict[str, threading.Event] = {}
+        self.fallbacks = 0
+        self._remove_stale_cookies()
+
+    # -- called by the capture -----------------------------------------------------
+    def watch_folder(self, rel: str, fd: int) -> None:
+        """Watch one folder (opened with O_NOFOLLOW); called by full scans before listing it."""
+        if len(self._paths) >= self.max_watches:
+            self._degrade(f"the tracker's cap of {self.max_watches} watches")
+            return
+        wd = self.monitor.add_watch(f"/proc/self/fd/{fd}", self, rel)
+        if wd < 0:
+            self._degrade(os.strerror(-wd))
+
+    def prepare(self, timeout: float = 5.0) -> Changes:
+        """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
+        self._barrier(timeout)
+        with self._lock:
+            changes = Changes(self._full, self._dirty, self._rescan)
+            self._full, self._dirty, self._rescan = False, set(), set()
+        if changes.full:
+            self._unwatch_all()  # a full scan re-adds every watch as it goes
+        return changes
+
+    def peek(self, timeout: float = 5.0) -> Changes:
+        """As ``prepare`` but the changes stay for the next capture."""
+        self._barrier(timeout)
+        with self._lock:
+            return Changes(self._full, set(self._dirty), set(self._rescan))
+
+    def give_back(self, changes: Changes) -> None:
+        """A capture that was not committed returns what it took."""
+        with self._lock:
+            self._full = self._full or changes.full
+            self._dirty |= changes.dirty
+            self._rescan |= changes.rescan
+
+    def invalidate(self, reason: str) -> None:
+        with self._lock:
+            self._full = True
+        self.fallbacks += 1
+        log.info("tracker %s: full scan next (%s)", self.path, reason)
+
+    # -- called by the reader thread ---------------------------------------------------
+    def on_event(self, wd: int, mask: int, name: str) -> None:
+        if mask & IN_IGNORED:
+            with self._lock:
+                self._paths.pop(wd, None)
+            return
+        with self._lock:
+            folder = self._paths.get(wd)
+        if folder is None:
+            return
+        if mask & (IN_DELETE_SELF | IN_MOVE_SELF) and folder == "":
+            self.invalidate("the workspace folder itself was moved or deleted")
+            return
+        if not name:
+            if mask & IN_ATTRIB and folder:  # a folder's own mode
+                with self._lock:
+                    self._dirty.add(folder)
+            return
+        if name.startswith(TEMP_PREFIX):
+            if name.startswith(COOKIE_PREFIX) and folder == "" and mask & IN_CREATE:
+                with self._lock:
+                    event = self._cookies.get(name)
+                if event is not None:
+                    event.set()
+            return
+        path = f"{folder}/{name}" if folder else name
+        with self._lock:
+            if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+                self._rescan.add(path)
+            else:
+                self._dirty.add(path)
+        if mask & IN_ISDIR and mask & IN_MOVED_FROM:
+            self._unwatch_below(path)
+        if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+            self._watch_new_folder(path)
+
+    def on_overflow(self) -> None:
+        self.invalidate("the inotify queue overflowed")
+
+    # -- internals -----------------------------------------------------------------------
+    def _barrier(self, timeout: float) -> None:
+        with self._lock:
+            if self._full:
+                return  # a full scan needs no barrier: it reads everything
+        name = COOKIE_PREFIX + os.urandom(8).hex()
+        event = threading.Event()
+        with self._lock:
+            self._cookies[name] = event
+        cookie = os.path.join(self.path, name)
+        try:
+            fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            if not event.wait(timeout):
+                self.invalidate(f"the sync cookie was not seen within {timeout}s")
+        except OSError as exc:
+            self.invalidate(f"cannot write the sync cookie: {exc.strerror}")
+        finally:
+            with self._lock:
+                self._cookies.pop(name, None)
+            try:
+                os.unlink(cookie)
+            except FileNotFoundError:
+                pass
+
+    def _watch_new_folder(self, rel: str) -> None:
+        """Watch a folder that appeared, and every folder below it (it is rescanned)."""
+        try:
+            fd = os.open(os.path.join(self.path, rel),
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # gone again, or a symlink now: the rescan will see what is there
+        try:
+            self.watch_folder(rel, fd)
+            for de in os.scandir(fd):
+                if de.is_dir(follow_symlinks=False):
+                    self._watch_new_folder(f"{rel}/{de.name}")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _unwatch_below(self, rel: str) -> None:
+        prefix = rel + "/"
+        with self._lock:
+            doomed = [wd for wd, p in self._paths.items() if p == rel or p.startswith(prefix)]
+            for wd in doomed:
+                del self._paths[wd]
+        for wd in doomed:
+            self.monitor.rm_watch(wd)
+
+    def _unwatch_all(self) -> None:
+        with self._lock:
+            doomed, self._paths = list(self._paths), {}
+        for wd in doomed:
+            self.monitor.rm_watch(wd)
+
+    def _degrade(self, reason: str) -> None:
+        self._unwatch_all()
+        self.invalidate(f"cannot watch every folder: {reason}")
+
+    def _remove_stale_cookies(self) -> None:
+        try:
+            for name in os.listdir(self.path):
+                if name.startswith(COOKIE_PREFIX):
+                    os.unlink(os.path.join(self.path, name))
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._unwatch_all()
+
+
+class ChangeMonitor:
+    """The daemon's one inotify instance and its reader thread."""
+
+    def __init__(self, max_watches_per_workspace: int = 1 << 20) -> None:
+        self.max_watches = max_watches_per_workspace
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self.fd = fd
+        self._owners: dict[int, WorkspaceTracker] = {}
+        self._trackers: dict[str, WorkspaceTracker] = {}
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="change-monitor", daemon=True)
+        self._thread.start()
+
+    def tracker(self, workspace: str) -> WorkspaceTracker:
+        with self._lock:
+            t = self._trackers.get(workspace)
+            if t is None:
+                t = self._trackers[workspace] = WorkspaceTracker(self, workspace,
+                                                                 self.max_watches)
+            return t
+
+    def add_watch(self, path: str, owner: WorkspaceTracker, rel: str) -> int:
+        """The watch descriptor, or minus the errno. The owner learns the watch's folder
+        under this lock, so no event can reach it before it knows the path."""
+        with self._lock:
+            wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
+            if wd < 0:
+                return -ctypes.get_errno()
+            self._owners[wd] = owner
+            with owner._lock:
+                owner._paths[wd] = rel
+            return wd
+
+    def rm_watch(self, wd: int) -> None:
+        with self._lock:
+            if self._owners.pop(wd, None) is not None:
+                _libc.inotify_rm_watch(self.fd, wd)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        buf = b""
+        while not self._stopping:
+            poller.poll()
+            if self._stopping:
+                break
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                log.error("inotify read failed: %s; every workspace falls back to scans", exc)
+                self._overflow()
+                break
+            buf += chunk
+            offset = 0
+            while offset + _EVENT.size <= len(buf):
+                wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
+                end = offset + _EVENT.size + length
+                if end > len(buf):
+                    break
+                name = os.fsdecode(buf[offset + _EVENT.size:end].rstrip(b"\0"))
+                offset = end
+                self._dispatch(wd, mask, name)
+            buf = buf[offset:]
+
+    def _dispatch(self, wd: int, mask: int, name: str) -> None:
+        if mask & IN_Q_OVERFLOW:
+            self._overflow()
+            return
+        with self._lock:
+            owner = self._owners.get(wd)
+            if mask & IN_IGNORED:
+                self._owners.pop(wd, None)
+        if owner is not None:
+            owner.on_event(wd, mask, name)
+
+    def _overflow(self) -> None:
+        with self._lock:
+            trackers = list(self._trackers.values())
+        for t in trackers:
+            t.on_overflow()
+
+    def close(self) -> None:
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(5)
+        os.close(self.fd)
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -1,0 +1,206 @@
+"""The change tracker never misses a change: writes right before a checkpoint,
+bursts past the inotify queue, folder storms, a low watch limit, daemon restarts."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import DaemonProcess, tree_state
+
+
+def _write(p: Path, data: bytes) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+
+
+def test_thousand_rounds_of_write_then_checkpoint(client, workspace):
+    rng = random.Random(11)
+    for i in range(40):
+        _write(workspace / f"d{i % 7}" / f"f{i}.txt", b"seed %d" % i)
+    s = client.create_session(str(workspace))
+    expected = {}
+    for i in range(1000):
+        action = rng.random()
+        files = [p for p in workspace.rglob("*") if p.is_file()]
+        if action < 0.6 and files:
+            p = rng.choice(files)
+            with open(p, "ab") as f:  # same-size-ish appends within one timestamp tick
+                f.write(b"%d" % (i % 10))
+        elif action < 0.75:
+            _write(workspace / f"d{rng.randrange(9)}" / f"e{rng.randrange(5)}" / f"n{i}", b"new")
+        elif action < 0.85 and files:
+            rng.choice(files).unlink()
+        elif action < 0.92:
+            d = workspace / f"d{rng.randrange(9)}"
+            if d.exists():
+                d.rename(workspace / f"moved{i}")
+        else:
+            p = workspace / f"same{i % 3}"
+            p.write_bytes(b"x")  # same bytes, same size, rewritten
+            os.chmod(p, 0o600 if i % 2 else 0o644)
+        cp = s.checkpoint()  # at once: no pause between the write and the checkpoint
+        if i % 50 == 0 or i > 980:
+            expected[cp.id] = tree_state(workspace)
+    for cp_id, state in expected.items():
+        s.restore(cp_id)
+        assert tree_state(workspace) == state, f"checkpoint {cp_id} missed a change"
+
+
+def test_mkdir_p_storm(client, workspace):
+    s = client.create_session(str(workspace))
+    for i in range(200):
+        deep = workspace.joinpath(*[f"l{i}_{j}" for j in range(8)])
+        deep.mkdir(parents=True)
+        (deep / "leaf").write_text(str(i))
+    storm = s.checkpoint()
+    state = tree_state(workspace)
+    shutil.rmtree(workspace)
+    workspace.mkdir()
+    s.checkpoint()
+    s.restore(storm.id)
+    assert tree_state(workspace) == state
+
+
+def test_move_a_folder_then_write_inside_it(client, workspace):
+    _write(workspace / "a/b/c.txt", b"1")
+    s = client.create_session(str(workspace))
+    s.checkpoint()
+    (workspace / "a").rename(workspace / "z")
+    (workspace / "z/b/c.txt").write_bytes(b"2")
+    (workspace / "z/b/new.txt").write_bytes(b"3")
+    cp = s.checkpoint()
+    (workspace / "z/b/c.txt").write_bytes(b"4")  # the moved folder is still watched
+    cp2 = s.checkpoint()
+    state2 = tree_state(workspace)
+    s.restore(cp.id)
+    assert (workspace / "z/b/c.txt").read_bytes() == b"2" and not (workspace / "a").exists()
+    s.restore(cp2.id)
+    assert tree_state(workspace) == state2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering the inotify queue needs root")
+def test_burst_past_the_inotify_queue(tmp_path):
+    knob = Path("/proc/sys/fs/inotify/max_queued_events")
+    saved = knob.read_text()
+    knob.write_text("32")  # a queue of 32 events for instances created from now on
+    try:
+        d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_LOG_LEVEL": "INFO"}).start()
+    finally:
+        knob.write_text(saved)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            s.checkpoint()
+            for i in range(3000):  # far past 32 queued events
+                _write(ws / f"b{i % 30}" / f"f{i}", b"%d" % i)
+            cp = s.checkpoint()
+            state = tree_state(ws)
+            shutil.rmtree(ws)
+            ws.mkdir()
+            s.checkpoint()
+            s.restore(cp.id)
+            assert tree_state(ws) == state
+            assert "inotify queue overflowed" in d.log.read_text()
+            # and after the fallback, tracking resumes and stays correct
+            (ws / "b1/after").write_bytes(b"after")
+            cp2 = s.checkpoint()
+            (ws / "b1/after").unlink()
+            s.restore(cp2.id)
+            assert (ws / "b1/after").read_bytes() == b"after"
+    finally:
+        d.stop()
+
+
+def test_watch_limit_falls_back_to_scans(tmp_path):
+    d = DaemonProcess(tmp_path / "root", extra=["--max-watches", "3"]).start()
+    ws = tmp_path / "ws"
+    for i in range(10):
+        _write(ws / f"dir{i}" / "sub" / "f", b"%d" % i)
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            (ws / "dir7/sub/f").write_bytes(b"changed")
+            (ws / "dir9/sub/g").write_bytes(b"new")
+            cp = s.checkpoint()
+            state = tree_state(ws)
+            (ws / "dir7/sub/f").write_bytes(b"again")
+            s.checkpoint()
+            s.restore(cp.id)
+            assert tree_state(ws) == state
+    finally:
+        d.stop()
+
+
+def test_changes_while_the_daemon_was_down(fresh_daemon, workspace):
+    fresh_daemon.start()
+    with fresh_daemon.client() as c:
+        _write(workspace / "a", b"1")
+        s = c.create_session(str(workspace))
+        s.checkpoint()
+    fresh_daemon.stop()
+    _write(workspace / "a", b"2")  # no watcher saw these
+    _write(workspace / "new/b", b"3")
+    fresh_daemon.start()
+    with fresh_daemon.client() as c:
+        cp = c.checkpoint(s.id)
+        d = c.diff(c.log(s.id)[-2].id, cp.id)
+        assert d.modified == ["a"] and d.added == ["new/b"]
+
+
+def test_two_sessions_on_one_workspace(client, workspace):
+    _write(workspace / "f", b"1")
+    a = client.create_session(str(workspace))
+    b = client.create_session(str(workspace))
+    _write(workspace / "f", b"2")
+    a.checkpoint()  # consumes the tracker's changes
+    cp = b.checkpoint()  # must still see f changed relative to b's own head
+    assert client.diff(client.log(b.id)[0].id, cp.id).modified == ["f"]
+
+
+def test_cookies_never_land_in_a_checkpoint(client, workspace):
+    s = client.create_session(str(workspace))
+    for _ in range(20):
+        (workspace / "x").write_text("y")
+        cp = s.checkpoint()
+    assert not [p for p in os.listdir(workspace) if p.startswith(".worldline")]
+    assert client.diff(client.log(s.id)[0].id, cp.id).added == ["x"]
+
+
+def test_barrier_waits_for_a_slow_reader(tmp_path, monkeypatch):
+    """Forces the race the barrier exists for: the reader thread lags far behind."""
+    import time
+
+    from worldline.daemon.tracker import ChangeMonitor
+
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    monitor = ChangeMonitor()
+    try:
+        tracker = monitor.tracker(str(ws))
+        tracker.prepare()  # the "no history" full scan, which starts with no watches
+        fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+        sub = os.open(ws / "sub", os.O_RDONLY | os.O_DIRECTORY)
+        tracker.watch_folder("", fd)
+        tracker.watch_folder("sub", sub)
+        os.close(fd)
+        os.close(sub)
+        slow_dispatch = monitor._dispatch
+
+        def lagging(*args):
+            time.sleep(0.05)
+            slow_dispatch(*args)
+
+        monkeypatch.setattr(monitor, "_dispatch", lagging)
+        (ws / "sub" / "written-just-before").write_text("x")
+        changes = tracker.prepare(timeout=10)
+        assert not changes.full
+        assert "sub/written-just-before" in changes.dirty
+    finally:
+        monitor.close()
