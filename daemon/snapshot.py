@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import stat as st_
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 

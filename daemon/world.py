@@ -37,9 +37,9 @@ from .records import (
     tasks_to_json,
 )
 from .snapshot import Capture, WorkspaceSnapshotter
-from .tracker import Changes, ChangeMonitor, WorkspaceTracker
 from .statcache import StatCache
 from .store import Store, calls_on_path
+from .tracker import ChangeMonitor, Changes, WorkspaceTracker
 from .trees import DIR, EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
 
 log = logging.getLogger(__name__)
