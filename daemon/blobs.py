@@ -191,9 +191,9 @@ class LocalBlobStore:
                 os.makedirs(folder, mode=0o700, exist_ok=True)
                 folders.add(folder)
             os.rename(tmp, final)
-        for folder in folders | {self.tmp}:
-            _fsync_dir(folder)
-        _fsync_dir(self.root)  # new fan-out folders
+        if not _flush_filesystem(self.root, ()):  # the renames: one more syncfs ...
+            for folder in folders | {self.tmp, self.root}:  # ... or each folder touched
+                _fsync_dir(folder)
         with self._lock:
             for digest in batch:
                 self._pending.pop(digest, None)
@@ -289,13 +289,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
 
 
-def _flush_filesystem(folder: str, files) -> None:
-    """Make the data of ``files`` durable: one syncfs where the platform has it."""
+def _flush_filesystem(folder: str, files) -> bool:
+    """Make ``files`` (and every metadata change on the file system) durable with one
+    syncfs; where the platform has none, fsync each of ``files`` and return False."""
     if _syncfs is not None:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             if _syncfs(fd) == 0:
-                return
+                return True
         finally:
             os.close(fd)
     for path in files:
@@ -304,6 +305,7 @@ def _flush_filesystem(folder: str, files) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+    return False
 
 
 def _discard(fd: int, tmp: str) -> None:

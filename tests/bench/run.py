@@ -1,0 +1,368 @@
+"""`make bench`: the cases of ../shared/BENCH.md, each beside its peers in the same run.
+
+Prints a table and writes bench/results.json (median and p90 per case, the peers,
+the ratios, the machine and the git revision). Peers that are missing are installed
+with apt when we are root, or skipped with the reason said.
+
+Environment: BENCH_ROUNDS (timed rounds per case, default 30), BENCH_DIR (work
+folder, default bench/work), BENCH_DOCKER_COMMITS (docker commits for storage-100,
+default 100), BENCH_ONLY (comma-separated case names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from worldline.client import Client
+
+from ..conftest import DaemonProcess
+from . import peers
+from .trees import copy_tree, django_tree, du_bytes, edit, pick_files, wide_tree
+
+REPO = Path(__file__).resolve().parents[2]
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
+WARMUP = 3
+
+
+@dataclass
+class Stat:
+    median: float
+    p90: float
+    n: int
+    unit: str = "ms"
+
+
+@dataclass
+class Case:
+    name: str
+    measured: str
+    worldline: Stat | None
+    peers: dict[str, Stat] = field(default_factory=dict)
+    ratio: float | None = None
+    ratio_of: str = ""
+    target: str = ""
+    ok: bool | None = None
+    note: str = ""
+
+
+def stat(samples: list[float], unit: str = "ms", scale: float = 1000.0) -> Stat:
+    xs = sorted(x * scale for x in samples)
+    return Stat(round(statistics.median(xs), 3), round(xs[min(len(xs) - 1, int(len(xs) * 0.9))], 3),
+                len(xs), unit)
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class Bench:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        shutil.rmtree(work / "run", ignore_errors=True)
+        (work / "run").mkdir(parents=True)
+        self.run_dir = work / "run"
+        self.cache = work / "cache"
+        self.django = django_tree(self.cache)
+        self.daemon = DaemonProcess(self.run_dir / "data").start()
+        self.client = Client(self.daemon.address)
+        self.cases: list[Case] = []
+        self.by_name: dict[str, Case] = {}
+
+    def add(self, case: Case) -> Case:
+        self.cases.append(case)
+        self.by_name[case.name] = case
+        print(f"  {case.name}: worldline {case.worldline}  peers {case.peers}  "
+              f"ratio {case.ratio}  {'ok' if case.ok else 'MISSED' if case.ok is False else ''}"
+              f" {case.note}", flush=True)
+        return case
+
+    def copy(self, name: str, src: Path | None = None) -> Path:
+        return copy_tree(src or self.django, self.run_dir / name)
+
+    # -- checkpoint-small and checkpoint-flat ------------------------------------------------
+    def checkpoint_case(self, name: str, tree: Path, against: str | None) -> Case:
+        ws, repo = self.copy(f"{name}-wl", tree), self.copy(f"{name}-git", tree)
+        peers.git_init(repo)
+        session = self.client.create_session(str(ws))
+        rng = random.Random(42)
+        wl, git = [], []
+        for i in range(WARMUP + ROUNDS):
+            files = pick_files(tree, rng)
+            edit(ws, files, f"{name} {i}")
+            t_wl = timed(session.checkpoint)
+            edit(repo, files, f"{name} {i}")
+            t_git = timed(lambda: peers.git_commit(repo, f"{name} {i}"))
+            if i >= WARMUP:
+                wl.append(t_wl)
+                git.append(t_git)
+        self.session_small = session if against is None else getattr(self, "session_small", None)
+        self.ws_small, self.repo_small = (ws, repo) if against is None else (
+            self.ws_small, self.repo_small)
+        wl_s, git_s = stat(wl), stat(git)
+        if against is None:
+            ratio = wl_s.median / git_s.median
+            return self.add(Case(name, "session.checkpoint() after a 3-file edit", wl_s,
+                                 {"git add -A && git commit": git_s}, round(ratio, 4),
+                                 "worldline / git", "median ≤ 0.10 × git", ratio <= 0.10))
+        base = self.by_name[against].worldline
+        ratio = wl_s.median / base.median
+        return self.add(Case(name, "the same on the 100,000-file wide tree", wl_s,
+                             {"git add -A && git commit (wide)": git_s,
+                              "worldline on django": base}, round(ratio, 4),
+                             "wide / django", "median ≤ 1.5 × checkpoint-small",
+                             ratio <= 1.5))
+
+    # -- checkpoint-rescan ------------------------------------------------------------------------
+    def rescan_case(self) -> Case:
+        rounds = max(3, ROUNDS // 6)
+        rng = random.Random(7)
+        wl, git = [], []
+        for i in range(rounds):
+            self.client.close()
+            self.daemon.stop()
+            self.daemon.start()
+            self.client = Client(self.daemon.address)
+            files = pick_files(self.django, rng)
+            edit(self.ws_small, files, f"rescan {i}")
+            edit(self.repo_small, files, f"rescan {i}")
+            wl.append(timed(lambda: self.client.checkpoint(self.session_small.id)))
+            git.append(timed(lambda: peers.run(["git", "status", "--porcelain"],
+                                               self.repo_small)))
+            peers.git_commit(self.repo_small, f"rescan {i}")
+        self.session_small = self.client.get_session(self.session_small.id)  # the new client
+        wl_s, git_s = stat(wl), stat(git)
+        ratio = wl_s.median / git_s.median
+        return self.add(Case("checkpoint-rescan", "first checkpoint after a daemon restart",
+                             wl_s, {"git status": git_s}, round(ratio, 4), "worldline / git",
+                             "≤ 1.5 × git status", ratio <= 1.5))
+
+    # -- restore-small ------------------------------------------------------------------------------
+    def restore_case(self) -> Case:
+        s = self.session_small
+        rng = random.Random(9)
+        wl, git = [], []
+        for i in range(WARMUP + ROUNDS):
+            before = s.checkpoint()
+            files = pick_files(self.django, rng)
+            edit(self.ws_small, files, f"restore {i}")
+            s.checkpoint()
+            t_wl = timed(lambda: s.restore(before.id))
+            edit(self.repo_small, files, f"restore {i}")
+            peers.git_commit(self.repo_small, f"restore {i}")
+            t_git = timed(lambda: peers.run(["git", "checkout", "HEAD~1", "--", "."],
+                                            self.repo_small))
+            peers.git_commit(self.repo_small, f"restored {i}")
+            if i >= WARMUP:
+                wl.append(t_wl)
+                git.append(t_git)
+        wl_s, git_s = stat(wl), stat(git)
+        ratio = wl_s.median / git_s.median
+        return self.add(Case("restore-small", "restore to the checkpoint before the last 3 edits",
+                             wl_s, {"git checkout HEAD~1 -- .": git_s}, round(ratio, 4),
+                             "worldline / git", "median ≤ 0.25 × git", ratio <= 0.25))
+
+    # -- fork -------------------------------------------------------------------------------------------
+    def fork_case(self) -> Case:
+        cp = self.session_small.checkpoint()
+        rounds = max(5, ROUNDS // 3)
+        wl, cp_a = [], []
+        for i in range(rounds + 1):
+            target = self.run_dir / f"fork-{i}"
+            t_wl = timed(lambda: self.client.fork(cp.id, workspace=str(target)))
+            dst = self.run_dir / f"cp-{i}"
+            t_cp = timed(lambda: peers.run(["cp", "-a", str(self.ws_small), str(dst)]))
+            shutil.rmtree(dst)
+            if i:
+                wl.append(t_wl)
+                cp_a.append(t_cp)
+        wl_s, cp_s = stat(wl), stat(cp_a)
+        ratio = wl_s.median / cp_s.median
+        return self.add(Case("fork", "fork of a django checkpoint into a new workspace", wl_s,
+                             {"cp -a": cp_s}, round(ratio, 4), "worldline / cp -a",
+                             "median ≤ 0.5 × cp -a", ratio <= 0.5,
+                             "copy from the blob store; no overlay mount is used yet"))
+
+    # -- storage-100 ------------------------------------------------------------------------------------
+    def storage_case(self) -> Case:
+        ws, repo = self.copy("storage-wl"), self.copy("storage-git")
+        peers.git_init(repo)
+        peers.run(["git", "gc", "-q"], repo)
+        session = self.client.create_session(str(ws))
+        data_before = du_bytes(self.daemon.root)
+        git_before = du_bytes(repo / ".git" / "objects")
+        rng = random.Random(100)
+        for i in range(100):
+            files = pick_files(self.django, rng)
+            edit(ws, files, f"storage {i}")
+            session.checkpoint()
+            edit(repo, files, f"storage {i}")
+            peers.git_commit(repo, f"storage {i}")
+        peers.run(["git", "gc", "-q"], repo)
+        wl_growth = du_bytes(self.daemon.root) - data_before
+        git_growth = du_bytes(repo / ".git" / "objects") - git_before
+        case = Case("storage-100", "bytes added to the data root by 100 checkpoints",
+                    Stat(wl_growth, wl_growth, 1, "bytes"),
+                    {"git objects after git gc": Stat(git_growth, git_growth, 1, "bytes")},
+                    round(wl_growth / max(git_growth, 1), 2), "worldline / git",
+                    "≤ 2 × git's growth; ≤ 0.01 × docker commit ×100")
+        case.ok = wl_growth <= 2 * git_growth
+        docker = peers.docker_commit_growth(self.django, self.run_dir)
+        if isinstance(docker, str):
+            case.note = f"docker peer skipped: {docker}"
+        else:
+            growth, commits = docker
+            per_100 = growth * 100 // commits
+            case.peers[f"docker commit ×{commits}" + (" (scaled to 100)" if commits != 100
+                                                      else "")] = Stat(per_100, per_100, commits,
+                                                                       "bytes")
+            case.ok = case.ok and wl_growth <= 0.01 * per_100
+            case.note = f"worldline / docker = {wl_growth / max(per_100, 1):.4f}"
+        return self.add(case)
+
+    # -- throughput --------------------------------------------------------------------------------------
+    def throughput_case(self) -> Case:
+        from . import load
+        copies = [self.copy(f"load-{i}") for i in range(8)]
+        sessions = [self.client.create_session(str(p)).id for p in copies]
+        result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
+                          seconds=10.0, django=str(self.django))
+        lat = stat(result["latencies"])
+        rate = result["count"] / result["seconds"]
+        listing = stat(result["list_latencies"])
+        case = Case("throughput", "8 sessions checkpointing concurrently for 10 s",
+                    Stat(round(rate, 1), lat.p90, result["count"], "checkpoints/s"),
+                    {"checkpoint latency": lat,
+                     "p99 latency": Stat(round(result["p99"] * 1000, 3),
+                                         round(result["p99"] * 1000, 3), result["count"]),
+                     "session list during the load": listing},
+                    None, "", "≥ 150 checkpoints/s, p99 ≤ 50 ms; session list ≤ 100 ms",
+                    rate >= 150 and result["p99"] <= 0.050 and listing.p90 <= 100)
+        return self.add(case)
+
+    # -- container-checkpoint ----------------------------------------------------------------------------
+    def container_case(self) -> Case:
+        from . import container
+        return self.add(container.case(self))
+
+    # -- context peers ------------------------------------------------------------------------------------
+    def context_case(self) -> Case:
+        results = peers.context_peers(self.django, self.run_dir, rounds=max(3, ROUNDS // 6))
+        return self.add(Case("context", "incremental backup of a 3-file edit (not a target)",
+                             self.by_name["checkpoint-small"].worldline, results))
+
+    def close(self) -> None:
+        self.client.close()
+        self.daemon.stop()
+
+
+def machine() -> dict:
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) * 1024
+    except OSError:
+        pass
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "cpu": cpu, "memory_bytes": mem}
+
+
+def revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                               text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def fmt(s: Stat | None) -> str:
+    if s is None:
+        return "-"
+    if s.unit == "bytes":
+        return f"{s.median / 1e6:,.2f} MB"
+    if s.unit == "checkpoints/s":
+        return f"{s.median:,.1f}/s"
+    return f"{s.median:,.2f} ms (p90 {s.p90:,.2f})"
+
+
+def table(cases: list[Case]) -> str:
+    rows = ["| case | worldline | peers (same run) | ratio | target | met |",
+            "|---|---|---|---|---|---|"]
+    for c in cases:
+        peers_txt = "<br>".join(f"{k}: {fmt(v)}" for k, v in c.peers.items()) or "-"
+        ratio = f"{c.ratio:.3f} ({c.ratio_of})" if c.ratio is not None else "-"
+        met = {True: "yes", False: "**no**", None: "-"}[c.ok]
+        note = f" — {c.note}" if c.note else ""
+        rows.append(f"| {c.name} | {fmt(c.worldline)} | {peers_txt} | {ratio} | {c.target}{note}"
+                    f" | {met} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    work = Path(os.environ.get("BENCH_DIR", REPO / "bench" / "work"))
+    only = {x for x in os.environ.get("BENCH_ONLY", "").split(",") if x}
+    missing = peers.ensure_installed()
+    bench = Bench(work)
+    started = time.time()
+    plan = [
+        ("checkpoint-small", lambda: bench.checkpoint_case("checkpoint-small", bench.django, None)),
+        ("checkpoint-flat", lambda: bench.checkpoint_case("checkpoint-flat",
+                                                          wide_tree(bench.cache),
+                                                          "checkpoint-small")),
+        ("checkpoint-rescan", bench.rescan_case),
+        ("restore-small", bench.restore_case),
+        ("fork", bench.fork_case),
+        ("container-checkpoint", bench.container_case),
+        ("storage-100", bench.storage_case),
+        ("throughput", bench.throughput_case),
+        ("context", bench.context_case),
+    ]
+    needs = {"checkpoint-flat": "checkpoint-small", "checkpoint-rescan": "checkpoint-small",
+             "restore-small": "checkpoint-small", "fork": "checkpoint-small",
+             "context": "checkpoint-small"}
+    try:
+        for name, fn in plan:
+            if only and name not in only and not any(needs.get(o) == name for o in only):
+                continue
+            print(f"case {name} ...", flush=True)
+            fn()
+    finally:
+        bench.close()
+    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+           "git_revision": revision(), "machine": machine(), "rounds": ROUNDS,
+           "skipped_peers": missing, "cases": [asdict(c) for c in bench.cases]}
+    results = REPO / "bench" / "results.json"
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps(out, indent=2) + "\n")
+    print()
+    print(table(bench.cases))
+    if missing:
+        print("\nskipped peers: " + "; ".join(f"{k}: {v}" for k, v in missing.items()))
+    print(f"\nwritten: {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())
