@@ -94,7 +94,8 @@ def context_peers(django: Path, work: Path, rounds: int) -> dict:
     src = work / "context-src"
     subprocess.run(["cp", "-a", str(django), str(src)], check=True)
     env = {**os.environ, "RESTIC_PASSWORD": "bench", "BORG_PASSPHRASE": "",
-           "BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK": "yes", "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes"}
+           "BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK": "yes",
+           "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes"}
     tools = {}
     if shutil.which("restic"):
         repo = work / "restic"

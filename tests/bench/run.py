@@ -92,7 +92,7 @@ class Bench:
     def copy(self, name: str, src: Path | None = None) -> Path:
         return copy_tree(src or self.django, self.run_dir / name)
 
-    # -- checkpoint-small and checkpoint-flat ------------------------------------------------
+    # -- checkpoint-small and checkpoint-flat --------------------------------------------
     def checkpoint_case(self, name: str, tree: Path, against: str | None) -> Case:
         ws, repo = self.copy(f"{name}-wl", tree), self.copy(f"{name}-git", tree)
         peers.git_init(repo)
@@ -104,7 +104,7 @@ class Bench:
             edit(ws, files, f"{name} {i}")
             t_wl = timed(session.checkpoint)
             edit(repo, files, f"{name} {i}")
-            t_git = timed(lambda: peers.git_commit(repo, f"{name} {i}"))
+            t_git = timed(lambda i=i: peers.git_commit(repo, f"{name} {i}"))
             if i >= WARMUP:
                 wl.append(t_wl)
                 git.append(t_git)
@@ -125,7 +125,7 @@ class Bench:
                              "wide / django", "median ≤ 1.5 × checkpoint-small",
                              ratio <= 1.5))
 
-    # -- checkpoint-rescan ------------------------------------------------------------------------
+    # -- checkpoint-rescan ---------------------------------------------------------------
     def rescan_case(self) -> Case:
         rounds = max(3, ROUNDS // 6)
         rng = random.Random(7)
@@ -149,7 +149,7 @@ class Bench:
                              wl_s, {"git status": git_s}, round(ratio, 4), "worldline / git",
                              "≤ 1.5 × git status", ratio <= 1.5))
 
-    # -- restore-small ------------------------------------------------------------------------------
+    # -- restore-small -------------------------------------------------------------------
     def restore_case(self) -> Case:
         s = self.session_small
         rng = random.Random(9)
@@ -159,7 +159,7 @@ class Bench:
             files = pick_files(self.django, rng)
             edit(self.ws_small, files, f"restore {i}")
             s.checkpoint()
-            t_wl = timed(lambda: s.restore(before.id))
+            t_wl = timed(lambda before=before: s.restore(before.id))
             edit(self.repo_small, files, f"restore {i}")
             peers.git_commit(self.repo_small, f"restore {i}")
             t_git = timed(lambda: peers.run(["git", "checkout", "HEAD~1", "--", "."],
@@ -174,16 +174,16 @@ class Bench:
                              wl_s, {"git checkout HEAD~1 -- .": git_s}, round(ratio, 4),
                              "worldline / git", "median ≤ 0.25 × git", ratio <= 0.25))
 
-    # -- fork -------------------------------------------------------------------------------------------
+    # -- fork ----------------------------------------------------------------------------
     def fork_case(self) -> Case:
         cp = self.session_small.checkpoint()
         rounds = max(5, ROUNDS // 3)
         wl, cp_a = [], []
         for i in range(rounds + 1):
             target = self.run_dir / f"fork-{i}"
-            t_wl = timed(lambda: self.client.fork(cp.id, workspace=str(target)))
+            t_wl = timed(lambda t=target: self.client.fork(cp.id, workspace=str(t)))
             dst = self.run_dir / f"cp-{i}"
-            t_cp = timed(lambda: peers.run(["cp", "-a", str(self.ws_small), str(dst)]))
+            t_cp = timed(lambda d=dst: peers.run(["cp", "-a", str(self.ws_small), str(d)]))
             shutil.rmtree(dst)
             if i:
                 wl.append(t_wl)
@@ -195,7 +195,7 @@ class Bench:
                              "median ≤ 0.5 × cp -a", ratio <= 0.5,
                              "copy from the blob store; no overlay mount is used yet"))
 
-    # -- storage-100 ------------------------------------------------------------------------------------
+    # -- storage-100 ---------------------------------------------------------------------
     def storage_case(self) -> Case:
         ws, repo = self.copy("storage-wl"), self.copy("storage-git")
         peers.git_init(repo)
@@ -232,7 +232,7 @@ class Bench:
             case.note = f"worldline / docker = {wl_growth / max(per_100, 1):.4f}"
         return self.add(case)
 
-    # -- throughput --------------------------------------------------------------------------------------
+    # -- throughput ----------------------------------------------------------------------
     def throughput_case(self) -> Case:
         from . import load
         copies = [self.copy(f"load-{i}") for i in range(8)]
@@ -252,12 +252,12 @@ class Bench:
                     rate >= 150 and result["p99"] <= 0.050 and listing.p90 <= 100)
         return self.add(case)
 
-    # -- container-checkpoint ----------------------------------------------------------------------------
+    # -- container-checkpoint ------------------------------------------------------------
     def container_case(self) -> Case:
         from . import container
         return self.add(container.case(self))
 
-    # -- context peers ------------------------------------------------------------------------------------
+    # -- context peers -------------------------------------------------------------------
     def context_case(self) -> Case:
         results = peers.context_peers(self.django, self.run_dir, rounds=max(3, ROUNDS // 6))
         return self.add(Case("context", "incremental backup of a 3-file edit (not a target)",
