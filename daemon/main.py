@@ -99,7 +99,8 @@ class Daemon:
         self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
         self.blobs.clean_temporaries()
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
-        self.monitor = ChangeMonitor(self.max_watches) if self.track else None
+        self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
+                        if self.track else None)
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor)
         self.gates = Gates(self.world, policy)
 

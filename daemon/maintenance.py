@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from worldline.client.errors import DataLoss, NotFound
 
 from .records import GENESIS_HASH, chain_hash
-from .trees import DIR, FILE
+from .trees import FILE
 from .world import World
 
 GC_GRACE_SECONDS = 600.0
@@ -58,7 +58,7 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
             problems.append(f"{where}: tree {digest}: {exc.message}")
             continue
         for entry in tree.values():
-            if entry.kind == DIR:
+            if entry.is_folder:
                 stack.append(entry.ref)
             elif entry.kind == FILE:
                 seen.add(entry.ref)

@@ -39,7 +39,7 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 from .blobs import CHUNK, BlobStore, digest_of
 from .statcache import Signature, StatCache, is_racy, signature
 from .tracker import TEMP_PREFIX, Changes
-from .trees import DIR, FILE, SYMLINK, Entry, TreeReader, check_name, encode
+from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, check_name, encode
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,16 @@ class WorkspaceSnapshotter:
     """A workspace directory, read and written only through folder descriptors."""
 
     def __init__(self, path: str, blobs: BlobStore, trees: TreeReader,
-                 stat_cache: StatCache, watch: Callable[[str, int], None] | None = None) -> None:
+                 stat_cache: StatCache, watch: Callable[[str, int], None] | None = None,
+                 overlay: bool = False) -> None:
         self.path = path
         self.blobs = blobs
         self.trees = trees
         self.stat_cache = stat_cache
         self.watch = watch  # a change tracker's hook: folders to watch as they are read
+        # An overlay upper folder: whiteouts (0/0 character devices) and opaque folders
+        # (trusted.overlay.opaque=y) are recorded and written back, not skipped.
+        self.overlay = overlay
 
     # -- capture ---------------------------------------------------------------
     def capture(self, persist: bool = True, changes: Changes | None = None,
@@ -148,9 +152,10 @@ class WorkspaceSnapshotter:
                         if scan.watch is not None:
                             scan.watch(path, sub)
                         digest, size = self._scan_dir(sub, path + "/", scan, cache)
+                        kind = self._folder_kind(sub)
                     finally:
                         os.close(sub)
-                    tree[name] = Entry(DIR, st_.S_IMODE(mode), digest, size)
+                    tree[name] = Entry(kind, st_.S_IMODE(mode), digest, size)
                     total += size
                 elif st_.S_ISLNK(mode):
                     tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
@@ -159,6 +164,8 @@ class WorkspaceSnapshotter:
                     if entry is not None:
                         tree[name] = entry
                         total += entry.size
+                elif self._is_whiteout(st):
+                    tree[name] = Entry(WHITEOUT, 0, "")
                 else:
                     scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
             except FileNotFoundError:
@@ -180,14 +187,15 @@ class WorkspaceSnapshotter:
                 if st_.S_ISDIR(mode):
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
-                        if child.get(_RESCAN) or old is None or old.kind != DIR:
+                        if child.get(_RESCAN) or old is None or not old.is_folder:
                             digest, size = self._scan_dir(sub, path + "/", scan, cache)
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)
+                        kind = self._folder_kind(sub)
                     finally:
                         os.close(sub)
-                    tree[name] = Entry(DIR, st_.S_IMODE(mode), digest, size)
+                    tree[name] = Entry(kind, st_.S_IMODE(mode), digest, size)
                 elif st_.S_ISLNK(mode):
                     tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
                 elif st_.S_ISREG(mode):
@@ -196,6 +204,8 @@ class WorkspaceSnapshotter:
                         tree.pop(name, None)
                     else:
                         tree[name] = entry
+                elif self._is_whiteout(st):
+                    tree[name] = Entry(WHITEOUT, 0, "")
                 else:
                     scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
                     tree.pop(name, None)
@@ -203,6 +213,17 @@ class WorkspaceSnapshotter:
                 tree.pop(name, None)  # gone, or replaced while we looked
         total = sum(e.size for e in tree.values())
         return self._store_tree(tree, scan), total
+
+    def _is_whiteout(self, st: os.stat_result) -> bool:
+        return self.overlay and st_.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+    def _folder_kind(self, fd: int) -> str:
+        if not self.overlay:
+            return DIR
+        try:
+            return OPAQUE if os.getxattr(fd, OPAQUE_XATTR) == b"y" else DIR
+        except OSError:
+            return DIR
 
     def _scan_file(self, dfd: int, name: str, path: str, st: os.stat_result, scan: _Scan,
                    cache) -> Entry | None:
@@ -281,10 +302,10 @@ class WorkspaceSnapshotter:
             have = cur.get(name)
             if have == want:
                 continue
-            if have is not None and (have.kind == DIR) != (want.kind == DIR):
+            if have is not None and have.is_folder != want.is_folder:
                 _remove(dfd, name, have)
                 have = None
-            if want.kind == DIR:
+            if want.is_folder:
                 if have is None:
                     os.mkdir(name, 0o700, dir_fd=dfd)
                 sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
@@ -292,6 +313,9 @@ class WorkspaceSnapshotter:
                     self._sync_dir(sub, have.ref if have else None, want.ref, pending, watch,
                                    f"{prefix}{name}/")
                     os.fchmod(sub, want.mode)
+                    if (have is None and want.kind == OPAQUE) or (
+                            have is not None and have.kind != want.kind):
+                        _set_opaque(sub, want.kind == OPAQUE)
                     if watch is not None:
                         watch(prefix + name, sub)
                 finally:
@@ -301,6 +325,10 @@ class WorkspaceSnapshotter:
                     _chmod_file(dfd, name, want.mode)
                 else:
                     self._write_file(dfd, name, want)
+            elif want.kind == WHITEOUT:
+                if not self.overlay:
+                    raise InvalidArgument("a whiteout belongs to a container layer, not here")
+                _write_whiteout(dfd, name)
             else:
                 _write_symlink(dfd, name, want.ref)
 
@@ -349,6 +377,26 @@ def _chmod_file(dfd: int, name: str, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+OPAQUE_XATTR = "trusted.overlay.opaque"
+
+
+def _set_opaque(fd: int, opaque: bool) -> None:
+    if opaque:
+        os.setxattr(fd, OPAQUE_XATTR, b"y")
+    else:
+        try:
+            os.removexattr(fd, OPAQUE_XATTR)
+        except OSError:
+            pass
+
+
+def _write_whiteout(dfd: int, name: str) -> None:
+    """An overlay whiteout: a 0/0 character device (needs CAP_MKNOD, as the engine has)."""
+    tmp = TEMP_PREFIX + os.urandom(8).hex()
+    os.mknod(tmp, st_.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=dfd)
+    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
 def _write_symlink(dfd: int, name: str, target: str) -> None:

@@ -11,11 +11,12 @@ Correctness rules, in order of importance:
   cannot vouch for its picture (queue overflow, a watch it could not add, the
   watch limit, a start with no history), it asks for a *full* scan instead, which
   compares every file's stat against the stat cache.
-- ``prepare()`` is a barrier: it creates a cookie file in the workspace and waits
-  until the reader thread has seen the cookie's own event. inotify queues events in
-  order, so every write that finished before the request is then in the dirty set
-  (watchman's sync cookies). Cookies start with the temporary prefix, so no capture
-  ever records them, and they are removed at once (and at start, if a crash left one).
+- ``prepare()`` is a barrier: the monitor creates a cookie file in its own private
+  folder (watched by the same inotify instance) and waits until the reader thread
+  has seen the cookie's event. One inotify instance queues every event in order,
+  and the kernel queues a write's event before the write returns, so every write
+  that finished before the request is then in the dirty set (watchman's sync
+  cookies). The cookie never touches a workspace or a container layer.
 - Folders are watched through ``/proc/self/fd`` of a descriptor opened with
   ``O_NOFOLLOW``, so a symlink is never watched through.
 """
@@ -75,9 +76,7 @@ class WorkspaceTracker:
         self._dirty: set[str] = set()
         self._rescan: set[str] = set()
         self._paths: dict[int, str] = {}  # wd -> relative folder path ("" is the root)
-        self._cookies: dict[str, threading.Event] = {}
         self.fallbacks = 0
-        self._remove_stale_cookies()
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
@@ -137,12 +136,7 @@ class WorkspaceTracker:
                     self._dirty.add(folder)
             return
         if name.startswith(TEMP_PREFIX):
-            if name.startswith(COOKIE_PREFIX) and folder == "" and mask & IN_CREATE:
-                with self._lock:
-                    event = self._cookies.get(name)
-                if event is not None:
-                    event.set()
-            return
+            return  # the daemon's own temporaries
         path = f"{folder}/{name}" if folder else name
         with self._lock:
             if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
@@ -162,26 +156,8 @@ class WorkspaceTracker:
         with self._lock:
             if self._full:
                 return  # a full scan needs no barrier: it reads everything
-        name = COOKIE_PREFIX + os.urandom(8).hex()
-        event = threading.Event()
-        with self._lock:
-            self._cookies[name] = event
-        cookie = os.path.join(self.path, name)
-        try:
-            fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            if not event.wait(timeout):
-                self.invalidate(f"the sync cookie was not seen within {timeout}s")
-        except OSError as exc:
-            self.invalidate(f"cannot write the sync cookie: {exc.strerror}")
-        finally:
-            with self._lock:
-                self._cookies.pop(name, None)
-            try:
-                os.unlink(cookie)
-            except FileNotFoundError:
-                pass
+        if not self.monitor.barrier(timeout):
+            self.invalidate(f"the sync cookie was not seen within {timeout}s")
 
     def _watch_new_folder(self, rel: str) -> None:
         """Watch a folder that appeared, and every folder below it (it is rescanned)."""
@@ -219,14 +195,6 @@ class WorkspaceTracker:
         self._unwatch_all()
         self.invalidate(f"cannot watch every folder: {reason}")
 
-    def _remove_stale_cookies(self) -> None:
-        try:
-            for name in os.listdir(self.path):
-                if name.startswith(COOKIE_PREFIX):
-                    os.unlink(os.path.join(self.path, name))
-        except OSError:
-            pass
-
     def close(self) -> None:
         self._unwatch_all()
 
@@ -234,7 +202,7 @@ class WorkspaceTracker:
 class ChangeMonitor:
     """The daemon's one inotify instance and its reader thread."""
 
-    def __init__(self, max_watches_per_workspace: int = 1 << 20) -> None:
+    def __init__(self, cookie_dir: str, max_watches_per_workspace: int = 1 << 20) -> None:
         self.max_watches = max_watches_per_workspace
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
@@ -243,6 +211,14 @@ class ChangeMonitor:
         self._owners: dict[int, WorkspaceTracker] = {}
         self._trackers: dict[str, WorkspaceTracker] = {}
         self._lock = threading.Lock()
+        self.cookie_dir = cookie_dir
+        os.makedirs(cookie_dir, mode=0o700, exist_ok=True)
+        for name in os.listdir(cookie_dir):  # left by a crash
+            os.unlink(os.path.join(cookie_dir, name))
+        self._cookies: dict[str, threading.Event] = {}
+        self._cookie_wd = _libc.inotify_add_watch(self.fd, os.fsencode(cookie_dir), IN_CREATE)
+        if self._cookie_wd < 0:
+            raise OSError(ctypes.get_errno(), f"cannot watch {cookie_dir}")
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="change-monitor", daemon=True)
@@ -255,6 +231,26 @@ class ChangeMonitor:
                 t = self._trackers[workspace] = WorkspaceTracker(self, workspace,
                                                                  self.max_watches)
             return t
+
+    def barrier(self, timeout: float) -> bool:
+        """True once every event queued before this call has been dispatched."""
+        name = COOKIE_PREFIX + os.urandom(8).hex()
+        event = threading.Event()
+        with self._lock:
+            self._cookies[name] = event
+        path = os.path.join(self.cookie_dir, name)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            return event.wait(timeout)
+        except OSError:
+            return False
+        finally:
+            with self._lock:
+                self._cookies.pop(name, None)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def add_watch(self, path: str, owner: WorkspaceTracker, rel: str) -> int:
         """The watch descriptor, or minus the errno. The owner learns the watch's folder
@@ -307,6 +303,12 @@ class ChangeMonitor:
     def _dispatch(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:
             self._overflow()
+            return
+        if wd == self._cookie_wd:
+            with self._lock:
+                event = self._cookies.get(name)
+            if event is not None:
+                event.set()
             return
         with self._lock:
             owner = self._owners.get(wd)

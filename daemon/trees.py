@@ -2,7 +2,10 @@
 
 A *tree* maps the names in one folder to entries. An entry is a regular file
 (content digest, mode, size), a symlink (its target, stored as text and never
-followed), or a folder (the digest of its own tree, and its mode). A snapshot is
+followed), or a folder (the digest of its own tree, and its mode). Trees of a
+container's writable layer (an overlay upper folder) also hold the overlay's own
+marks: a *whiteout* (a deleted lower file) and an *opaque* folder (one that hides
+the lower folder of the same name). A snapshot is
 named by its root tree's digest, as in git: a change to three files writes three
 file blobs and the trees on their paths to the root, whatever the size of the rest.
 
@@ -24,15 +27,21 @@ from worldline.client.errors import DataLoss, InvalidArgument
 from .blobs import BlobStore, digest_of
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
-_CODES = {FILE: "f", SYMLINK: "l", DIR: "d"}
+WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only
+_CODES = {FILE: "f", SYMLINK: "l", DIR: "d", WHITEOUT: "w", OPAQUE: "o"}
+FOLDERS = (DIR, OPAQUE)
 _KINDS = {v: k for k, v in _CODES.items()}
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    kind: str  # FILE | SYMLINK | DIR
+    kind: str  # FILE | SYMLINK | DIR | WHITEOUT | OPAQUE
     mode: int  # permission bits, st_mode & 0o7777 (0 for symlinks)
-    ref: str  # content digest (FILE), tree digest (DIR) or link target (SYMLINK)
+    ref: str  # content digest (FILE), tree digest (DIR, OPAQUE), link target (SYMLINK)
+
+    @property
+    def is_folder(self) -> bool:
+        return self.kind in FOLDERS
     size: int = 0  # bytes of a FILE; for a DIR, bytes of every file below it
 
 
@@ -98,7 +107,7 @@ class TreeReader:
         for name, entry in sorted(self.read(root).items()):
             path = f"{prefix}{name}"
             yield path, entry
-            if entry.kind == DIR:
+            if entry.is_folder:
                 yield from self.walk(entry.ref, path + "/")
 
 
@@ -126,7 +135,7 @@ def diff(reader: TreeReader, old: str, new: str,
 
 
 def _leaves(reader: TreeReader, entry: Entry, path: str, pending) -> Iterator[str]:
-    if entry.kind != DIR:
+    if not entry.is_folder:
         yield path
         return
     tree = reader.read(entry.ref, pending)
@@ -150,11 +159,11 @@ def _diff_into(reader: TreeReader, old: str, new: str, prefix: str, out: Diff, p
             out.deleted.extend(_leaves(reader, ea, path, pending))
         elif ea is None:
             out.added.extend(_leaves(reader, eb, path, pending))
-        elif ea.kind == DIR and eb.kind == DIR:
-            if ea.mode != eb.mode:
+        elif ea.is_folder and eb.is_folder:
+            if ea.mode != eb.mode or ea.kind != eb.kind:
                 out.modified.append(path)
             _diff_into(reader, ea.ref, eb.ref, path + "/", out, pending)
-        elif ea.kind != DIR and eb.kind != DIR:
+        elif not ea.is_folder and not eb.is_folder:
             out.modified.append(path)
         else:
             old_leaves = set(_leaves(reader, ea, path, pending))

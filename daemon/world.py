@@ -40,7 +40,7 @@ from .snapshot import Capture, WorkspaceSnapshotter
 from .statcache import StatCache
 from .store import Store, calls_on_path
 from .tracker import ChangeMonitor, Changes, WorkspaceTracker
-from .trees import DIR, EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
+from .trees import EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +371,7 @@ class World:
         *folders, name = path.split("/")
         for part in folders:
             entry = tree.get(part)
-            if entry is None or entry.kind != DIR:
+            if entry is None or not entry.is_folder:
                 return None
             tree = self.trees.read(entry.ref)
         return tree.get(name)

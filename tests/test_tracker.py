@@ -164,12 +164,24 @@ def test_two_sessions_on_one_workspace(client, workspace):
     assert client.diff(client.log(b.id)[0].id, cp.id).modified == ["f"]
 
 
-def test_cookies_never_land_in_a_checkpoint(client, workspace):
+def test_cookies_never_touch_the_workspace(client, workspace):
     s = client.create_session(str(workspace))
+    seen = set()
+    import threading
+    stop = threading.Event()
+
+    def look():
+        while not stop.is_set():
+            seen.update(os.listdir(workspace))
+
+    spy = threading.Thread(target=look)
+    spy.start()
     for _ in range(20):
         (workspace / "x").write_text("y")
         cp = s.checkpoint()
-    assert not [p for p in os.listdir(workspace) if p.startswith(".worldline")]
+    stop.set()
+    spy.join()
+    assert seen == {"x"}
     assert client.diff(client.log(s.id)[0].id, cp.id).added == ["x"]
 
 
@@ -181,7 +193,7 @@ def test_barrier_waits_for_a_slow_reader(tmp_path, monkeypatch):
 
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
-    monitor = ChangeMonitor()
+    monitor = ChangeMonitor(str(tmp_path / "cookies"))
     try:
         tracker = monitor.tracker(str(ws))
         tracker.prepare()  # the "no history" full scan, which starts with no watches
