@@ -65,9 +65,14 @@ class Client:
 
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
-                       name: str | None = None) -> Session:
+                       name: str | None = None, image: str | None = None,
+                       mount: str | None = None) -> Session:
+        """A session on ``workspace``; with ``container``, that existing container is part
+        of its world; with ``image``, the daemon starts a container from it with the
+        workspace bind-mounted at ``mount`` (default /workspace)."""
         m = self._call("CreateSession", pb.CreateSessionRequest(
-            workspace=workspace, container=container or "", name=name or ""))
+            workspace=workspace, container=container or "", name=name or "",
+            image=image or "", mount=mount or ""))
         return Session.from_pb(m, self)
 
     def get_session(self, session_id: str) -> Session:
@@ -121,6 +126,12 @@ class Client:
         session = Session.from_pb(m.session, self)
         session.side_effects = [SideEffect.from_pb(s) for s in m.side_effects]
         return session
+
+    def export_image(self, checkpoint_id: str) -> tuple[str, str]:
+        """A runnable image of the checkpoint's container: (image id, reference)."""
+        m = self._call("ExportImage", pb.ExportImageRequest(checkpoint_id=checkpoint_id),
+                       timeout=1800)
+        return m.image_id, m.reference
 
     # tool calls and policy
     def record_tool_call(self, session_id: str, name: str, args: dict | None = None,

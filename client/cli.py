@@ -73,7 +73,8 @@ def _effects_human(effects: list[dict]) -> str:
 # -- commands --------------------------------------------------------------------------
 def cmd_session(c: Client, a, out: Output) -> int:
     if a.session_cmd == "create":
-        s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name)
+        s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name,
+                             image=a.image, mount=a.mount)
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions()]
@@ -149,6 +150,13 @@ def cmd_fork(c: Client, a, out: Output) -> int:
     d["side_effects"] = [e.to_dict() for e in getattr(s, "side_effects", [])]
     out.emit(d, lambda: _session_human(d) + ("\n" + _effects_human(d["side_effects"])
                                              if d["side_effects"] else ""))
+    return 0
+
+
+def cmd_image(c: Client, a, out: Output) -> int:
+    image_id, reference = c.export_image(a.checkpoint)
+    d = {"image_id": image_id, "reference": reference, "checkpoint_id": a.checkpoint}
+    out.emit(d, lambda: f"{reference} ({image_id[:19]})")
     return 0
 
 
@@ -280,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     ss = s.add_subparsers(dest="session_cmd", required=True, metavar="SUBCOMMAND")
     sc = ss.add_parser("create", parents=[common], help="start a session on a workspace")
     sc.add_argument("--workspace", required=True)
-    sc.add_argument("--container")
+    sc.add_argument("--container", help="attach this existing container to the session")
+    sc.add_argument("--image", help="or start a container from this image")
+    sc.add_argument("--mount", help="where the image's container sees the workspace"
+                                    " (default /workspace)")
     sc.add_argument("--name")
     ss.add_parser("list", parents=[common], help="list sessions")
     sh = ss.add_parser("show", parents=[common], help="show one session")
@@ -315,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("checkpoint")
     f.add_argument("--workspace", help="folder for the fork (default: under the data root)")
     f.add_argument("--name")
+
+    add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)"
+        ).add_argument("checkpoint")
 
     t = add("tool", cmd_tool, "record a tool call")
     t.add_argument("session")

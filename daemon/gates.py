@@ -32,7 +32,8 @@ from .records import (
     ToolCall,
 )
 from .store import calls_on_path, ordered_tasks
-from .world import World, check_id, check_text
+from .validate import check_id, check_text
+from .world import World
 
 DEFAULT_APPROVAL_TTL = 3600.0
 MAX_APPROVAL_TTL = 7 * 24 * 3600.0

@@ -26,6 +26,7 @@ from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .blobs import LocalBlobStore
+from .containers import Engine
 from .gates import Gates
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
@@ -101,7 +102,10 @@ class Daemon:
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
         self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
                         if self.track else None)
-        self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor)
+        self.engine = Engine(os.environ.get("DOCKER_HOST") or None)
+        self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
+                           self.engine)
+        self.world.recover()
         self.gates = Gates(self.world, policy)
 
         server = grpc.server(
@@ -128,14 +132,37 @@ class Daemon:
         server.start()
         self.server = server
         self.socket_path = socket_path
-        for name in ("", SERVICE):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._watch_health()
         log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
                  self.root)
+
+    def _watch_health(self) -> None:
+        """SERVING while the store answers and, when any session has a container, the
+        Docker engine answers too; NOT_SERVING otherwise. Checked every 2 seconds."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+
+        def check() -> None:
+            try:
+                sessions = self.store.list_sessions()
+                ok = not any(s.container for s in sessions) or self.engine.ping()
+            except Exception:
+                log.exception("health check failed")
+                ok = False
+            for name in ("", SERVICE):
+                self.health.set(name, serving if ok else not_serving)
+
+        def loop() -> None:
+            while not self.stopping.wait(2.0):
+                check()
+
+        check()
+        threading.Thread(target=loop, name="health", daemon=True).start()
 
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:
             return
+        self.stopping.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         self.server = None

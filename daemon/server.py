@@ -64,7 +64,7 @@ def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
         reasoning=c.reasoning, trace_id=c.trace_id, created_at=c.created_at, kind=c.kind,
         restored_from=c.restored_from or "", tree=c.tree, bytes=c.bytes,
         messages_added=c.messages_added, message_count=c.message_count,
-        acknowledged_side_effects=list(c.acknowledged))
+        acknowledged_side_effects=list(c.acknowledged), container=c.container or "")
 
 
 def tool_call_pb(t: ToolCall) -> pb.ToolCall:
@@ -106,7 +106,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     # sessions
     def CreateSession(self, r, context):
-        return session_pb(self.world.create_session(r.workspace, r.container or None, r.name))
+        return session_pb(self.world.create_session(r.workspace, r.container or None, r.name,
+                                                    r.image, r.mount))
 
     def GetSession(self, r, context):
         return session_pb(self.world.session(r.session_id))
@@ -155,6 +156,10 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         result = self.world.fork(r.checkpoint_id, r.workspace, r.name)
         return pb.ForkResponse(session=session_pb(result.session),
                                side_effects=[side_effect_pb(c) for c in result.side_effects])
+
+    def ExportImage(self, r, context):
+        image_id, reference = self.world.export_image(r.checkpoint_id)
+        return pb.ExportImageResponse(image_id=image_id, reference=reference)
 
     # tool calls and policy
     def RecordToolCall(self, r, context):

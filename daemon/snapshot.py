@@ -37,6 +37,7 @@ from typing import Protocol
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from .blobs import CHUNK, BlobStore, digest_of
+from .faults import crash_point
 from .statcache import Signature, StatCache, is_racy, signature
 from .tracker import TEMP_PREFIX, Changes
 from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, check_name, encode
@@ -333,6 +334,7 @@ class WorkspaceSnapshotter:
                 _write_symlink(dfd, name, want.ref)
 
     def _write_file(self, dfd: int, name: str, entry: Entry) -> None:
+        crash_point("restore.between_files")
         tmp = TEMP_PREFIX + os.urandom(8).hex()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)

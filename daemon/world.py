@@ -1,14 +1,16 @@
 """The World: checkpoint, restore and fork a session's whole world at once.
 
-A session's world is its conversation, agent state, task list and workspace (and,
-with the container issue, its container). The World coordinates the snapshotters,
-the blob store and the metadata store; it never talks gRPC. Every operation on a
-workspace holds that workspace's lock, so a capture never races a restore.
-History only grows: restore and fork append a checkpoint, never rewrite one.
+A session's world is its conversation, agent state, task list and layers: the
+workspace and, when it has one, its container's writable layer (``layers.py``).
+The World coordinates the snapshotters, the blob store, the metadata store and the
+container engine; it never talks gRPC. Every operation on a session holds its
+workspace's lock, so a capture never races a restore. History only grows: restore
+and fork append a checkpoint and never rewrite one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -16,17 +18,15 @@ import os
 import shutil
 import threading
 from dataclasses import dataclass, field, replace
+from typing import Iterator
 
-from worldline.client.errors import (
-    Aborted,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-)
+from worldline.client.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 
 from . import ids
 from .blobs import BlobStore
+from .containers import DEFAULT_MOUNT, LABEL_CHECKPOINT, LABEL_MANAGED, LABEL_SESSION, Engine
+from .faults import crash_point
+from .layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .records import (
     AuditEvent,
     Checkpoint,
@@ -39,15 +39,11 @@ from .records import (
 from .snapshot import Capture, WorkspaceSnapshotter
 from .statcache import StatCache
 from .store import Store, calls_on_path
-from .tracker import ChangeMonitor, Changes, WorkspaceTracker
+from .tracker import ChangeMonitor
 from .trees import EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
+from .validate import EMPTY_STATE, check_id, check_text, parse_messages, parse_state
 
 log = logging.getLogger(__name__)
-
-MAX_STATE_BYTES = 16 << 20
-MAX_MESSAGES_BYTES = 32 << 20
-MAX_TEXT = 64 << 10  # labels, reasoning, names
-EMPTY_STATE = b"{}"
 
 
 @dataclass
@@ -74,107 +70,66 @@ class CheckpointView:
     tasks: list[Task]
 
 
-def parse_messages(text: str) -> list[str]:
-    """Validate a JSON list of messages; return each message as canonical JSON text."""
-    if not text:
-        return []
-    if len(text) > MAX_MESSAGES_BYTES:
-        raise ResourceExhausted(
-            f"messages are {len(text)} bytes; the limit is {MAX_MESSAGES_BYTES}")
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"messages are not valid JSON: {exc}") from None
-    if not isinstance(value, list):
-        raise InvalidArgument("messages must be a JSON list of message objects")
-    for i, msg in enumerate(value):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise InvalidArgument(f"message {i} must be an object with a string \"role\"")
-    return [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in value]
-
-
-def parse_state(text: str) -> bytes | None:
-    if not text:
-        return None
-    if len(text) > MAX_STATE_BYTES:
-        raise ResourceExhausted(f"state is {len(text)} bytes; the limit is {MAX_STATE_BYTES}")
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"state is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument("state must be one JSON object")
-    return json.dumps(value, ensure_ascii=False, sort_keys=True,
-                      separators=(",", ":")).encode("utf-8")
-
-
-def check_text(what: str, value: str) -> str:
-    if len(value) > MAX_TEXT:
-        raise InvalidArgument(f"{what} is {len(value)} characters; the limit is {MAX_TEXT}")
-    return value
-
-
-def check_id(what: str, value: str) -> str:
-    if not ids.is_id(value):
-        raise InvalidArgument(f"{value!r} is not a valid {what} id")
-    return value
-
-
 class World:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
-                 monitor: ChangeMonitor | None = None) -> None:
+                 monitor: ChangeMonitor | None = None, engine: Engine | None = None) -> None:
         self.root = os.path.realpath(root)
         self.store = store
         self.blobs = blobs
         self.trees = TreeReader(blobs)
         self.stat_cache = stat_cache
         self.monitor = monitor
+        self.engine = engine
         self.fork_root = os.path.join(self.root, "workspaces")
+        self.journal = RestoreJournal(os.path.join(self.root, "journal"))
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
         blobs.sync()
 
-    # -- helpers ---------------------------------------------------------------------
+    # -- helpers -------------------------------------------------------------------------
     def lock(self, workspace: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(workspace, threading.Lock())
-
-    def tracker(self, workspace: str) -> WorkspaceTracker | None:
-        return self.monitor.tracker(workspace) if self.monitor is not None else None
-
-    def snapshotter(self, session: Session) -> WorkspaceSnapshotter:
-        tracker = self.tracker(session.workspace)
-        return WorkspaceSnapshotter(session.workspace, self.blobs, self.trees, self.stat_cache,
-                                    tracker.watch_folder if tracker is not None else None)
-
-    def _changes(self, workspace: str, base: str, consume: bool) -> Changes | None:
-        """What changed in the workspace since ``base``, or None: examine everything."""
-        tracker = self.tracker(workspace)
-        if tracker is None:
-            return None
-        changes = tracker.prepare() if consume else tracker.peek()
-        if tracker.base != base:
-            changes.full = True  # the tracker's picture is relative to another tree
-        return changes
-
-    def _give_back(self, workspace: str, changes: Changes | None) -> None:
-        tracker = self.tracker(workspace)
-        if tracker is not None and changes is not None:
-            tracker.give_back(changes)
-
-    def _tracked(self, workspace: str, tree: str) -> None:
-        """The workspace is now exactly ``tree`` plus what the tracker has seen since."""
-        tracker = self.tracker(workspace)
-        if tracker is not None:
-            tracker.base = tree
 
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
 
     def checkpoint_record(self, checkpoint_id: str) -> Checkpoint:
         return self.store.get_checkpoint(check_id("checkpoint", checkpoint_id))
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise FailedPrecondition("this daemon runs without a Docker engine")
+        return self.engine
+
+    def _layer(self, kind: str, path: str) -> Layer:
+        tracker = self.monitor.tracker(path) if self.monitor is not None else None
+        snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache,
+                                    tracker.watch_folder if tracker is not None else None,
+                                    overlay=kind == CONTAINER)
+        return Layer(kind, path, snap, tracker)
+
+    def layers(self, session: Session) -> list[Layer]:
+        """The session's layers: its workspace, then its container's writable layer."""
+        out = [self._layer(WORKSPACE, session.workspace)]
+        if session.container:
+            out.append(self._layer(CONTAINER, self._engine().upper_dir(session.container)))
+        return out
+
+    @contextlib.contextmanager
+    def _paused(self, session: Session) -> Iterator[None]:
+        """The container paused (if it runs) while its world is read."""
+        if not session.container:
+            yield
+            return
+        with self._engine().frozen(session.container):
+            yield
+
+    @staticmethod
+    def _bases(cp: Checkpoint) -> list[str | None]:
+        return [cp.tree, cp.container]
 
     def _check_workspace(self, path: str, *, must_be_empty: bool) -> str:
         if not path or not os.path.isabs(path):
@@ -196,35 +151,52 @@ class World:
         return real
 
     # -- sessions ------------------------------------------------------------------------
-    def create_session(self, workspace: str, container: str | None = None,
-                       name: str = "") -> Session:
+    def create_session(self, workspace: str, container: str | None = None, name: str = "",
+                       image: str = "", mount: str = "") -> Session:
         path = self._check_workspace(workspace, must_be_empty=False)
         check_text("name", name)
+        if image and container:
+            raise InvalidArgument("give a container to attach or an image to start, not both")
         sid = ids.new_id()
-        session = Session(sid, name or os.path.basename(path), path, container or None, "",
-                          None, ids.now())
-        with self.lock(path):
-            changes = self._changes(path, "", consume=True)
-            try:
-                capture = self.snapshotter(session).capture(changes=changes)
-            except BaseException:
-                self._give_back(path, changes)
-                raise
-            tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
-            self.blobs.sync()
-            first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(), capture.root,
-                               capture.bytes, self.empty_state, tasks_digest, None, 0, 0,
-                               label="session created")
-            session = _with_head(session, first.id)
-            self.store.create_session(session, first, [], [
-                AuditEvent("session.create", sid, sid, {"workspace": path}, ids.now()),
-                AuditEvent("checkpoint", sid, first.id, {"seq": 0, "tree": first.tree},
-                           ids.now())])
-            self.snapshotter(session).commit(capture)
-            self._tracked(path, capture.root)
+        created_container = None
+        if image:
+            engine = self._engine()
+            created_container = container_name = f"worldline-{sid.lower()}"
+            engine.create_from_image(image, container_name, path, mount or DEFAULT_MOUNT,
+                                     {LABEL_MANAGED: "true", LABEL_SESSION: sid})
+            engine.start(container_name)
+        elif container:
+            container_name = self._engine().inspect(container)["Name"].lstrip("/")
+        else:
+            container_name = None
+        session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
+                          ids.now())
+        try:
+            with self.lock(path):
+                layers = self.layers(session)
+                with self._paused(session):
+                    captures = [layer.capture(None)[0] for layer in layers]
+                tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
+                self.blobs.sync()
+                first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(),
+                                   captures[0].root, captures[0].bytes, self.empty_state,
+                                   tasks_digest, None, 0, 0, label="session created",
+                                   container=captures[1].root if len(captures) > 1 else None)
+                session = replace(session, head=first.id)
+                self.store.create_session(session, first, [], [
+                    AuditEvent("session.create", sid, sid,
+                               {"workspace": path, "container": container_name}, ids.now()),
+                    AuditEvent("checkpoint", sid, first.id, {"seq": 0, "tree": first.tree},
+                               ids.now())])
+                for layer, capture in zip(layers, captures, strict=True):
+                    layer.committed(capture)
+        except BaseException:
+            if created_container:
+                self._engine().remove(created_container)
+            raise
         return self.store.get_session(sid)
 
-    # -- checkpoints -----------------------------------------------------------------------
+    # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, session_id: str, *, label: str = "", reasoning: str = "",
                    trace_id: str = "", messages_json: str = "", state_json: str = "",
                    expected_head: str = "") -> Checkpoint:
@@ -232,38 +204,46 @@ class World:
         state = parse_state(state_json)
         for what, text in (("label", label), ("reasoning", reasoning), ("trace id", trace_id)):
             check_text(what, text)
-        session = self.session(session_id)
         if expected_head:
             check_id("checkpoint", expected_head)
+        session = self.session(session_id)
         with self.lock(session.workspace):
             session = self.session(session_id)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             head = self.store.get_checkpoint(session.head)
-            snap = self.snapshotter(session)
-            changes = self._changes(session.workspace, head.tree, consume=True)
+            layers = self.layers(session)
+            taken: list[tuple[Layer, Capture, object]] = []
             try:
-                capture = snap.capture(changes=changes, base=head.tree)
+                with self._paused(session):
+                    for layer, base in zip(layers, self._bases(head), strict=False):
+                        capture, changes = layer.capture(base)
+                        taken.append((layer, capture, changes))
+                captures = [c for _, c, _ in taken]
                 state_digest = (self.blobs.put_bytes(state) if state is not None
                                 else head.state_digest)
                 tasks_digest = self.blobs.put_bytes(
                     tasks_to_json(self.store.list_tasks(session_id)))
                 self.blobs.sync()
+                crash_point("checkpoint.after_blobs")
                 cp = Checkpoint(ids.new_id(), session_id, 0, head.id, "checkpoint", ids.now(),
-                                capture.root, capture.bytes, state_digest, tasks_digest, head.id,
-                                len(messages), head.message_count + len(messages), label=label,
-                                reasoning=reasoning, trace_id=trace_id)
+                                captures[0].root, captures[0].bytes, state_digest, tasks_digest,
+                                head.id, len(messages), head.message_count + len(messages),
+                                label=label, reasoning=reasoning, trace_id=trace_id,
+                                container=captures[1].root if len(captures) > 1 else None)
                 cp = self.store.append_checkpoint(cp, messages, head.id, None, [
                     AuditEvent("checkpoint", session_id, cp.id,
-                               {"tree": cp.tree, "label": label, "messages": len(messages)},
-                               ids.now())])
+                               {"tree": cp.tree, "container": cp.container, "label": label,
+                                "messages": len(messages)}, ids.now())])
             except BaseException:
-                self._give_back(session.workspace, changes)
+                for layer, _, changes in taken:
+                    layer.give_back(changes)
                 raise
-            self._tracked(session.workspace, capture.root)
-            snap.commit(capture)
-            for warning in capture.warnings:
-                log.warning("session %s: %s", session_id, warning)
+            crash_point("checkpoint.after_commit")
+            for layer, capture, _ in taken:
+                layer.committed(capture)
+                for warning in capture.warnings:
+                    log.warning("session %s %s: %s", session_id, layer.kind, warning)
         return cp
 
     def view(self, checkpoint_id: str) -> CheckpointView:
@@ -273,13 +253,13 @@ class World:
         tasks = tasks_from_json(self.blobs.read_bytes(cp.tasks_digest))
         return CheckpointView(cp, messages, state, tasks)
 
-    # -- side effects ------------------------------------------------------------------------
+    # -- side effects --------------------------------------------------------------------
     def side_effects_since(self, head_id: str, target_id: str) -> list[ToolCall]:
         """Non-idempotent tool calls recorded after ``target_id`` on the way to ``head_id``."""
         return [c for c in calls_on_path(self.store, head_id, since=target_id)
                 if c.effect == "external_non_idempotent"]
 
-    # -- restore -------------------------------------------------------------------------------
+    # -- restore -------------------------------------------------------------------------
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
                 dry_run: bool = False, expected_head: str = "") -> RestoreResult:
         target = self.checkpoint_record(checkpoint_id)
@@ -288,38 +268,69 @@ class World:
             session = self.session(session_id)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
+            if session.container and target.container is None:
+                raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
+                                         f" restore into container {session.container}")
             effects = self.side_effects_since(session.head, target.id)
-            snap = self.snapshotter(session)
             head = self.store.get_checkpoint(session.head)
-            seen = self._changes(session.workspace, head.tree, consume=False)
-            current = snap.capture(persist=False, changes=seen, base=head.tree)
-            changes = diff(self.trees, current.root, target.tree, current.trees)
-            written = sorted(changes.added + changes.modified)
             if dry_run:
-                return RestoreResult(None, target.id, written, changes.deleted, effects, True)
+                with self._paused(session):
+                    current, _ = self.layers(session)[0].capture(head.tree, persist=False,
+                                                                 consume=False)
+                changes = diff(self.trees, current.root, target.tree, current.trees)
+                return RestoreResult(None, target.id, sorted(changes.added + changes.modified),
+                                     changes.deleted, effects, True)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
                 raise FailedPrecondition(
                     f"restoring to {target.id} passes {len(effects)} non-idempotent side"
                     f" effect(s) no restore can undo: {names}; acknowledge them to proceed")
-            snap.apply(current, target.tree)
-            tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
             cp = Checkpoint(ids.new_id(), session_id, 0, session.head, "restore", ids.now(),
                             target.tree, target.bytes, target.state_digest, target.tasks_digest,
                             target.id, 0, target.message_count, label=f"restore of {target.id}",
-                            restored_from=target.id, acknowledged=tuple(c.id for c in effects))
+                            restored_from=target.id, acknowledged=tuple(c.id for c in effects),
+                            container=target.container if session.container else None)
+            self.journal.write({"session": session_id, "target": target.id,
+                                "head": session.head, "checkpoint": cp.__dict__ | {
+                                    "acknowledged": list(cp.acknowledged)}})
+            crash_point("restore.after_journal")
+            changes = self._apply(session, head, target)
+            crash_point("restore.before_commit")
+            tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
             events = [AuditEvent("restore", session_id, cp.id,
-                                 {"target": target.id, "written": len(written),
-                                  "removed": len(changes.deleted)}, ids.now())]
+                                 {"target": target.id, "written": len(changes.added)
+                                  + len(changes.modified), "removed": len(changes.deleted)},
+                                 ids.now())]
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
             cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
-            if seen is not None and not seen.full:
-                self._tracked(session.workspace, target.tree)
-        return RestoreResult(cp, target.id, written, changes.deleted, effects)
+            self.journal.remove(session_id)
+        return RestoreResult(cp, target.id, sorted(changes.added + changes.modified),
+                             changes.deleted, effects)
 
-    # -- fork -------------------------------------------------------------------------------------
+    def _apply(self, session: Session, head: Checkpoint, target: Checkpoint) -> Diff:
+        """Bring every layer to the target: the container stopped meanwhile, then started
+        again if it was running. Returns the workspace's changes."""
+        was_running = self._engine().stop(session.container) if session.container else False
+        try:
+            layers = self.layers(session)
+            report = None
+            for layer, base, want in zip(layers, self._bases(head), self._bases(target),
+                                         strict=False):
+                current, seen = layer.capture(base, persist=False, consume=False)
+                if report is None:
+                    report = diff(self.trees, current.root, want, current.trees)
+                layer.snap.apply(current, want)
+                if seen is not None and not seen.full:
+                    layer.now_equals(want)
+                crash_point("restore.between_layers")
+            return report
+        finally:
+            if was_running:
+                self._engine().start(session.container)
+
+    # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "") -> ForkResult:
         source = self.checkpoint_record(checkpoint_id)
         parent = self.store.get_session(source.session_id)
@@ -329,33 +340,122 @@ class World:
                                      must_be_empty=True)
         created = not os.path.exists(path)
         os.makedirs(path, mode=0o755, exist_ok=True)
-        session = Session(sid, name or f"{parent.name} (fork)", path, None, "", source.id,
-                          ids.now())
+        container = None
         try:
+            if source.container is not None:
+                container = self._fork_container(parent, sid, path)
+            session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
+                              source.id, ids.now())
             with self.lock(path):
-                snap = self.snapshotter(session)
-                tracker = self.tracker(path)
-                if tracker is not None:
-                    tracker.prepare()  # drop the "no history" mark: we know what we write
-                snap.apply(Capture(self.empty_tree, 0), source.tree, watch_new=True)
+                layers = self.layers(session)
+                for layer, want in zip(layers, self._bases(source), strict=False):
+                    if layer.tracker is not None:
+                        layer.tracker.prepare()  # we know what we write: no scan needed
+                    # The fork's workspace was checked empty; a new container's layer
+                    # already holds the mount points the engine made: look, never assume.
+                    current = (Capture(self.empty_tree, 0) if layer.kind == WORKSPACE
+                               else layer.snap.capture(persist=False))
+                    layer.snap.apply(current, want, watch_new=True)
+                    crash_point("fork.mid")
                 first = Checkpoint(ids.new_id(), sid, 0, source.id, "fork", ids.now(),
                                    source.tree, source.bytes, source.state_digest,
                                    source.tasks_digest, source.id, 0, source.message_count,
-                                   label=f"fork of {source.id}")
-                session = _with_head(session, first.id)
+                                   label=f"fork of {source.id}", container=source.container)
+                session = replace(session, head=first.id)
                 tasks = tasks_from_json(self.blobs.read_bytes(source.tasks_digest))
                 self.store.create_session(session, first, tasks, [
-                    AuditEvent("fork", sid, first.id,
-                               {"source": source.id, "workspace": path}, ids.now())])
-                self._tracked(path, source.tree)
+                    AuditEvent("fork", sid, first.id, {"source": source.id, "workspace": path,
+                                                        "container": container}, ids.now())])
+                for layer, want in zip(layers, self._bases(source), strict=False):
+                    layer.now_equals(want)
+            if container:
+                self._engine().start(container)
         except BaseException:
+            if container:
+                self._engine().remove(container)
             if created:
-                _remove_tree(path)
+                shutil.rmtree(path, ignore_errors=True)
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
 
-    # -- diff ------------------------------------------------------------------------------
+    def _fork_container(self, parent: Session, sid: str, workspace: str) -> str:
+        engine = self._engine()
+        if not parent.container:
+            raise FailedPrecondition(f"session {parent.id} has no container to fork")
+        template = engine.inspect(parent.container)
+        name = f"{parent.container}-fork-{sid[-8:].lower()}"
+        engine.create_like(template, name, parent.workspace, workspace,
+                           {LABEL_MANAGED: "true", LABEL_SESSION: sid})
+        return name
+
+    # -- images --------------------------------------------------------------------------
+    def export_image(self, checkpoint_id: str) -> tuple[str, str]:
+        """A runnable image of the checkpoint's container: (image id, reference). Looked
+        up by label first, so a retry after a timed-out commit never makes a duplicate."""
+        cp = self.checkpoint_record(checkpoint_id)
+        if cp.container is None:
+            raise FailedPrecondition(f"checkpoint {cp.id} has no container layer")
+        engine = self._engine()
+        reference = f"worldline/{cp.session_id.lower()}:{cp.id.lower()}"
+        for image in engine.images_labelled(LABEL_CHECKPOINT, cp.id):
+            return image["Id"], reference
+        session = self.store.get_session(cp.session_id)
+        if not session.container:
+            raise FailedPrecondition(f"session {session.id} has no container")
+        template = engine.inspect(session.container)
+        temp = f"worldline-export-{cp.id.lower()}"
+        engine.remove(temp)  # a leftover of an interrupted export
+        engine.create_like(template, temp, session.workspace, session.workspace,
+                           {LABEL_MANAGED: "true", LABEL_SESSION: session.id})
+        try:
+            layer = self._layer(CONTAINER, engine.upper_dir(temp))
+            layer.snap.apply(layer.snap.capture(persist=False), cp.container)
+            repo, tag = reference.split(":")
+            image_id = engine.commit(temp, repo, tag, {LABEL_MANAGED: "true",
+                                                       LABEL_SESSION: session.id,
+                                                       LABEL_CHECKPOINT: cp.id})
+        finally:
+            engine.remove(temp)
+        self.store.append_audit([AuditEvent("image.export", session.id, cp.id,
+                                            {"image": image_id}, ids.now())])
+        return image_id, reference
+
+    # -- recovery ------------------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """At start: complete every restore a crash interrupted, and remove containers
+        that worldline made for sessions that were never recorded. Returns a report."""
+        report = []
+        for entry in self.journal.entries():
+            sid, cp_fields = entry["session"], entry["checkpoint"]
+            try:
+                self.store.get_checkpoint(cp_fields["id"])
+                report.append(f"restore of session {sid} to {entry['target']} had completed")
+            except NotFound:
+                session = self.store.get_session(sid)
+                head = self.store.get_checkpoint(entry["head"])
+                target = self.store.get_checkpoint(entry["target"])
+                cp = Checkpoint(**{**cp_fields,
+                                   "acknowledged": tuple(cp_fields["acknowledged"])})
+                with self.lock(session.workspace):
+                    self._apply(session, head, target)
+                    tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
+                    self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
+                        "restore.recovered", sid, cp.id, {"target": target.id}, ids.now())])
+                report.append(f"completed the interrupted restore of session {sid}"
+                              f" to {target.id}")
+            self.journal.remove(sid)
+        if self.engine is not None and self.engine.ping():
+            known = {s.id for s in self.store.list_sessions()}
+            for c in self.engine.containers_labelled(LABEL_MANAGED):
+                if c.get("Labels", {}).get(LABEL_SESSION) not in known:
+                    self.engine.remove(c["Id"])
+                    report.append(f"removed orphaned container {c['Names'][0].lstrip('/')}")
+        for line in report:
+            log.warning("recovery: %s", line)
+        return report
+
+    # -- diff ----------------------------------------------------------------------------
     def diff(self, from_id: str, to_id: str, patch: bool = False) -> tuple[Diff, str]:
         a, b = self.checkpoint_record(from_id), self.checkpoint_record(to_id)
         changes = diff(self.trees, a.tree, b.tree)
@@ -396,13 +496,5 @@ class World:
                        for line in lines)
 
 
-def _with_head(session: Session, head: str) -> Session:
-    return replace(session, head=head)
-
-
 def _contains(outer: str, inner: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
-
-
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -25,14 +25,18 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("workspace", "container", "name")
+    __slots__ = ("workspace", "container", "name", "image", "mount")
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_FIELD_NUMBER: _ClassVar[int]
     workspace: str
     container: str
     name: str
-    def __init__(self, workspace: _Optional[str] = ..., container: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    image: str
+    mount: str
+    def __init__(self, workspace: _Optional[str] = ..., container: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., mount: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -51,7 +55,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects")
+    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +71,7 @@ class Checkpoint(_message.Message):
     MESSAGES_ADDED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     seq: int
@@ -82,7 +87,8 @@ class Checkpoint(_message.Message):
     messages_added: int
     message_count: int
     acknowledged_side_effects: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ...) -> None: ...
+    container: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head")
@@ -209,6 +215,20 @@ class ForkRequest(_message.Message):
     workspace: str
     name: str
     def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ExportImageRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class ExportImageResponse(_message.Message):
+    __slots__ = ("image_id", "reference")
+    IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    image_id: str
+    reference: str
+    def __init__(self, image_id: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
 
 class ForkResponse(_message.Message):
     __slots__ = ("session", "side_effects")

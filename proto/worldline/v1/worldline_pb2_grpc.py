@@ -79,6 +79,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.ForkRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.ForkResponse.FromString,
                 _registered_method=True)
+        self.ExportImage = channel.unary_unary(
+                '/worldline.v1.Worldline/ExportImage',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.ExportImageRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.ExportImageResponse.FromString,
+                _registered_method=True)
         self.RecordToolCall = channel.unary_unary(
                 '/worldline.v1.Worldline/RecordToolCall',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.RecordToolCallRequest.SerializeToString,
@@ -204,6 +209,14 @@ class WorldlineServicer:
 
     def Fork(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportImage(self, request, context):
+        """A runnable image of a checkpoint's container (docker commit of image + layer),
+        labelled with its session and checkpoint; made once, then found by label.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -341,6 +354,11 @@ def add_WorldlineServicer_to_server(servicer, server):
                     servicer.Fork,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.ForkRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.ForkResponse.SerializeToString,
+            ),
+            'ExportImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportImage,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.ExportImageRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.ExportImageResponse.SerializeToString,
             ),
             'RecordToolCall': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordToolCall,
@@ -656,6 +674,33 @@ class Worldline:
             '/worldline.v1.Worldline/Fork',
             worldline_dot_v1_dot_worldline__pb2.ForkRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.ForkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/ExportImage',
+            worldline_dot_v1_dot_worldline__pb2.ExportImageRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.ExportImageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,210 @@
+"""Containers: a session's Docker container, captured from its writable layer.
+
+What is captured: the container's writable layer, read straight from overlay2's
+upper folder. Files and folders the container wrote, whiteouts for the image files
+it deleted, and opaque folders are captured, with change tracking like a
+workspace, so a checkpoint reads what the tool call changed, never the whole layer
+and never through `docker commit`. The container is paused only while its layer
+(and the bind-mounted workspace) are read. Not captured: bind mounts and volumes
+(the workspace is the workspace snapshot's business), and process memory (a
+restore restarts the container's processes).
+
+- Restore stops the container, makes its upper folder equal to the checkpoint's
+  layer, and starts it again: same container, same name, mounts, env, command and
+  network. Its processes restart.
+- Fork creates a new container from the same image and configuration, with the
+  fork's workspace mounted where the original's was, writes the checkpoint's layer
+  into its upper folder before the first start, and starts it. Every container and
+  image worldline makes is labelled with its session (and checkpoint), so nothing
+  is ever orphaned unnoticed; a fork is always image + one layer, however deep the
+  forks of forks go, so the engine's layer limit is never reached.
+- Engine failures are ``Unavailable``; a container that vanished behind the
+  daemon's back is ``FailedPrecondition``, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Any, Iterator
+
+from worldline.client.errors import FailedPrecondition, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "io.worldline.managed"
+LABEL_SESSION = "io.worldline.session"
+LABEL_CHECKPOINT = "io.worldline.checkpoint"
+DEFAULT_MOUNT = "/workspace"
+
+
+class Engine:
+    """The Docker engine through its SDK; errors are mapped here and nowhere else."""
+
+    def __init__(self, base_url: str | None = None, timeout: int = 120) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self._api = None
+        self._lock = threading.Lock()
+
+    @property
+    def api(self):
+        with self._lock:
+            if self._api is None:
+                import docker
+                try:
+                    if self.base_url:
+                        self._api = docker.APIClient(base_url=self.base_url, timeout=self.timeout)
+                    else:
+                        self._api = docker.from_env(timeout=self.timeout).api
+                except docker.errors.DockerException as exc:
+                    raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+            return self._api
+
+    @contextlib.contextmanager
+    def errors(self, container: str = "") -> Iterator[None]:
+        import docker
+        import requests
+        try:
+            yield
+        except docker.errors.NotFound as exc:
+            if container:
+                raise FailedPrecondition(
+                    f"container {container} no longer exists (removed behind worldline's"
+                    f" back?): {exc.explanation}") from None
+            raise NotFound(str(exc.explanation)) from None
+        except docker.errors.APIError as exc:
+            raise FailedPrecondition(f"the Docker engine refused: {exc.explanation}") from None
+        except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
+            raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+
+    def ping(self) -> bool:
+        try:
+            with self.errors():
+                return bool(self.api.ping())
+        except (Unavailable, FailedPrecondition, NotFound):
+            self._api = None
+            return False
+
+    def inspect(self, container: str) -> dict:
+        with self.errors(container):
+            return self.api.inspect_container(container)
+
+    def upper_dir(self, container: str) -> str:
+        attrs = self.inspect(container)
+        driver = attrs.get("GraphDriver", {})
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") != "overlay2" or not upper:
+            raise FailedPrecondition(
+                f"container {container} uses the {driver.get('Name')!r} storage driver;"
+                " worldline reads container layers from overlay2's upper folder")
+        if not os.access(upper, os.R_OK | os.X_OK):
+            raise FailedPrecondition(f"the daemon cannot read {upper}: reading a container's"
+                                     " layer needs the engine's privileges (run as root)")
+        return upper
+
+    @contextlib.contextmanager
+    def frozen(self, container: str) -> Iterator[None]:
+        """Pause a running container for the duration; leave others as they are."""
+        state = self.inspect(container).get("State", {})
+        pause = state.get("Running") and not state.get("Paused")
+        if pause:
+            with self.errors(container):
+                self.api.pause(container)
+        try:
+            yield
+        finally:
+            if pause:
+                with self.errors(container):
+                    self.api.unpause(container)
+
+    def stop(self, container: str, timeout: int = 5) -> bool:
+        """Stop the container; return whether it was running."""
+        state = self.inspect(container).get("State", {})
+        with self.errors(container):
+            if state.get("Paused"):
+                self.api.unpause(container)
+            if state.get("Running"):
+                self.api.stop(container, timeout=timeout)
+                return True
+        return False
+
+    def start(self, container: str) -> None:
+        with self.errors(container):
+            self.api.start(container)
+
+    def remove(self, container: str) -> None:
+        with self.errors():
+            try:
+                self.api.remove_container(container, force=True)
+            except Exception as exc:  # already gone is fine
+                import docker
+                if not isinstance(exc, docker.errors.NotFound):
+                    raise
+
+    def create_from_image(self, image: str, name: str, workspace: str, mount: str,
+                          labels: dict[str, str], command: list[str] | None = None) -> str:
+        with self.errors():
+            host = self.api.create_host_config(binds={workspace: {"bind": mount, "mode": "rw"}})
+            created = self.api.create_container(
+                image, command=command or None, name=name, labels=labels, tty=True,
+                stdin_open=True, working_dir=mount, host_config=host, detach=True)
+            return created["Id"]
+
+    def create_like(self, template: dict, name: str, workspace_from: str, workspace_to: str,
+                    labels: dict[str, str]) -> str:
+        """A container with ``template``'s image and configuration, the bind mount of
+        ``workspace_from`` pointed at ``workspace_to``."""
+        config, host = template["Config"], template["HostConfig"]
+        binds = []
+        for bind in host.get("Binds") or []:
+            src, _, rest = bind.partition(":")
+            binds.append(f"{workspace_to if os.path.realpath(src) == workspace_from else src}"
+                         f":{rest}" if rest else bind)
+        with self.errors():
+            host_config = self.api.create_host_config(
+                binds=binds or None, network_mode=host.get("NetworkMode") or None,
+                privileged=host.get("Privileged", False), cap_add=host.get("CapAdd"),
+                cap_drop=host.get("CapDrop"))
+            created = self.api.create_container(
+                config["Image"], command=config.get("Cmd"), name=name,
+                entrypoint=config.get("Entrypoint"), environment=config.get("Env"),
+                working_dir=config.get("WorkingDir") or None, user=config.get("User") or None,
+                tty=config.get("Tty", False), stdin_open=config.get("OpenStdin", False),
+                labels={**(config.get("Labels") or {}), **labels}, host_config=host_config,
+                detach=True)
+            return created["Id"]
+
+    def commit(self, container: str, repository: str, tag: str, labels: dict[str, str]) -> str:
+        changes = [f'LABEL {k}="{v}"' for k, v in labels.items()]
+        with self.errors(container):
+            return self.api.commit(container, repository=repository, tag=tag, changes=changes,
+                                   pause=False)["Id"]
+
+    def images_labelled(self, key: str, value: str | None = None) -> list[dict]:
+        with self.errors():
+            return self.api.images(filters={"label": f"{key}={value}" if value else key})
+
+    def containers_labelled(self, key: str) -> list[dict]:
+        with self.errors():
+            return self.api.containers(all=True, filters={"label": key})
+
+    def remove_image(self, image: str) -> None:
+        with self.errors():
+            self.api.remove_image(image, force=True)
+
+
+def workspace_mount(attrs: dict, workspace: str) -> str | None:
+    """Where the container mounts ``workspace``, if it does."""
+    for m in attrs.get("Mounts") or []:
+        if m.get("Type") == "bind" and os.path.realpath(m.get("Source", "")) == workspace:
+            return m.get("Destination")
+    return None
+
+
+def summary(attrs: dict[str, Any]) -> dict[str, Any]:
+    state = attrs.get("State", {})
+    return {"id": attrs.get("Id", "")[:12], "name": attrs.get("Name", "").lstrip("/"),
+            "image": attrs.get("Config", {}).get("Image"), "running": state.get("Running")}

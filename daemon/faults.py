@@ -1,0 +1,39 @@
+"""Named crash points for fault-injection tests.
+
+``WORLDLINE_FAULTS=name[:N],...`` in the daemon's environment makes the N-th time
+(default the first) the daemon passes ``crash_point(name)`` kill it with SIGKILL, as
+a power cut or the OOM killer would. Unset (always, outside tests), a crash point
+costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_armed: dict[str, int] = {}
+for spec in filter(None, os.environ.get("WORLDLINE_FAULTS", "").split(",")):
+    name, _, count = spec.partition(":")
+    _armed[name.strip()] = int(count or 1)
+_lock = threading.Lock()
+
+POINTS = (
+    "checkpoint.after_blobs",      # blobs written and synced, metadata not committed
+    "checkpoint.after_commit",     # committed, the reply not yet sent
+    "restore.after_journal",       # journal written, nothing applied
+    "restore.between_files",       # some files of a layer written, not all
+    "restore.between_layers",      # the workspace applied, the container not
+    "restore.before_commit",       # every layer applied, the checkpoint not appended
+    "fork.mid",                    # some of the fork's files written
+)
+
+
+def crash_point(name: str) -> None:
+    if not _armed or name not in _armed:
+        return
+    with _lock:
+        _armed[name] -= 1
+        fire = _armed[name] == 0
+    if fire:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,105 @@
+"""Layers: the folders a session's world is made of, all captured the same way.
+
+A session's world has a *workspace* layer and, with a container, a *container*
+layer: the container's writable layer, overlay2's upper folder. Each layer pairs a
+snapshotter with the change tracker of its folder; the World checkpoints, restores
+and forks layers without caring which is which.
+
+The restore journal makes a restore all-or-nothing across a crash: before the
+first byte of any layer changes, the journal records the session, the target and
+the checkpoint id the restore will append; at the next start, every journal left
+behind is completed (the layers brought to the target, the checkpoint appended)
+or, when its checkpoint was already recorded, simply removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from .snapshot import Capture, WorkspaceSnapshotter
+from .tracker import Changes, WorkspaceTracker
+
+WORKSPACE, CONTAINER = "workspace", "container"
+
+
+@dataclass
+class Layer:
+    kind: str  # WORKSPACE | CONTAINER
+    path: str
+    snap: WorkspaceSnapshotter
+    tracker: WorkspaceTracker | None
+
+    def capture(self, base: str | None, persist: bool = True,
+                consume: bool = True) -> tuple[Capture, Changes | None]:
+        """Capture the layer relative to ``base`` (the tree of the head checkpoint).
+
+        With ``consume`` the tracker's changes are taken; the caller must either
+        ``commit`` the capture or ``give_back`` the changes."""
+        changes = None
+        if self.tracker is not None and base is not None:
+            changes = self.tracker.prepare() if consume else self.tracker.peek()
+            if self.tracker.base != base:
+                changes.full = True  # the tracker's picture is relative to another tree
+        try:
+            return self.snap.capture(persist=persist, changes=changes, base=base), changes
+        except BaseException:
+            self.give_back(changes if consume else None)
+            raise
+
+    def give_back(self, changes: Changes | None) -> None:
+        if self.tracker is not None and changes is not None:
+            self.tracker.give_back(changes)
+
+    def committed(self, capture: Capture) -> None:
+        """The capture is recorded: the stat cache learns it, the tracker starts from it."""
+        self.snap.commit(capture)
+        self.now_equals(capture.root)
+
+    def now_equals(self, tree: str) -> None:
+        """The folder is now ``tree`` plus whatever the tracker has seen since."""
+        if self.tracker is not None:
+            self.tracker.base = tree
+
+
+class RestoreJournal:
+    """One JSON file per session with a restore under way, written durably."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+
+    def _path(self, session_id: str) -> str:
+        return os.path.join(self.folder, f"{session_id}.json")
+
+    def write(self, entry: dict) -> None:
+        path = self._path(entry["session"])
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(entry, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self, session_id: str) -> None:
+        try:
+            os.unlink(self._path(session_id))
+        except FileNotFoundError:
+            pass
+
+    def entries(self) -> list[dict]:
+        out = []
+        for name in sorted(os.listdir(self.folder)):
+            path = os.path.join(self.folder, name)
+            if name.endswith(".tmp"):
+                os.unlink(path)  # never completed: the restore had not begun
+                continue
+            with open(path) as f:
+                out.append(json.load(f))
+        return out

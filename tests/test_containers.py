@@ -1,0 +1,310 @@
+"""Container worlds against the real Docker engine: round trips of the writable
+layer, restore after rm -rf, fork isolation, exported images, an unreachable engine,
+a container removed behind the daemon's back, and a crash mid-restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from worldline.client import FailedPrecondition, Unavailable
+
+from .conftest import DaemonProcess
+
+IMAGE = "worldline/busybox:latest"
+pytestmark = pytest.mark.docker
+
+# Everything but the mounts docker manages (/etc/hostname, hosts, resolv.conf) and the
+# bind-mounted workspace: kind, mode, owner, link target or checksum of each path.
+FS_STATE = r"""
+find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /workspace \
+  -o -path /etc/hostname -o -path /etc/hosts -o -path /etc/resolv.conf \) -prune -o -print \
+| sort | while read -r f; do
+  if [ -L "$f" ]; then echo "L $f -> $(readlink "$f")";
+  elif [ -d "$f" ]; then echo "D $f $(stat -c %a "$f")";
+  else echo "F $f $(stat -c %a "$f") $(md5sum < "$f")"; fi
+done
+"""
+
+
+def docker(*args: str, check: bool = True) -> str:
+    res = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120)
+    if check and res.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: {res.stderr}")
+    return res.stdout
+
+
+def sh(container: str, script: str) -> str:
+    return docker("exec", container, "sh", "-c", script)
+
+
+def fs_state(container: str) -> str:
+    return sh(container, FS_STATE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine():
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("no Docker engine answers: run `make docker` (make test does)")
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
+        pytest.fail(f"the base image {IMAGE} is missing: run `make docker`")
+
+
+@pytest.fixture
+def containers():
+    made: list[str] = []
+    yield made
+    for name in made:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def managed(client, session) -> str:
+    return client.get_session(session.id).container
+
+
+def test_layer_round_trip(client, workspace, containers):
+    s = client.create_session(str(workspace), image=IMAGE)
+    c = s.container
+    containers.append(c)
+    sh(c, "mkdir -p /data/sub/deeper && echo one > /data/sub/f && chmod 750 /data/sub"
+          " && echo tool >> /etc/passwd && rm /bin/vi && rm -rf /usr/sbin"
+          " && ln -s /data/sub/f /data/link && mkdir /data/empty && echo ws > /workspace/w")
+    cp = s.checkpoint(label="layer")
+    assert cp.container
+    before = fs_state(c)
+    # wreck it: change, delete and add, in the layer and below it
+    sh(c, "echo changed > /data/sub/f; rm -rf /data/empty /etc 2>/dev/null; mkdir -p /etc;"
+          " echo new > /etc/new && ln -s /nowhere /bin/vi && rm /bin/ls && mkdir /zzz")
+    (workspace / "w").write_text("changed")
+    s.checkpoint(label="wrecked")
+    s.restore(cp.id)
+    assert fs_state(c) == before
+    assert (workspace / "w").read_text() == "ws\n"
+    info = json.loads(docker("inspect", c))[0]
+    assert info["State"]["Running"] and info["Name"] == f"/{c}"
+
+
+def test_restore_after_rm_rf(client, workspace, containers):
+    s = client.create_session(str(workspace), image=IMAGE)
+    containers.append(s.container)
+    sh(s.container, "mkdir -p /srv/app && echo v1 > /srv/app/main")
+    cp = s.checkpoint()
+    before = fs_state(s.container)
+    sh(s.container, "rm -rf /srv /usr /bin/cat; rm -rf /etc 2>/dev/null; true")
+    s.restore(cp.id)
+    assert fs_state(s.container) == before
+    assert sh(s.container, "cat /srv/app/main") == "v1\n"
+
+
+def test_fork_isolation(client, workspace, tmp_path, containers):
+    s = client.create_session(str(workspace), image=IMAGE)
+    containers.append(s.container)
+    sh(s.container, "mkdir /data && echo base > /data/f && echo ws > /workspace/shared")
+    cp = s.checkpoint()
+    f = s.fork(cp.id, workspace=str(tmp_path / "fork"))
+    containers.append(f.container)
+    assert f.container and f.container != s.container
+    assert fs_state(f.container) == fs_state(s.container)
+    sh(f.container, "echo fork > /data/f && echo forkws > /workspace/shared && touch /only-fork")
+    sh(s.container, "echo parent > /data/g")
+    assert sh(s.container, "cat /data/f") == "base\n"
+    assert sh(s.container, "ls /only-fork 2>&1 || true").strip().endswith("No such file or directory")
+    assert sh(f.container, "ls /data") == "f\n"
+    assert (workspace / "shared").read_text() == "ws\n"
+    assert (tmp_path / "fork" / "shared").read_text() == "forkws\n"
+    labels = json.loads(docker("inspect", f.container))[0]["Config"]["Labels"]
+    assert labels["io.worldline.session"] == f.id
+    # a fork of the fork: still the base image and one layer
+    ff = client.fork(f.checkpoint().id, workspace=str(tmp_path / "fork2"))
+    containers.append(ff.container)
+    assert sh(ff.container, "cat /data/f") == "fork\n"
+    image = json.loads(docker("inspect", ff.container))[0]["Config"]["Image"]
+    assert image == IMAGE
+
+
+def test_export_image_once(client, workspace, containers):
+    s = client.create_session(str(workspace), image=IMAGE)
+    containers.append(s.container)
+    sh(s.container, "mkdir /app && echo built > /app/out")
+    cp = s.checkpoint(label="release")
+    image_id, ref = client.export_image(cp.id)
+    again, _ = client.export_image(cp.id)
+    assert again == image_id
+    try:
+        out = docker("run", "--rm", ref, "cat", "/app/out")
+        assert out == "built\n"
+        labels = json.loads(docker("image", "inspect", ref))[0]["Config"]["Labels"]
+        assert labels["io.worldline.checkpoint"] == cp.id
+        assert not docker("ps", "-a", "--filter", f"name=worldline-export-{cp.id.lower()}", "-q")
+    finally:
+        docker("rmi", "-f", ref, check=False)
+
+
+def test_attach_existing_container(client, workspace, containers):
+    name = f"wl-attach-{os.getpid()}"
+    docker("run", "-d", "--name", name, "-v", f"{workspace}:/w", IMAGE, "sleep", "100000")
+    containers.append(name)
+    s = client.create_session(str(workspace), container=name)
+    assert s.container == name
+    sh(name, "echo x > /tmp/attached")
+    cp = s.checkpoint()
+    sh(name, "rm /tmp/attached")
+    s.restore(cp.id)
+    assert sh(name, "cat /tmp/attached") == "x\n"
+
+
+def test_container_removed_behind_our_back(client, workspace):
+    s = client.create_session(str(workspace), image=IMAGE)
+    docker("rm", "-f", s.container)
+    with pytest.raises(FailedPrecondition) as err:
+        s.checkpoint()
+    assert "no longer exists" in str(err.value)
+    with pytest.raises(FailedPrecondition):
+        s.restore(s.head)
+
+
+def test_unknown_container_is_refused(client, workspace):
+    with pytest.raises(FailedPrecondition):
+        client.create_session(str(workspace), container="no-such-container-worldline")
+
+
+class EngineProxy:
+    """A Unix-socket relay to the real engine that the test can cut, closing every
+    connection the daemon holds, as a dead or unreachable engine would."""
+
+    def __init__(self, path: Path) -> None:
+        import socket
+        import threading
+        self.path = path
+        self.conns: list = []
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(16)
+        self.up = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            engine = socket.socket(socket.AF_UNIX)
+            engine.connect("/var/run/docker.sock")
+            self.conns += [client, engine]
+            for a, b in ((client, engine), (engine, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        import socket
+        self.up = False
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_engine_unreachable(tmp_path, containers):
+    proxy = EngineProxy(tmp_path / "docker.sock")
+    d = DaemonProcess(tmp_path / "root",
+                      env={"DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}"}).start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws), image=IMAGE)
+            containers.append(s.container)
+            proxy.cut()  # the engine goes away
+            with pytest.raises(Unavailable):
+                s.checkpoint()
+            assert wait_health(d, health_pb2.HealthCheckResponse.NOT_SERVING)
+            c.list_sessions()  # the rest of the daemon keeps serving
+            proxy.restore()
+            assert wait_health(d, health_pb2.HealthCheckResponse.SERVING)
+            s.checkpoint()
+    finally:
+        d.stop()
+        proxy.close()
+
+
+def wait_health(d: DaemonProcess, want: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(d.address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+            if status == want:
+                return True
+            time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("point", ["restore.between_files:2", "restore.between_layers",
+                                   "restore.before_commit"])
+def test_crash_mid_restore_is_completed_at_start(tmp_path, containers, point):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(5):
+        (ws / f"f{i}").write_text(f"v1 {i}")
+    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": point}).start()
+    with d.client() as c:
+        s = c.create_session(str(ws), image=IMAGE)
+        containers.append(s.container)
+        sh(s.container, "mkdir /data && echo v1 > /data/f")
+        cp = s.checkpoint()
+        expected_layer = fs_state(s.container)
+        for i in range(5):
+            (ws / f"f{i}").write_text(f"v2 {i}")
+        sh(s.container, "echo v2 > /data/f; rm -rf /usr /etc 2>/dev/null; true")
+        s.checkpoint()
+        with pytest.raises(Unavailable):
+            s.restore(cp.id)  # the daemon dies mid-way
+    assert d.proc.wait(10) == -9
+    d.proc = None
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()
+    with d.client() as c:
+        assert [(f"f{i}", (ws / f"f{i}").read_text()) for i in range(5)] == \
+            [(f"f{i}", f"v1 {i}") for i in range(5)]
+        if json.loads(docker("inspect", s.container))[0]["State"]["Running"] is False:
+            docker("start", s.container)
+        assert fs_state(s.container) == expected_layer
+        log = c.log(s.id)
+        assert log[-1].kind == "restore" and log[-1].restored_from == cp.id
+        assert c.fsck()["ok"]
+    d.stop()
+    assert not list(Path(tmp_path / "root" / "journal").iterdir())
