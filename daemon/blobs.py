@@ -88,32 +88,39 @@ def _disk_full(exc: OSError) -> Exception:
 class LocalBlobStore:
     """Blobs as read-only files ``<root>/<2 hex>/<62 hex>``.
 
-    A put writes the bytes to a temporary under ``<root>/tmp`` and remembers it as
-    *pending*; ``sync()`` flushes every pending temporary with one ``syncfs`` (one
-    flush per checkpoint, not one per blob), then renames each into place and fsyncs
-    the folders it renamed into. A name therefore never exists before its bytes are
-    durable, and a crash leaves only temporaries, which the next start removes.
+    A put writes the bytes to a temporary ``<root>/tmp/<digest>.<random>`` and
+    remembers it as *pending*; ``sync()`` flushes every pending temporary with one
+    ``syncfs`` (one flush per checkpoint, not one per blob), then renames each into
+    place. A name therefore never exists before its bytes are durable. The renames
+    themselves need no second flush: a crash can only lose a rename whose temporary
+    is durable and named after its digest, and ``recover()`` at the next start
+    verifies such a temporary against its name and finishes the rename. Anything
+    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed.
     """
 
     def __init__(self, root: str) -> None:
         self.root = root
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
-        self._pending: dict[str, str] = {}  # digest -> temporary path
+        self._pending: dict[str, str] = {}  # digest -> temporary, not yet in a sync
+        self._moving: dict[str, str] = {}  # digest -> temporary, taken by the running sync
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
 
     def _path(self, digest: str) -> str:
         check_digest(digest)
         return os.path.join(self.root, digest[:2], digest[2:])
 
-    def _located(self, digest: str) -> str:
+    def _candidates(self, digest: str) -> list[str]:
+        """Where the blob may be: its temporary (until renamed), then its name."""
+        final = self._path(digest)
         with self._lock:
-            tmp = self._pending.get(digest)
-        return tmp or self._path(digest)
+            tmp = self._pending.get(digest) or self._moving.get(digest)
+        return [tmp, final] if tmp else [final]
 
     def has(self, digest: str) -> bool:
         with self._lock:
-            if digest in self._pending:
+            if digest in self._pending or digest in self._moving:
                 return True
         return os.path.exists(self._path(digest))
 
@@ -121,7 +128,7 @@ class LocalBlobStore:
         digest = digest_of(data)
         if self.has(digest):
             return digest
-        fd, tmp = self._open_temp()
+        fd, tmp = self._open_temp(digest)
         try:
             view = memoryview(data)
             while view:
@@ -160,50 +167,67 @@ class LocalBlobStore:
         if self.has(digest):
             os.unlink(tmp)
         else:
-            self._add_pending(digest, tmp)
+            named = os.path.join(self.tmp, f"{digest}.{os.path.basename(tmp)}")
+            os.rename(tmp, named)  # now recoverable by its name
+            self._add_pending(digest, named)
         return digest, size
 
     def _add_pending(self, digest: str, tmp: str) -> None:
         with self._lock:
-            if digest in self._pending:
+            if digest in self._pending or digest in self._moving:
                 os.unlink(tmp)  # another thread stored the same bytes meanwhile
             else:
                 self._pending[digest] = tmp
 
-    def _open_temp(self) -> tuple[int, str]:
-        name = os.path.join(self.tmp, f"{os.getpid()}-{os.urandom(8).hex()}")
+    def _open_temp(self, digest: str = "") -> tuple[int, str]:
+        prefix = f"{digest}." if digest else "stream-"
+        name = os.path.join(self.tmp, f"{prefix}{os.urandom(8).hex()}")
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
         except OSError as exc:
             raise _disk_full(exc) from exc
 
     def sync(self) -> None:
-        with self._lock:
-            batch = dict(self._pending)
-        if not batch:
-            return
-        _flush_filesystem(self.tmp, batch.values())
-        folders = set()
-        for digest, tmp in batch.items():
-            final = self._path(digest)
-            folder = os.path.dirname(final)
-            if folder not in folders:
-                os.makedirs(folder, mode=0o700, exist_ok=True)
-                folders.add(folder)
-            os.rename(tmp, final)
-        if not _flush_filesystem(self.root, ()):  # the renames: one more syncfs ...
-            for folder in folders | {self.tmp, self.root}:  # ... or each folder touched
-                _fsync_dir(folder)
-        with self._lock:
-            for digest in batch:
-                self._pending.pop(digest, None)
+        """Every blob put before this call is durable when it returns. Syncs run one at
+        a time and each takes everything pending, so concurrent checkpoints share one
+        flush (group commit) and none returns before its own blobs are on disk."""
+        with self._sync_lock:
+            with self._lock:
+                batch, self._pending = self._pending, {}
+                self._moving.update(batch)
+            if not batch:
+                return
+            renamed: set[str] = set()
+            try:
+                _flush_filesystem(self.tmp, batch.values())
+                folders = set()
+                for digest, tmp in batch.items():
+                    final = self._path(digest)
+                    folder = os.path.dirname(final)
+                    if folder not in folders:
+                        os.makedirs(folder, mode=0o700, exist_ok=True)
+                        folders.add(folder)
+                    os.rename(tmp, final)
+                    renamed.add(digest)
+                if _syncfs is None:  # each blob was fsynced alone: make its name durable too
+                    for folder in folders | {self.tmp, self.root}:
+                        _fsync_dir(folder)
+            except OSError as exc:
+                with self._lock:  # what was not renamed waits for the next sync
+                    self._pending.update({d: t for d, t in batch.items() if d not in renamed})
+                raise _disk_full(exc) from exc
+            finally:
+                with self._lock:
+                    for digest in batch:
+                        self._moving.pop(digest, None)
 
     def _open_verified(self, digest: str) -> int:
-        for _ in range(2):  # a pending blob may be renamed between lookup and open
-            try:
-                return os.open(self._located(digest), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
+        for _ in range(2):  # a temporary may be renamed between the lookup and the open
+            for path in self._candidates(digest):
+                try:
+                    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
         raise NotFound(f"blob {digest} does not exist")
 
     def read_bytes(self, digest: str) -> bytes:
@@ -238,17 +262,19 @@ class LocalBlobStore:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         return size
 
+    def _stat(self, digest: str) -> os.stat_result:
+        for path in self._candidates(digest) + [self._path(digest)]:
+            try:
+                return os.stat(path)
+            except FileNotFoundError:
+                continue
+        raise NotFound(f"blob {digest} does not exist")
+
     def size(self, digest: str) -> int:
-        try:
-            return os.stat(self._located(digest)).st_size
-        except FileNotFoundError:
-            raise NotFound(f"blob {digest} does not exist") from None
+        return self._stat(digest).st_size
 
     def stored_at(self, digest: str) -> float:
-        try:
-            return os.stat(self._located(digest)).st_mtime
-        except FileNotFoundError:
-            raise NotFound(f"blob {digest} does not exist") from None
+        return self._stat(digest).st_mtime
 
     def delete(self, digest: str) -> int:
         path = self._path(digest)
@@ -261,20 +287,34 @@ class LocalBlobStore:
 
     def digests(self) -> Iterator[str]:
         with self._lock:
-            found = set(self._pending)
+            found = set(self._pending) | set(self._moving)
         for prefix in os.listdir(self.root):
             if len(prefix) == 2:
                 found.update(prefix + rest for rest in os.listdir(os.path.join(self.root, prefix))
                              if _DIGEST_RE.match(prefix + rest))
         return iter(sorted(found))
 
-    def clean_temporaries(self) -> int:
-        """Remove temporaries left by a crash; called at start, before any put."""
-        removed = 0
+    def recover(self) -> tuple[int, int]:
+        """At start, before any put: finish the renames a crash interrupted (a temporary
+        whose bytes match the digest it is named after) and remove every other
+        temporary. Returns (renamed, removed)."""
+        renamed = removed = 0
         for name in os.listdir(self.tmp):
-            os.unlink(os.path.join(self.tmp, name))
+            path = os.path.join(self.tmp, name)
+            digest = name.split(".", 1)[0]
+            if _DIGEST_RE.match(digest) and not os.path.exists(self._path(digest)):
+                with open(path, "rb") as f:
+                    if hashlib.file_digest(f, "sha256").hexdigest() == digest:
+                        os.makedirs(os.path.dirname(self._path(digest)), mode=0o700,
+                                    exist_ok=True)
+                        os.rename(path, self._path(digest))
+                        renamed += 1
+                        continue
+            os.unlink(path)
             removed += 1
-        return removed
+        if renamed:
+            _flush_filesystem(self.root, ())
+        return renamed, removed
 
 
 def _fsync_dir(path: str) -> None:

@@ -38,9 +38,9 @@ class Layer:
         With ``consume`` the tracker's changes are taken; the caller must either
         ``commit`` the capture or ``give_back`` the changes."""
         changes = None
-        if self.tracker is not None and base is not None:
+        if self.tracker is not None:
             changes = self.tracker.prepare() if consume else self.tracker.peek()
-            if self.tracker.base != base:
+            if base is None or self.tracker.base != base:
                 changes.full = True  # the tracker's picture is relative to another tree
         try:
             return self.snap.capture(persist=persist, changes=changes, base=base), changes

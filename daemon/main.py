@@ -98,7 +98,10 @@ class Daemon:
         policy = Policy.load(self.policy_path) if self.policy_path else Policy()
         self.store = SqliteStore(os.path.join(self.root, "meta.db"))
         self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
-        self.blobs.clean_temporaries()
+        renamed, removed = self.blobs.recover()
+        if renamed or removed:
+            log.warning("blob recovery: finished %d interrupted rename(s), removed %d"
+                        " incomplete temporary file(s)", renamed, removed)
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
         self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
                         if self.track else None)

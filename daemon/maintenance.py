@@ -94,10 +94,6 @@ def fsck(world: World, repair: bool = False) -> FsckReport:
     for digest in sorted(needed - stored):
         report.problems.append(f"blob {digest} is needed but missing")
     report.problems.extend(verify_audit(world)[1])
-    if repair and hasattr(blobs, "clean_temporaries"):
-        removed = blobs.clean_temporaries()
-        if removed:
-            report.repaired.append(f"removed {removed} temporary blob file(s)")
     return report
 
 

@@ -1,5 +1,8 @@
-"""The embedded metadata store: SQLite in WAL mode, one connection behind a lock.
+"""The embedded metadata store: SQLite in WAL mode.
 
+One writer connection behind a lock takes every write transaction; each thread
+reads through its own connection, so reads never wait behind a commit's fsync (WAL
+lets readers run beside the writer, each on the last committed snapshot).
 ``synchronous=FULL``: a checkpoint acknowledged to a client has its transaction
 on disk, so neither a killed daemon nor a power cut loses it.
 """
@@ -86,11 +89,15 @@ def _event(row) -> AuditEvent:
 
 class SqliteStore:
     def __init__(self, path: str) -> None:
+        self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=10000")
         self._lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
         self._db.executescript(SCHEMA)
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                          (str(SCHEMA_VERSION),))
@@ -106,13 +113,22 @@ class SqliteStore:
                 raise
             self._db.execute("COMMIT")
 
+    def _reader(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=10000")
+            self._local.db = db
+            with self._lock:
+                self._readers.append(db)
+        return db
+
     def _one(self, sql: str, args: tuple):
-        with self._lock:
-            return self._db.execute(sql, args).fetchone()
+        return self._reader().execute(sql, args).fetchone()
 
     def _all(self, sql: str, args: tuple = ()) -> list:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        return self._reader().execute(sql, args).fetchall()
 
     # -- sessions ------------------------------------------------------------------
     def create_session(self, session, first, tasks, events):
@@ -318,6 +334,8 @@ class SqliteStore:
 
     def close(self):
         with self._lock:
+            for db in self._readers:
+                db.close()
             self._db.close()
 
 

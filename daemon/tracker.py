@@ -76,26 +76,37 @@ class WorkspaceTracker:
         self._dirty: set[str] = set()
         self._rescan: set[str] = set()
         self._paths: dict[int, str] = {}  # wd -> relative folder path ("" is the root)
+        self._wds: dict[str, int] = {}  # relative folder path -> wd (the latest watched there)
+        self._degraded = False  # past the watch limit: every capture scans
         self.fallbacks = 0
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
         """Watch one folder (opened with O_NOFOLLOW); called by full scans before listing it."""
+        if self._degraded:
+            return
         if len(self._paths) >= self.max_watches:
             self._degrade(f"the tracker's cap of {self.max_watches} watches")
             return
         wd = self.monitor.add_watch(f"/proc/self/fd/{fd}", self, rel)
         if wd < 0:
             self._degrade(os.strerror(-wd))
+            return
+        with self._lock:  # another folder was watched at this path before: forget it
+            old = self._wds.get(rel)
+            if old is not None and old != wd and self._paths.get(old) == rel:
+                del self._paths[old]
+            self._wds[rel] = wd
 
     def prepare(self, timeout: float = 5.0) -> Changes:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
         self._barrier(timeout)
         with self._lock:
             changes = Changes(self._full, self._dirty, self._rescan)
-            self._full, self._dirty, self._rescan = False, set(), set()
-        if changes.full:
-            self._unwatch_all()  # a full scan re-adds every watch as it goes
+            self._full, self._dirty, self._rescan = self._degraded, set(), set()
+        # A full scan re-adds every folder's watch as it goes: the kernel hands back the
+        # same watch for a folder already watched, so nothing is removed (removing
+        # thousands of watches floods the queue with IN_IGNORED events and overflows it).
         return changes
 
     def peek(self, timeout: float = 5.0) -> Changes:
@@ -192,6 +203,9 @@ class WorkspaceTracker:
             self.monitor.rm_watch(wd)
 
     def _degrade(self, reason: str) -> None:
+        """Past the watch limit the tracker cannot vouch for anything: it lets go of its
+        watches and every capture of this folder is a full scan from now on."""
+        self._degraded = True
         self._unwatch_all()
         self.invalidate(f"cannot watch every folder: {reason}")
 

@@ -114,7 +114,8 @@ def test_fork_isolation(client, workspace, tmp_path, containers):
     sh(f.container, "echo fork > /data/f && echo forkws > /workspace/shared && touch /only-fork")
     sh(s.container, "echo parent > /data/g")
     assert sh(s.container, "cat /data/f") == "base\n"
-    assert sh(s.container, "ls /only-fork 2>&1 || true").strip().endswith("No such file or directory")
+    missing = sh(s.container, "ls /only-fork 2>&1 || true").strip()
+    assert missing.endswith("No such file or directory")
     assert sh(f.container, "ls /data") == "f\n"
     assert (workspace / "shared").read_text() == "ws\n"
     assert (tmp_path / "fork" / "shared").read_text() == "forkws\n"
