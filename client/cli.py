@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no change tracking: every checkpoint scans the whole workspace")
     d.add_argument("--max-watches", type=int, default=1 << 20,
                    help="inotify watches per workspace before falling back to scans")
+    d.add_argument("--copy-forks", action="store_true",
+                   help="copy forks' workspaces even where overlay mounts are permitted")
     d.set_defaults(fn=None)
 
     s = add("session", cmd_session, "create, list and show sessions")
@@ -394,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "daemon":
         from worldline.daemon.main import run
-        return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches)
+        return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
+                   not args.copy_forks)
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

@@ -33,6 +33,8 @@ from .server import ErrorInterceptor, WorldlineServicer
 from .sqlite_store import SqliteStore
 from .statcache import StatCache
 from .tracker import ChangeMonitor
+from .trees import TreeReader
+from .views import Views
 from .world import World
 
 log = logging.getLogger("worldline.daemon")
@@ -68,8 +70,10 @@ def _lock(path: str, what: str) -> int:
 
 class Daemon:
     def __init__(self, root: str, listen: str, policy_path: str | None = None,
-                 track: bool = True, max_watches: int = 1 << 20) -> None:
+                 track: bool = True, max_watches: int = 1 << 20,
+                 overlay_forks: bool = True) -> None:
         self.root = os.path.abspath(root)
+        self.overlay_forks = overlay_forks
         self.listen = listen
         self.policy_path = policy_path
         self.track = track
@@ -106,8 +110,13 @@ class Daemon:
         self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
                         if self.track else None)
         self.engine = Engine(os.environ.get("DOCKER_HOST") or None)
+        views = Views(self.root, self.blobs, TreeReader(self.blobs), self.stat_cache)
+        if not self.overlay_forks:
+            views.enabled = False
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
-                           self.engine)
+                           self.engine, views)
+        for line in views.remount_all():
+            log.warning("forks: %s", line)
         self.world.recover()
         self.gates = Gates(self.world, policy)
 
@@ -183,14 +192,14 @@ class Daemon:
 
 
 def run(root: str | None, listen: str | None, policy_path: str | None = None,
-        track: bool = True, max_watches: int = 1 << 20) -> int:
+        track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True) -> int:
     logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
-    daemon = Daemon(root, listen, policy_path, track, max_watches)
+    daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:

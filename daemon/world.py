@@ -42,6 +42,7 @@ from .store import Store, calls_on_path
 from .tracker import ChangeMonitor
 from .trees import EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
 from .validate import EMPTY_STATE, check_id, check_text, parse_messages, parse_state
+from .views import Views
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class CheckpointView:
 
 class World:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
-                 monitor: ChangeMonitor | None = None, engine: Engine | None = None) -> None:
+                 monitor: ChangeMonitor | None = None, engine: Engine | None = None,
+                 views: Views | None = None) -> None:
         self.root = os.path.realpath(root)
         self.store = store
         self.blobs = blobs
@@ -80,6 +82,7 @@ class World:
         self.stat_cache = stat_cache
         self.monitor = monitor
         self.engine = engine
+        self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
         self._locks: dict[str, threading.Lock] = {}
@@ -348,7 +351,11 @@ class World:
                               source.id, ids.now())
             with self.lock(path):
                 layers = self.layers(session)
+                mounted = (self.views is not None and self.views.enabled
+                           and self._mount_fork(sid, path, source.tree))
                 for layer, want in zip(layers, self._bases(source), strict=False):
+                    if layer.kind == WORKSPACE and mounted:
+                        continue  # nothing watched yet: the first checkpoint scans it
                     if layer.tracker is not None:
                         layer.tracker.prepare()  # we know what we write: no scan needed
                     # The fork's workspace was checked empty; a new container's layer
@@ -367,17 +374,31 @@ class World:
                     AuditEvent("fork", sid, first.id, {"source": source.id, "workspace": path,
                                                         "container": container}, ids.now())])
                 for layer, want in zip(layers, self._bases(source), strict=False):
-                    layer.now_equals(want)
+                    if not (layer.kind == WORKSPACE and mounted):
+                        layer.now_equals(want)
             if container:
                 self._engine().start(container)
         except BaseException:
             if container:
                 self._engine().remove(container)
+            if self.views is not None and os.path.ismount(path):
+                self.views.unmount(path)
+                shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             if created:
                 shutil.rmtree(path, ignore_errors=True)
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
+
+    def _mount_fork(self, sid: str, path: str, tree: str) -> bool:
+        """Mount the fork's workspace as an overlay; False (then it is copied) if refused."""
+        try:
+            self.views.mount_fork(sid, path, tree)
+            return True
+        except OSError as exc:
+            log.warning("fork %s: overlay mount refused (%s); copying instead", sid, exc)
+            shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
+            return False
 
     def _fork_container(self, parent: Session, sid: str, workspace: str) -> str:
         engine = self._engine()

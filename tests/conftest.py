@@ -86,11 +86,27 @@ class DaemonProcess:
         return json.loads(self.cli(*args, "--json").stdout)
 
 
+def unmount_below(folder: Path) -> None:
+    """Overlay forks outlive their daemon by design; tests and the bench detach theirs."""
+    prefix = str(folder.resolve()) + "/"
+    with open("/proc/mounts") as f:
+        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
+    for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def base_tmp():
     path = Path(tempfile.mkdtemp(prefix="wl-test-"))
     yield path
+    unmount_below(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _detach_forks(tmp_path):
+    yield
+    unmount_below(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,92 @@
+"""Forks stay independent whichever way they are made: overlay mounts over read-only
+views (where permitted) or copies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import DaemonProcess, tree_state
+
+
+def build(ws):
+    (ws / "pkg/sub").mkdir(parents=True)
+    (ws / "pkg/sub/mod.py").write_text("x = 1\n")
+    (ws / "pkg/gone.py").write_text("bye\n")
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(ws / "run.sh", 0o755)
+    os.symlink("pkg/sub/mod.py", ws / "link")
+    (ws / "empty").mkdir()
+
+
+@pytest.fixture(params=["overlay", "copy"])
+def forking_daemon(request, tmp_path):
+    extra = ["--copy-forks"] if request.param == "copy" else []
+    d = DaemonProcess(tmp_path / "root", extra=extra).start()
+    yield d, request.param
+    d.stop()
+
+
+def test_forks_of_forks_stay_independent(forking_daemon, tmp_path):
+    d, mode = forking_daemon
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    build(ws)
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        cp1 = s.checkpoint()
+        (ws / "pkg/sub/mod.py").write_text("x = 2\n")
+        (ws / "pkg/gone.py").unlink()
+        (ws / "new.txt").write_text("new\n")
+        cp2 = s.checkpoint()
+        state2 = tree_state(ws)
+        a = c.fork(cp2.id)
+        b = c.fork(cp2.id)
+        older = c.fork(cp1.id)  # a delta over the view the first fork built
+        wa, wb = Path(a.workspace), Path(b.workspace)
+        if mode == "overlay" and os.geteuid() == 0:
+            assert os.path.ismount(wa) and os.path.ismount(wb)
+        assert tree_state(wa) == state2 == tree_state(wb)
+        assert (Path(older.workspace) / "pkg/gone.py").read_text() == "bye\n"
+        assert (Path(older.workspace) / "pkg/sub/mod.py").read_text() == "x = 1\n"
+        # writes in one fork show nowhere else
+        (wa / "pkg/sub/mod.py").write_text("fork a\n")
+        (wa / "only-a").write_text("a")
+        os.unlink(wa / "run.sh")
+        assert (wb / "pkg/sub/mod.py").read_text() == "x = 2\n"
+        assert (ws / "pkg/sub/mod.py").read_text() == "x = 2\n"
+        assert (wb / "run.sh").exists() and not (wb / "only-a").exists()
+        # the fork's first checkpoint sees exactly its own changes
+        fa = c.checkpoint(a.id)
+        changes = c.diff(cp2.id, fa.id)
+        assert (changes.added, changes.modified, changes.deleted) == (
+            ["only-a"], ["pkg/sub/mod.py"], ["run.sh"])
+        # and a fork of the fork
+        aa = c.fork(fa.id)
+        assert (Path(aa.workspace) / "only-a").read_text() == "a"
+        assert c.fsck()["ok"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
+def test_overlay_forks_come_back_after_a_reboot(tmp_path):
+    d = DaemonProcess(tmp_path / "root").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    build(ws)
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            f = c.fork(s.checkpoint().id)
+            (Path(f.workspace) / "kept").write_text("written in the fork")
+        d.stop()
+        subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
+        assert not os.path.ismount(f.workspace)
+        d.start()
+        assert os.path.ismount(f.workspace)
+        assert (Path(f.workspace) / "kept").read_text() == "written in the fork"
+        assert (Path(f.workspace) / "pkg/sub/mod.py").read_text() == "x = 1\n"
+    finally:
+        d.stop()
