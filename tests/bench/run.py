@@ -183,7 +183,7 @@ class Bench:
         first_s = None
         for i in range(rounds + 1):
             target = self.run_dir / f"fork-{i}"
-            t_wl = timed(lambda t=target: self.client.fork(cp.id, workspace=str(t)))
+            t_wl = timed(lambda t=target, c=cp: self.client.fork(c.id, workspace=str(t)))
             dst = self.run_dir / f"cp-{i}"
             t_cp = timed(lambda d=dst: peers.run(["cp", "-a", str(self.ws_small), str(d)]))
             shutil.rmtree(dst)
