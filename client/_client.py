@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import grpc
@@ -36,12 +37,29 @@ class Client:
     """A connection to the worldline daemon. ``address`` is ``unix:///abs/path`` or
     ``host:port``; None means ``$WORLDLINE_ADDRESS`` or the default socket."""
 
-    def __init__(self, address: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, address: str | None = None, timeout: float = 120.0,
+                 token: str | None = None, tls_ca: str | None = None) -> None:
+        """On TCP (``host:port``) the channel is TLS, trusting ``tls_ca`` (a PEM file;
+        default ``$WORLDLINE_TLS_CA``, else the system's roots), and every call carries
+        the bearer ``token`` (default ``$WORLDLINE_TOKEN``)."""
         self.address = address or default_address()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE)])
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE),
+                   ("grpc.max_send_message_length", MAX_MESSAGE)]
+        if unix_path(self.address) is not None:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            ca = tls_ca or os.environ.get("WORLDLINE_TLS_CA")
+            roots = None
+            if ca:
+                with open(ca, "rb") as f:
+                    roots = f.read()
+            creds = grpc.ssl_channel_credentials(root_certificates=roots)
+            token = token or os.environ.get("WORLDLINE_TOKEN")
+            if token:
+                creds = grpc.composite_channel_credentials(
+                    creds, grpc.access_token_call_credentials(token))
+            self._channel = grpc.secure_channel(self.address, creds, options=options)
         self._stub = pb_grpc.WorldlineStub(self._channel)
 
     def __enter__(self) -> Client:

@@ -284,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inotify watches per workspace before falling back to scans")
     d.add_argument("--copy-forks", action="store_true",
                    help="copy forks' workspaces even where overlay mounts are permitted")
+    d.add_argument("--tls-cert", help="TLS certificate (PEM): required to listen on TCP")
+    d.add_argument("--tls-key", help="TLS private key (PEM): required to listen on TCP")
+    d.add_argument("--token-file", help="file holding the bearer token: required on TCP")
+    d.add_argument("--allow-uid", type=int, action="append", default=[],
+                   help="another uid that may connect, through <socket>.shared (repeatable)")
     d.set_defaults(fn=None)
 
     s = add("session", cmd_session, "create, list and show sessions")
@@ -397,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "daemon":
         from worldline.daemon.main import run
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
-                   not args.copy_forks)
+                   not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
+                   set(args.allow_uid))
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

@@ -64,6 +64,9 @@ class BlobStore(Protocol):
     def copy_to_fd(self, digest: str, fd: int) -> int:
         """Write the blob's bytes, verified, to ``fd``; return the size."""
 
+    def verify(self, digest: str) -> None:
+        """Raise NotFound or DataLoss unless the blob is stored whole."""
+
     def size(self, digest: str) -> int: ...
 
     def stored_at(self, digest: str) -> float:
@@ -243,6 +246,16 @@ class LocalBlobStore:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         return data
 
+    def verify(self, digest: str) -> None:
+        fd = self._open_verified(digest)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                actual = hashlib.file_digest(f, "sha256").hexdigest()
+        finally:
+            os.close(fd)
+        if actual != digest:
+            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+
     def copy_to_fd(self, digest: str, dst: int) -> int:
         fd = self._open_verified(digest)
         hasher = hashlib.sha256()
@@ -393,6 +406,9 @@ class MemoryBlobStore:
         if digest_of(data) != digest:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         return data
+
+    def verify(self, digest: str) -> None:
+        self.read_bytes(digest)
 
     def copy_to_fd(self, digest: str, fd: int) -> int:
         data = self.read_bytes(digest)

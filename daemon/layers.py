@@ -93,6 +93,13 @@ class RestoreJournal:
         except FileNotFoundError:
             pass
 
+    def get(self, session_id: str) -> dict | None:
+        try:
+            with open(self._path(session_id)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
     def entries(self) -> list[dict]:
         out = []
         for name in sorted(os.listdir(self.folder)):

@@ -25,6 +25,7 @@ from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
+from .auth import PeerRelay, TokenInterceptor, read_token
 from .blobs import LocalBlobStore
 from .containers import Engine
 from .gates import Gates
@@ -71,8 +72,14 @@ def _lock(path: str, what: str) -> int:
 class Daemon:
     def __init__(self, root: str, listen: str, policy_path: str | None = None,
                  track: bool = True, max_watches: int = 1 << 20,
-                 overlay_forks: bool = True) -> None:
+                 overlay_forks: bool = True, tls_cert: str | None = None,
+                 tls_key: str | None = None, token_file: str | None = None,
+                 allow_uids: set[int] | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.tls_cert, self.tls_key, self.token_file = tls_cert, tls_key, token_file
+        self.allow_uids = allow_uids or set()
+        self.token: str | None = None
+        self.relay: PeerRelay | None = None
         self.overlay_forks = overlay_forks
         self.listen = listen
         self.policy_path = policy_path
@@ -82,24 +89,42 @@ class Daemon:
         self._locks: list[int] = []
         self.server: grpc.Server | None = None
 
+    def _check_socket_path(self, socket_path: str) -> None:
+        if not os.path.isabs(socket_path):
+            raise StartupError(f"socket path {socket_path!r} must be absolute")
+        if len(os.fsencode(socket_path + ".shared")) > 107:
+            raise StartupError(f"socket path {socket_path} is longer than 100 bytes")
+        os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+        # Always lock the socket itself too: a daemon on another root must not take it over.
+        self._locks.append(_lock(socket_path + ".lock", f"socket {socket_path}"))
+
+    def _check_tcp_security(self) -> None:
+        if not (self.tls_cert and self.tls_key and self.token_file):
+            raise StartupError(
+                f"listening on TCP ({self.listen}) needs TLS and a bearer token: give"
+                " --tls-cert, --tls-key and --token-file (or listen on unix:///path)")
+        try:
+            self.token = read_token(self.token_file)
+            with open(self.tls_cert, "rb") as f:
+                cert = f.read()
+            with open(self.tls_key, "rb") as f:
+                key = f.read()
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot use the TLS files or token: {exc}") from None
+        self.credentials = grpc.ssl_server_credentials([(key, cert)])
+
     def start(self) -> None:
+        os.umask(0o077)  # everything the daemon writes under its root is owner-only
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.chmod(self.root, 0o700)
         self._locks.append(_lock(os.path.join(self.root, "daemon.lock"), f"data root {self.root}"))
         socket_path = unix_path(self.listen)
         if socket_path is None:
-            raise StartupError(
-                f"listening on TCP ({self.listen}) needs TLS and a bearer token, which this"
-                " version does not offer yet; listen on a unix:///path socket")
-        if not os.path.isabs(socket_path):
-            raise StartupError(f"socket path {socket_path!r} must be absolute")
-        if len(os.fsencode(socket_path)) > 107:
-            raise StartupError(f"socket path {socket_path} is longer than 107 bytes")
-        folder = os.path.dirname(socket_path)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        # Always lock the socket itself too: a daemon on another root must not take it over.
-        self._locks.append(_lock(socket_path + ".lock", f"socket {socket_path}"))
+            self._check_tcp_security()
+        else:
+            self._check_socket_path(socket_path)
         policy = Policy.load(self.policy_path) if self.policy_path else Policy()
+
         self.store = SqliteStore(os.path.join(self.root, "meta.db"))
         self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
         renamed, removed = self.blobs.recover()
@@ -120,9 +145,10 @@ class Daemon:
         self.world.recover()
         self.gates = Gates(self.world, policy)
 
+        interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=[ErrorInterceptor()],
+            interceptors=interceptors + [ErrorInterceptor()],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0)])
@@ -131,19 +157,28 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME,
                                              health.SERVICE_NAME), server)
-        if os.path.lexists(socket_path):
-            os.unlink(socket_path)  # stale: we hold the lock, so no daemon serves it
-        old_umask = os.umask(0o177)
-        try:
-            server.add_insecure_port(self.listen)
-        except RuntimeError as exc:
-            raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
-        finally:
-            os.umask(old_umask)
-        os.chmod(socket_path, 0o600)
+        self.socket_path = socket_path
+        if socket_path is None:
+            try:
+                server.add_secure_port(self.listen, self.credentials)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
+        else:
+            if os.path.lexists(socket_path):
+                os.unlink(socket_path)  # stale: we hold the lock, so no daemon serves it
+            old_umask = os.umask(0o177)
+            try:
+                server.add_insecure_port(self.listen)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
+            finally:
+                os.umask(old_umask)
+            os.chmod(socket_path, 0o600)
+            if self.allow_uids:
+                self.relay = PeerRelay(socket_path + ".shared", socket_path, self.allow_uids)
+                os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
-        self.socket_path = socket_path
         self._watch_health()
         log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
                  self.root)
@@ -182,24 +217,30 @@ class Daemon:
             self.monitor.close()
         self.store.close()
         self.stat_cache.close()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
+        if self.relay is not None:
+            self.relay.close()
+        if self.socket_path is not None:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
         for fd in self._locks:
             os.close(fd)
         log.info("worldline daemon stopped")
 
 
 def run(root: str | None, listen: str | None, policy_path: str | None = None,
-        track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True) -> int:
+        track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True,
+        tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
+        allow_uids: set[int] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
-    daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks)
+    daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
+                    tls_key, token_file, allow_uids)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:

@@ -45,6 +45,7 @@ from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, chec
 log = logging.getLogger(__name__)
 
 SMALL_FILE = 4 << 20
+MAX_DEPTH = 400  # folders deeper than this are refused, clearly, instead of overflowing
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -119,7 +120,10 @@ class WorkspaceSnapshotter:
         # A full scan saw every file, so what it did not see is gone; an incremental
         # one vouches only for what it examined.
         removed = set(cache) - set(capture.seen) if capture.full else set()
-        self.stat_cache.update(self.path, changed, removed)
+        try:
+            self.stat_cache.update(self.path, changed, removed)
+        except Exception as exc:  # a cache: losing an update costs a rehash, never data
+            log.warning("stat cache of %s not updated: %s", self.path, exc)
 
     def _open_root(self) -> int:
         try:
@@ -135,6 +139,7 @@ class WorkspaceSnapshotter:
             raise
 
     def _scan_dir(self, dfd: int, prefix: str, scan: _Scan, cache) -> tuple[str, int]:
+        _check_depth(prefix)
         tree: dict[str, Entry] = {}
         total = 0
         with os.scandir(dfd) as it:
@@ -176,6 +181,7 @@ class WorkspaceSnapshotter:
     def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
                     cache) -> tuple[str, int]:
         """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``."""
+        _check_depth(prefix)
         tree = dict(self.trees.read(base))
         for name, child in node.items():
             if name == _RESCAN or name.startswith(TEMP_PREFIX):
@@ -347,6 +353,12 @@ class WorkspaceSnapshotter:
             raise
         os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _check_depth(prefix: str) -> None:
+    if prefix.count("/") > MAX_DEPTH:
+        raise FailedPrecondition(f"{prefix[:120]}... is more than {MAX_DEPTH} folders deep;"
+                                 " worldline captures trees up to that depth")
 
 
 def _remove(dfd: int, name: str, entry: Entry) -> None:

@@ -16,7 +16,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.client.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    NotFound,
+    ResourceExhausted,
+)
 
 from .records import (
     GENESIS_HASH,
@@ -105,13 +111,20 @@ class SqliteStore:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if "full" in str(exc):
+                    raise ResourceExhausted(f"no space left for metadata: {exc}") from None
                 raise
-            self._db.execute("COMMIT")
 
     def _reader(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)

@@ -20,7 +20,13 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from worldline.client.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from worldline.client.errors import (
+    Aborted,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 
 from . import ids
 from .blobs import BlobStore
@@ -211,6 +217,7 @@ class World:
             check_id("checkpoint", expected_head)
         session = self.session(session_id)
         with self.lock(session.workspace):
+            self._pending_restore(session_id)
             session = self.session(session_id)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
@@ -268,6 +275,7 @@ class World:
         target = self.checkpoint_record(checkpoint_id)
         session = self.session(session_id)
         with self.lock(session.workspace):
+            self._pending_restore(session_id)
             session = self.session(session_id)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
@@ -297,7 +305,11 @@ class World:
                                 "head": session.head, "checkpoint": cp.__dict__ | {
                                     "acknowledged": list(cp.acknowledged)}})
             crash_point("restore.after_journal")
-            changes = self._apply(session, head, target)
+            try:
+                changes = self._apply(session, head, target)
+            except DataLoss:
+                self.journal.remove(session_id)  # refused before anything changed
+                raise
             crash_point("restore.before_commit")
             tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
             events = [AuditEvent("restore", session_id, cp.id,
@@ -314,24 +326,57 @@ class World:
 
     def _apply(self, session: Session, head: Checkpoint, target: Checkpoint) -> Diff:
         """Bring every layer to the target: the container stopped meanwhile, then started
-        again if it was running. Returns the workspace's changes."""
+        again if it was running. Every blob the restore will write is verified before
+        the first byte changes, so a corrupt blob fails the restore (DATA_LOSS) with
+        the world untouched. Returns the workspace's changes."""
         was_running = self._engine().stop(session.container) if session.container else False
         try:
-            layers = self.layers(session)
-            report = None
-            for layer, base, want in zip(layers, self._bases(head), self._bases(target),
-                                         strict=False):
+            plans = []
+            for layer, base, want in zip(self.layers(session), self._bases(head),
+                                         self._bases(target), strict=False):
                 current, seen = layer.capture(base, persist=False, consume=False)
-                if report is None:
-                    report = diff(self.trees, current.root, want, current.trees)
+                changes = diff(self.trees, current.root, want, current.trees)
+                for path in changes.added + changes.modified:
+                    entry = self._entry(want, path)
+                    if entry is not None and entry.kind == FILE:
+                        self.blobs.verify(entry.ref)
+                plans.append((layer, current, seen, want, changes))
+            for layer, current, seen, want, _ in plans:
                 layer.snap.apply(current, want)
                 if seen is not None and not seen.full:
                     layer.now_equals(want)
                 crash_point("restore.between_layers")
-            return report
+            return plans[0][4]
         finally:
             if was_running:
                 self._engine().start(session.container)
+
+    def _finish_restore(self, entry: dict) -> str:
+        """Complete a restore its journal says was begun (the caller holds the lock)."""
+        sid, fields = entry["session"], entry["checkpoint"]
+        try:
+            self.store.get_checkpoint(fields["id"])
+            self.journal.remove(sid)
+            return f"restore of session {sid} to {entry['target']} had completed"
+        except NotFound:
+            pass
+        session = self.store.get_session(sid)
+        head = self.store.get_checkpoint(entry["head"])
+        target = self.store.get_checkpoint(entry["target"])
+        self._apply(session, head, target)
+        tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
+        cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
+        self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
+            "restore.completed", sid, cp.id, {"target": target.id}, ids.now())])
+        self.journal.remove(sid)
+        return f"completed the interrupted restore of session {sid} to {target.id}"
+
+    def _pending_restore(self, session_id: str) -> None:
+        """A restore of this session that failed midway is completed before anything else
+        happens to the session (the caller holds the lock)."""
+        entry = self.journal.get(session_id)
+        if entry is not None:
+            log.warning("session %s: %s", session_id, self._finish_restore(entry))
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "") -> ForkResult:
@@ -363,7 +408,7 @@ class World:
                     current = (Capture(self.empty_tree, 0) if layer.kind == WORKSPACE
                                else layer.snap.capture(persist=False))
                     layer.snap.apply(current, want, watch_new=True)
-                    crash_point("fork.mid")
+                crash_point("fork.mid")  # the workspace made, the fork not yet recorded
                 first = Checkpoint(ids.new_id(), sid, 0, source.id, "fork", ids.now(),
                                    source.tree, source.bytes, source.state_digest,
                                    source.tasks_digest, source.id, 0, source.message_count,
@@ -448,26 +493,26 @@ class World:
         that worldline made for sessions that were never recorded. Returns a report."""
         report = []
         for entry in self.journal.entries():
-            sid, cp_fields = entry["session"], entry["checkpoint"]
-            try:
-                self.store.get_checkpoint(cp_fields["id"])
-                report.append(f"restore of session {sid} to {entry['target']} had completed")
-            except NotFound:
-                session = self.store.get_session(sid)
-                head = self.store.get_checkpoint(entry["head"])
-                target = self.store.get_checkpoint(entry["target"])
-                cp = Checkpoint(**{**cp_fields,
-                                   "acknowledged": tuple(cp_fields["acknowledged"])})
-                with self.lock(session.workspace):
-                    self._apply(session, head, target)
-                    tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
-                    self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
-                        "restore.recovered", sid, cp.id, {"target": target.id}, ids.now())])
-                report.append(f"completed the interrupted restore of session {sid}"
-                              f" to {target.id}")
-            self.journal.remove(sid)
+            session = self.store.get_session(entry["session"])
+            with self.lock(session.workspace):
+                report.append(self._finish_restore(entry))
+        known = {s.id for s in self.store.list_sessions()}
+        for folder in (self.fork_root, self.views.forks if self.views else None):
+            if folder is None or not os.path.isdir(folder):
+                continue
+            for name in os.listdir(folder):  # a fork that died before it was recorded
+                path = os.path.join(folder, name)
+                if ids.is_id(name) and name not in known:
+                    if self.views is not None:
+                        spec = os.path.join(path, "mount.json")
+                        if os.path.exists(spec):
+                            with open(spec) as f:
+                                self.views.unmount(json.load(f)["workspace"])
+                        if os.path.ismount(path):
+                            self.views.unmount(path)
+                    shutil.rmtree(path, ignore_errors=True)
+                    report.append(f"removed the unrecorded fork {path}")
         if self.engine is not None and self.engine.ping():
-            known = {s.id for s in self.store.list_sessions()}
             for c in self.engine.containers_labelled(LABEL_MANAGED):
                 if c.get("Labels", {}).get(LABEL_SESSION) not in known:
                     self.engine.remove(c["Id"])

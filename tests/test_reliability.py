@@ -1,0 +1,261 @@
+"""Reliability: corrupt blobs, full disks, crashes at named points and at random
+moments under load, races on one session, very deep trees."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from worldline.client import (
+    Aborted,
+    DataLoss,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unavailable,
+    WorldlineError,
+)
+
+from .conftest import DaemonProcess, tree_state
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts)")
+
+
+def fill(ws: Path, n: int = 20, tag: str = "v1") -> None:
+    for i in range(n):
+        p = ws / f"d{i % 4}" / f"f{i}.txt"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"{tag} {i}\n" * (i + 1))
+
+
+def blob_path(root: Path, digest: str) -> Path:
+    return root / "blobs" / digest[:2] / digest[2:]
+
+
+def test_corrupt_blob_is_data_loss_and_changes_nothing(fresh_daemon, workspace):
+    fresh_daemon.start()
+    (workspace / "precious.txt").write_text("the original bytes\n")
+    with fresh_daemon.client() as c:
+        s = c.create_session(str(workspace))
+        cp = s.checkpoint()
+        (workspace / "precious.txt").write_text("changed\n")
+        s.checkpoint()
+        import hashlib
+        digest = hashlib.sha256(b"the original bytes\n").hexdigest()
+        path = blob_path(fresh_daemon.root, digest)
+        os.chmod(path, 0o644)
+        path.write_bytes(b"the originaL bytes\n")  # bit rot
+        before = tree_state(workspace)
+        with pytest.raises(DataLoss):
+            s.restore(cp.id)
+        assert tree_state(workspace) == before  # refused before anything changed
+        with pytest.raises(DataLoss):
+            c.diff(cp.id, c.log(s.id)[-1].id, patch=True)
+        report = c.fsck()
+        assert not report["ok"] and any(digest in p for p in report["problems"])
+        s.checkpoint()  # the session is still usable
+        assert not list((fresh_daemon.root / "journal").iterdir())
+
+
+@ROOT_ONLY
+def test_disk_full(tmp_path, workspace):
+    root = tmp_path / "small-root"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)], check=True)
+    d = DaemonProcess(root / "data")
+    try:
+        d.start()
+        (workspace / "small.txt").write_text("fits\n")
+        with d.client() as c:
+            s = c.create_session(str(workspace))
+            cp = s.checkpoint()
+            (workspace / "big.bin").write_bytes(os.urandom(6 << 20))
+            (workspace / "small.txt").write_text("changed\n")
+            with pytest.raises(ResourceExhausted):
+                s.checkpoint()
+            assert [x.id for x in c.log(s.id)][-1] == cp.id  # nothing partial referenced
+            assert c.fsck()["ok"]
+            (workspace / "big.bin").unlink()
+            again = s.checkpoint()  # works again once space frees
+            s.restore(cp.id)
+            assert (workspace / "small.txt").read_text() == "fits\n"
+            s.restore(again.id)
+            assert (workspace / "small.txt").read_text() == "changed\n"
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+def _restart_clean(d: DaemonProcess) -> None:
+    if d.proc is not None:
+        assert d.proc.wait(15) == -signal.SIGKILL, "the daemon should have been killed"
+        d.proc = None
+    d.env.pop("WORLDLINE_FAULTS", None)
+    d.start()
+
+
+@pytest.mark.parametrize("point", [
+    "checkpoint.after_blobs:2", "checkpoint.after_commit:2", "restore.after_journal",
+    "restore.between_files:5", "restore.before_commit", "fork.mid",
+])
+def test_kill_at_named_points(tmp_path, point):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    fill(ws)
+    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": point}).start()
+    acknowledged: dict[str, dict] = {}
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        acknowledged[s.head] = tree_state(ws)
+        try:
+            cp = s.checkpoint()
+            acknowledged[cp.id] = tree_state(ws)
+            fill(ws, tag="v2")
+            (ws / "d1" / "f1.txt").unlink()
+            state2 = tree_state(ws)
+            cp2 = s.checkpoint()
+            acknowledged[cp2.id] = state2
+            if point.startswith("restore"):
+                s.restore(cp.id)
+            elif point.startswith("fork"):
+                c.fork(cp2.id)
+            pytest.fail("the fault point was never reached")
+        except Unavailable:
+            pass
+    _restart_clean(d)
+    try:
+        with d.client() as c:
+            report = c.fsck()
+            assert report["ok"], report["problems"]
+            assert c.verify_audit()["ok"]
+            log = c.log(s.id)
+            if point.startswith("restore"):
+                assert log[-1].kind == "restore" and tree_state(ws) == acknowledged[cp.id]
+            if point.startswith("fork"):
+                assert [x.id for x in c.list_sessions()] == [s.id]
+                assert not list((d.root / "workspaces").glob("*")) or \
+                    all(not any(p.iterdir()) for p in (d.root / "workspaces").iterdir())
+            for cp_id, state in acknowledged.items():  # every acknowledged one, byte for byte
+                c.restore(s.id, cp_id)
+                assert tree_state(ws) == state, cp_id
+    finally:
+        d.stop()
+
+
+def test_random_kills_under_load(tmp_path):
+    rng = random.Random(int(os.environ.get("WORLDLINE_TEST_SEED", "7")))
+    d = DaemonProcess(tmp_path / "root").start()
+    workspaces = []
+    for n in range(2):
+        ws = tmp_path / f"ws{n}"
+        ws.mkdir()
+        fill(ws)
+        workspaces.append(ws)
+    with d.client() as c:
+        sessions = [c.create_session(str(ws)).id for ws in workspaces]
+    acknowledged: list[dict[str, dict]] = [{}, {}]
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def work(n: int) -> None:
+        ws, sid, mine = workspaces[n], sessions[n], acknowledged[n]
+        r = random.Random(n)
+        while not stop.is_set():
+            try:
+                with d.client() as c:
+                    while not stop.is_set():
+                        for _ in range(r.randint(1, 3)):
+                            p = ws / f"d{r.randrange(4)}" / f"f{r.randrange(30)}.txt"
+                            p.parent.mkdir(parents=True, exist_ok=True)
+                            p.write_text(f"{r.random()}\n" * r.randint(1, 50))
+                        state = tree_state(ws)
+                        if mine and r.random() < 0.2:
+                            target = r.choice(list(mine))
+                            res = c.restore(sid, target, acknowledge_side_effects=True)
+                            mine[res.checkpoint.id] = mine[target]
+                        else:
+                            mine[c.checkpoint(sid).id] = state
+            except (Unavailable, Aborted):
+                time.sleep(0.05)  # the daemon is down, or a restore raced: try again
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(4):
+            time.sleep(rng.uniform(0.4, 1.2))
+            d.kill()
+            d.start()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not failures, failures
+    try:
+        with d.client() as c:
+            report = c.fsck()
+            assert report["ok"], report["problems"]
+            assert c.verify_audit()["ok"]
+            for n, sid in enumerate(sessions):
+                picks = list(acknowledged[n].items())
+                assert len(picks) > 5
+                for cp_id, state in rng.sample(picks, min(25, len(picks))):
+                    c.restore(sid, cp_id, acknowledge_side_effects=True)
+                    assert tree_state(workspaces[n]) == state, cp_id
+    finally:
+        d.stop()
+
+
+def test_concurrent_checkpoints_exactly_one_wins(client, workspace):
+    s = client.create_session(str(workspace))
+    head = client.get_session(s.id).head
+    results: list = []
+
+    def attempt(i: int) -> None:
+        (workspace / f"f{i}").write_text(str(i))
+        try:
+            results.append(client.checkpoint(s.id, expected_head=head))
+        except WorldlineError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wins = [r for r in results if not isinstance(r, Exception)]
+    assert len(wins) == 1
+    assert all(isinstance(r, Aborted) for r in results if isinstance(r, Exception))
+    assert client.get_session(s.id).head == wins[0].id
+
+
+def test_deep_trees(client, workspace):
+    deep = workspace
+    for i in range(300):
+        deep = deep / f"{i % 10}"
+    os.makedirs(deep)
+    (deep / "leaf").write_text("deep")
+    s = client.create_session(str(workspace))
+    cp = s.checkpoint()
+    shutil.rmtree(workspace / "0")
+    s.restore(cp.id)
+    assert (deep / "leaf").read_text() == "deep"
+    too_deep = deep
+    for _ in range(150):
+        too_deep = too_deep / "x"
+    os.makedirs(too_deep)
+    with pytest.raises(FailedPrecondition):
+        s.checkpoint()
+    shutil.rmtree(deep / "x")
+    s.checkpoint()  # and it keeps serving
