@@ -8,7 +8,7 @@ GEN    := proto/worldline/v1/worldline_pb2.py proto/worldline/v1/worldline_pb2.p
           proto/worldline/v1/worldline_pb2_grpc.py
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench proto proto-check lint docker clean
+.PHONY: install run test bench soak proto proto-check lint docker clean
 
 install: $(STAMP)
 
@@ -41,11 +41,16 @@ proto-check: install
 docker:
 	bash deploy/ensure-docker.sh
 
-test: install proto-check docker
+test: install proto-check lint docker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install docker
 	$(BIN)/python -m tests.bench.run
+
+# A long load of checkpoints, restores, forks and gc with periodic SIGKILLs (not part of
+# `make test`): SOAK_MINUTES (default 20), SOAK_SESSIONS (4), SOAK_SEED.
+soak: install
+	$(BIN)/python -m tests.soak
 
 lint: install
 	$(BIN)/ruff check daemon client tests

@@ -229,7 +229,15 @@ class Client:
         return {"ok": m.ok, "problems": list(m.problems), "blobs_checked": m.blobs_checked,
                 "checkpoints_checked": m.checkpoints_checked, "repaired": list(m.repaired)}
 
-    def gc(self, dry_run: bool = False) -> dict:
-        m = self._call("Gc", pb.GcRequest(dry_run=dry_run), timeout=3600)
+    def gc(self, dry_run: bool = False, keep_last: int = 0, keep_labelled: bool = False,
+           keep_newer_than: float = 0.0) -> dict:
+        """Remove what no checkpoint needs; with a retention policy (keep the last N per
+        session, the labelled ones, those newer than a number of seconds), prune the
+        checkpoints it does not keep first."""
+        m = self._call("Gc", pb.GcRequest(dry_run=dry_run, keep_last=keep_last,
+                                          keep_labelled=keep_labelled,
+                                          keep_newer_than_seconds=keep_newer_than),
+                       timeout=3600)
         return {"blobs_removed": m.blobs_removed, "bytes_freed": m.bytes_freed,
-                "dry_run": m.dry_run}
+                "checkpoints_pruned": m.checkpoints_pruned, "images_removed": m.images_removed,
+                "views_removed": m.views_removed, "dry_run": m.dry_run}

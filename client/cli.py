@@ -250,10 +250,24 @@ def cmd_fsck(c: Client, a, out: Output) -> int:
     return 0 if d["ok"] else EXIT_ERROR
 
 
+def _duration(text: str) -> float:
+    """'90', '90s', '30m', '12h', '7d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise InvalidArgument(f"{text!r} is not a duration (like 90s, 30m, 12h, 7d)") from None
+
+
 def cmd_gc(c: Client, a, out: Output) -> int:
-    d = c.gc(dry_run=a.dry_run)
-    out.emit(d, lambda: f"{'would remove' if a.dry_run else 'removed'} {d['blobs_removed']}"
-             f" blob(s), {d['bytes_freed']} bytes")
+    d = c.gc(dry_run=a.dry_run, keep_last=a.keep_last or 0, keep_labelled=a.keep_labelled,
+             keep_newer_than=_duration(a.keep_newer_than) if a.keep_newer_than else 0.0)
+    verb = "would" if a.dry_run else ""
+    out.emit(d, lambda: f"{verb + ' ' if verb else ''}pruned {d['checkpoints_pruned']}"
+             f" checkpoint(s); removed {d['blobs_removed']} blob(s) ({d['bytes_freed']} bytes),"
+             f" {d['images_removed']} image(s), {d['views_removed']} fork view(s)")
     return 0
 
 
@@ -287,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tls-cert", help="TLS certificate (PEM): required to listen on TCP")
     d.add_argument("--tls-key", help="TLS private key (PEM): required to listen on TCP")
     d.add_argument("--token-file", help="file holding the bearer token: required on TCP")
+    d.add_argument("--gc-grace", type=float, default=600.0, metavar="SECONDS",
+                   help="gc never removes a blob stored or reused more recently (default 600)")
     d.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect, through <socket>.shared (repeatable)")
     d.set_defaults(fn=None)
@@ -392,8 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("fsck", cmd_fsck, "check every blob, reference and the audit chain").add_argument(
         "--repair", action="store_true", help="repair what is safe to repair")
-    add("gc", cmd_gc, "remove blobs no checkpoint needs").add_argument(
-        "--dry-run", action="store_true")
+    g = add("gc", cmd_gc, "prune by retention, then remove what no checkpoint needs")
+    g.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    g.add_argument("--keep-last", type=int, metavar="N", help="keep the newest N per session")
+    g.add_argument("--keep-labelled", action="store_true", help="keep labelled checkpoints")
+    g.add_argument("--keep-newer-than", metavar="AGE", help="keep those newer than AGE (7d)")
     return p
 
 
@@ -403,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         from worldline.daemon.main import run
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
-                   set(args.allow_uid))
+                   set(args.allow_uid), args.gc_grace)
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

@@ -52,13 +52,14 @@ class Checkpoint(_Record):
     message_count: int
     acknowledged_side_effects: list[str]
     container: str | None  # digest of the container layer, if the session has a container
+    pruned: bool  # retention let go of its files
 
     @classmethod
     def from_pb(cls, m) -> Checkpoint:
         return cls(m.id, m.session_id, m.seq, _opt(m.parent_id), m.label, m.reasoning,
                    m.trace_id, m.created_at, m.kind, _opt(m.restored_from), m.tree, m.bytes,
                    m.messages_added, m.message_count, list(m.acknowledged_side_effects),
-                   _opt(m.container))
+                   _opt(m.container), m.pruned)
 
 
 @dataclass

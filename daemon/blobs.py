@@ -72,8 +72,11 @@ class BlobStore(Protocol):
     def stored_at(self, digest: str) -> float:
         """When the blob was stored (seconds since the epoch): gc's grace period."""
 
-    def delete(self, digest: str) -> int:
-        """Remove the blob; return the bytes freed (0 if it was absent)."""
+    def delete(self, digest: str, older_than: float | None = None) -> int:
+        """Remove the blob; return the bytes freed (0 if it was absent). With
+        ``older_than`` (seconds since the epoch), only if it was stored, or last
+        reused by a put, before then: checked and removed atomically with respect to
+        puts, so a checkpoint reusing the blob at that moment never loses it."""
 
     def digests(self) -> Iterator[str]: ...
 
@@ -127,9 +130,21 @@ class LocalBlobStore:
                 return True
         return os.path.exists(self._path(digest))
 
+    def _reuse(self, digest: str) -> bool:
+        """True if the blob is stored; a stored one is freshened (its mtime is gc's
+        clock), under the lock gc deletes with."""
+        with self._lock:
+            if digest in self._pending or digest in self._moving:
+                return True
+            try:
+                os.utime(self._path(digest))
+                return True
+            except FileNotFoundError:
+                return False
+
     def put_bytes(self, data: bytes) -> str:
         digest = digest_of(data)
-        if self.has(digest):
+        if self._reuse(digest):
             return digest
         fd, tmp = self._open_temp(digest)
         try:
@@ -167,7 +182,7 @@ class LocalBlobStore:
             raise
         os.close(fd)
         digest = hasher.hexdigest()
-        if self.has(digest):
+        if self._reuse(digest):
             os.unlink(tmp)
         else:
             named = os.path.join(self.tmp, f"{digest}.{os.path.basename(tmp)}")
@@ -289,14 +304,17 @@ class LocalBlobStore:
     def stored_at(self, digest: str) -> float:
         return self._stat(digest).st_mtime
 
-    def delete(self, digest: str) -> int:
+    def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
-        try:
-            size = os.stat(path).st_size
-            os.unlink(path)
-        except FileNotFoundError:
-            return 0
-        return size
+        with self._lock:
+            try:
+                st = os.stat(path)
+                if older_than is not None and st.st_mtime >= older_than:
+                    return 0
+                os.unlink(path)
+            except FileNotFoundError:
+                return 0
+        return st.st_size
 
     def digests(self) -> Iterator[str]:
         with self._lock:
@@ -388,7 +406,7 @@ class MemoryBlobStore:
         with self._lock:
             if digest not in self._blobs:
                 self._blobs[digest] = bytes(data)
-                self._stored_at[digest] = time.time()
+            self._stored_at[digest] = time.time()  # stored or reused: gc's clock
         return digest
 
     def put_fd(self, fd: int) -> tuple[str, int]:
@@ -424,8 +442,10 @@ class MemoryBlobStore:
         self.read_bytes(digest)
         return self._stored_at[digest]
 
-    def delete(self, digest: str) -> int:
+    def delete(self, digest: str, older_than: float | None = None) -> int:
         with self._lock:
+            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
+                return 0
             data = self._blobs.pop(check_digest(digest), None)
         return len(data) if data is not None else 0
 

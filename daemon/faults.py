@@ -2,8 +2,8 @@
 
 ``WORLDLINE_FAULTS=name[:N],...`` in the daemon's environment makes the N-th time
 (default the first) the daemon passes ``crash_point(name)`` kill it with SIGKILL, as
-a power cut or the OOM killer would. Unset (always, outside tests), a crash point
-costs one dict lookup.
+a power cut or the OOM killer would; ``name@SECONDS[:N]`` pauses there instead, to
+hold a race open. Unset (always, outside tests), a crash point costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 _armed: dict[str, int] = {}
+_pause: dict[str, float] = {}
 for spec in filter(None, os.environ.get("WORLDLINE_FAULTS", "").split(",")):
     name, _, count = spec.partition(":")
-    _armed[name.strip()] = int(count or 1)
+    name, _, seconds = name.strip().partition("@")
+    _armed[name] = int(count or 1)
+    if seconds:
+        _pause[name] = float(seconds)
 _lock = threading.Lock()
 
 POINTS = (
@@ -35,5 +40,7 @@ def crash_point(name: str) -> None:
     with _lock:
         _armed[name] -= 1
         fire = _armed[name] == 0
-    if fire:
+    if fire and name in _pause:
+        time.sleep(_pause[name])
+    elif fire:
         os.kill(os.getpid(), signal.SIGKILL)

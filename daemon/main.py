@@ -74,8 +74,9 @@ class Daemon:
                  track: bool = True, max_watches: int = 1 << 20,
                  overlay_forks: bool = True, tls_cert: str | None = None,
                  tls_key: str | None = None, token_file: str | None = None,
-                 allow_uids: set[int] | None = None) -> None:
+                 allow_uids: set[int] | None = None, gc_grace: float = 600.0) -> None:
         self.root = os.path.abspath(root)
+        self.gc_grace = gc_grace
         self.tls_cert, self.tls_key, self.token_file = tls_cert, tls_key, token_file
         self.allow_uids = allow_uids or set()
         self.token: str | None = None
@@ -152,7 +153,8 @@ class Daemon:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_WorldlineServicer_to_server(WorldlineServicer(self.world, self.gates), server)
+        pb_grpc.add_WorldlineServicer_to_server(
+            WorldlineServicer(self.world, self.gates, self.gc_grace), server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME,
@@ -232,7 +234,7 @@ class Daemon:
 def run(root: str | None, listen: str | None, policy_path: str | None = None,
         track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True,
         tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
-        allow_uids: set[int] | None = None) -> int:
+        allow_uids: set[int] | None = None, gc_grace: float = 600.0) -> int:
     logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -240,7 +242,7 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
-                    tls_key, token_file, allow_uids)
+                    tls_key, token_file, allow_uids, gc_grace)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:

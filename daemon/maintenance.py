@@ -1,21 +1,36 @@
-"""fsck and garbage collection over the whole history.
+"""fsck, retention and garbage collection over the whole history.
 
-fsck reads every checkpoint's trees, state and task list, verifies every stored
-blob against its digest, checks that parents and heads exist, and verifies the
-audit log's hash chain. gc is mark-and-sweep: everything reachable from any
-checkpoint (or named by the stat cache) is kept, and a blob younger than the grace
-period is never swept, so a checkpoint being taken while gc runs loses nothing.
+fsck reads every kept checkpoint's trees, state and task list, verifies every
+stored blob against its digest, checks that parents and heads exist, and verifies
+the audit log's hash chain.
+
+Retention prunes checkpoints: a pruned checkpoint keeps its record (lineage,
+conversation, state, tasks, audit) but no longer its trees. A checkpoint is kept
+when any policy keeps it (the last N of its session, a labelled one, one newer than
+T) and always when something live needs it: a session's head, a fork's source, the
+checkpoint of a pending approval.
+
+gc is mark-and-sweep: everything reachable from a kept checkpoint (or named by the
+stat cache) is kept; a blob stored or reused within the grace period is never
+swept, and the sweep re-checks that age atomically with respect to puts, so a
+checkpoint taken while gc runs loses nothing. gc also removes the container images
+worldline made for checkpoints that no longer exist or were pruned, and the fork
+views no mounted fork uses.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from worldline.client.errors import DataLoss, NotFound
 
-from .records import GENESIS_HASH, chain_hash
-from .trees import FILE
+from . import ids
+from .containers import LABEL_CHECKPOINT
+from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
 
 GC_GRACE_SECONDS = 600.0
@@ -33,13 +48,36 @@ class FsckReport:
         return not self.problems
 
 
+@dataclass
+class Retention:
+    keep_last: int = 0  # the newest N of each session
+    keep_labelled: bool = False  # checkpoints a caller labelled
+    keep_newer_than: float = 0.0  # seconds
+
+    @property
+    def active(self) -> bool:
+        return bool(self.keep_last or self.keep_labelled or self.keep_newer_than)
+
+
+@dataclass
+class GcReport:
+    blobs_removed: int = 0
+    bytes_freed: int = 0
+    checkpoints_pruned: int = 0
+    images_removed: int = 0
+    views_removed: int = 0
+
+
 def reachable(world: World, problems: list[str] | None = None) -> set[str]:
-    """Every digest that some checkpoint needs (trees, files, states, task lists)."""
+    """Every digest that some kept checkpoint needs (trees, files, states, task lists)."""
     seen: set[str] = {world.empty_tree, world.empty_state}
     for cp in world.store.list_checkpoints():
-        for digest in (cp.state_digest, cp.tasks_digest):
-            seen.add(digest)
-        _mark_tree(world, cp.tree, seen, problems, f"checkpoint {cp.id}")
+        seen.update((cp.state_digest, cp.tasks_digest))
+        if cp.pruned:
+            continue
+        for root in (cp.tree, cp.container):
+            if root:
+                _mark_tree(world, root, seen, problems, f"checkpoint {cp.id}")
     return seen
 
 
@@ -60,7 +98,7 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
         for entry in tree.values():
             if entry.is_folder:
                 stack.append(entry.ref)
-            elif entry.kind == FILE:
+            elif entry.kind == "file":
                 seen.add(entry.ref)
 
 
@@ -82,7 +120,7 @@ def fsck(world: World, repair: bool = False) -> FsckReport:
         stored.add(digest)
         report.blobs_checked += 1
         try:
-            blobs.read_bytes(digest)
+            blobs.verify(digest)
         except DataLoss:
             if digest in needed:
                 report.problems.append(f"blob {digest} is corrupt and needed")
@@ -91,6 +129,8 @@ def fsck(world: World, repair: bool = False) -> FsckReport:
                 report.repaired.append(f"removed corrupt unreferenced blob {digest}")
             else:
                 report.problems.append(f"blob {digest} is corrupt (unreferenced; --repair removes)")
+        except NotFound:
+            continue  # swept meanwhile
     for digest in sorted(needed - stored):
         report.problems.append(f"blob {digest} is needed but missing")
     report.problems.extend(verify_audit(world)[1])
@@ -112,19 +152,115 @@ def verify_audit(world: World) -> tuple[int, list[str]]:
     return len(events), problems
 
 
-def gc(world: World, dry_run: bool = False, grace: float = GC_GRACE_SECONDS
-       ) -> tuple[int, int]:
-    """Remove unreachable blobs older than ``grace`` seconds; return (count, bytes)."""
-    needed = reachable(world) | world.stat_cache.digests()
-    cutoff = time.time() - grace
-    removed = freed = 0
-    for digest in list(world.blobs.digests()):
-        if digest in needed or world.blobs.stored_at(digest) > cutoff:
-            continue
-        size = world.blobs.size(digest)
-        if not dry_run:
-            world.blobs.delete(digest)
-        removed += 1
-        freed += size
-    return removed, freed
+def to_prune(world: World, policy: Retention, now: float | None = None) -> list[Checkpoint]:
+    """The checkpoints the policy lets go of; never one something live needs."""
+    if not policy.active:
+        return []
+    now = time.time() if now is None else now
+    store = world.store
+    needed = {s.head for s in store.list_sessions()}
+    needed |= {s.forked_from for s in store.list_sessions() if s.forked_from}
+    needed |= {a.checkpoint_id for a in store.list_approvals(status="pending")}
+    by_session: dict[str, list[Checkpoint]] = {}
+    for cp in store.list_checkpoints():
+        by_session.setdefault(cp.session_id, []).append(cp)
+    out = []
+    for cps in by_session.values():
+        newest = {cp.id for cp in sorted(cps, key=lambda c: c.seq)[-policy.keep_last:]} \
+            if policy.keep_last else set()
+        for cp in cps:
+            if cp.pruned or cp.id in needed or cp.id in newest:
+                continue
+            if policy.keep_labelled and cp.kind == "checkpoint" and cp.label:
+                continue
+            age = now - ids.parse_time(cp.created_at).timestamp()
+            if policy.keep_newer_than and age < policy.keep_newer_than:
+                continue
+            out.append(cp)
+    return out
 
+
+def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
+       grace: float = GC_GRACE_SECONDS) -> GcReport:
+    report = GcReport()
+    pruned = to_prune(world, policy or Retention())
+    report.checkpoints_pruned = len(pruned)
+    if pruned and not dry_run:
+        world.store.prune_checkpoints([cp.id for cp in pruned], [AuditEvent(
+            "retention.prune", None, "gc", {"checkpoints": [cp.id for cp in pruned]},
+            ids.now())])
+    prune_ids = {cp.id for cp in pruned}
+    needed = reachable(world) | world.stat_cache.digests()
+    if dry_run and prune_ids:  # what the sweep would free once they are pruned
+        needed = _reachable_without(world, prune_ids) | world.stat_cache.digests()
+    cutoff = time.time() - grace
+    for digest in list(world.blobs.digests()):
+        if digest in needed:
+            continue
+        try:
+            if dry_run:
+                if world.blobs.stored_at(digest) < cutoff:
+                    report.blobs_removed += 1
+                    report.bytes_freed += world.blobs.size(digest)
+                continue
+            freed = world.blobs.delete(digest, older_than=cutoff)
+        except NotFound:
+            continue
+        if freed:
+            report.blobs_removed += 1
+            report.bytes_freed += freed
+    report.images_removed = _gc_images(world, dry_run)
+    report.views_removed = _gc_views(world, dry_run)
+    return report
+
+
+def _reachable_without(world: World, prune_ids: set[str]) -> set[str]:
+    seen: set[str] = {world.empty_tree, world.empty_state}
+    for cp in world.store.list_checkpoints():
+        seen.update((cp.state_digest, cp.tasks_digest))
+        if cp.pruned or cp.id in prune_ids:
+            continue
+        for root in (cp.tree, cp.container):
+            if root:
+                _mark_tree(world, root, seen, None, cp.id)
+    return seen
+
+
+def _gc_images(world: World, dry_run: bool) -> int:
+    engine = world.engine
+    if engine is None or not engine.ping():
+        return 0
+    removed = 0
+    for image in engine.images_labelled(LABEL_CHECKPOINT):
+        cp_id = (image.get("Labels") or {}).get(LABEL_CHECKPOINT, "")
+        try:
+            keep = not world.store.get_checkpoint(cp_id).pruned
+        except NotFound:
+            keep = False
+        if not keep:
+            removed += 1
+            if not dry_run:
+                engine.remove_image(image["Id"])
+    return removed
+
+
+def _gc_views(world: World, dry_run: bool) -> int:
+    views = world.views
+    if views is None or not os.path.isdir(views.views):
+        return 0
+    used: set[str] = set()
+    for sid in os.listdir(views.forks):
+        spec = os.path.join(views.forks, sid, "mount.json")
+        if os.path.exists(spec):
+            with open(spec) as f:
+                used.update(os.path.basename(p) for p in json.load(f)["lowers"])
+    removed = 0
+    for name in os.listdir(views.views):
+        if name in used or ".building-" in name:
+            continue
+        removed += 1
+        if not dry_run:
+            path = os.path.join(views.views, name)
+            world.stat_cache.forget(path)
+            shutil.rmtree(path, ignore_errors=True)
+    return removed

@@ -46,6 +46,7 @@ class Checkpoint:
     restored_from: str | None = None
     container: str | None = None  # digest of the container snapshot, if any
     acknowledged: tuple[str, ...] = ()  # tool call ids acknowledged by this restore
+    pruned: bool = False  # retention let go of its trees; the record itself stays
 
 
 @dataclass(frozen=True)

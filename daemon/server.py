@@ -14,7 +14,7 @@ import json
 import logging
 
 import grpc
-from worldline.client.errors import WorldlineError
+from worldline.client.errors import InvalidArgument, WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
@@ -64,7 +64,8 @@ def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
         reasoning=c.reasoning, trace_id=c.trace_id, created_at=c.created_at, kind=c.kind,
         restored_from=c.restored_from or "", tree=c.tree, bytes=c.bytes,
         messages_added=c.messages_added, message_count=c.message_count,
-        acknowledged_side_effects=list(c.acknowledged), container=c.container or "")
+        acknowledged_side_effects=list(c.acknowledged), container=c.container or "",
+        pruned=c.pruned)
 
 
 def tool_call_pb(t: ToolCall) -> pb.ToolCall:
@@ -100,9 +101,11 @@ def audit_pb(e: AuditEvent) -> pb.AuditEvent:
 
 
 class WorldlineServicer(pb_grpc.WorldlineServicer):
-    def __init__(self, world: World, gates: Gates) -> None:
+    def __init__(self, world: World, gates: Gates,
+                 gc_grace: float = maintenance.GC_GRACE_SECONDS) -> None:
         self.world = world
         self.gates = gates
+        self.gc_grace = gc_grace
 
     # sessions
     def CreateSession(self, r, context):
@@ -224,5 +227,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
                                repaired=report.repaired)
 
     def Gc(self, r, context):
-        removed, freed = maintenance.gc(self.world, dry_run=r.dry_run)
-        return pb.GcResponse(blobs_removed=removed, bytes_freed=freed, dry_run=r.dry_run)
+        if r.keep_last < 0 or r.keep_newer_than_seconds < 0:
+            raise InvalidArgument("retention values must not be negative")
+        report = maintenance.gc(self.world, dry_run=r.dry_run, policy=maintenance.Retention(
+            r.keep_last, r.keep_labelled, r.keep_newer_than_seconds), grace=self.gc_grace)
+        return pb.GcResponse(dry_run=r.dry_run, **report.__dict__)

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
     trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
-    UNIQUE (session_id, seq));
+    pruned INTEGER NOT NULL DEFAULT 0, UNIQUE (session_id, seq));
 CREATE TABLE IF NOT EXISTS messages (
     checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
@@ -72,19 +72,19 @@ CREATE TABLE IF NOT EXISTS audit (
 
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
-            " reasoning, trace_id, restored_from, container, acknowledged")
+            " reasoning, trace_id, restored_from, container, acknowledged, pruned")
 
 
 def _cp(row) -> Checkpoint:
-    *head, acknowledged = row
-    return Checkpoint(*head, acknowledged=tuple(json.loads(acknowledged)))
+    *head, acknowledged, pruned = row
+    return Checkpoint(*head, acknowledged=tuple(json.loads(acknowledged)), pruned=bool(pruned))
 
 
 def _cp_row(cp: Checkpoint) -> tuple:
     return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at, cp.tree,
             cp.bytes, cp.state_digest, cp.tasks_digest, cp.conversation_parent,
             cp.messages_added, cp.message_count, cp.label, cp.reasoning, cp.trace_id,
-            cp.restored_from, cp.container, json.dumps(list(cp.acknowledged)))
+            cp.restored_from, cp.container, json.dumps(list(cp.acknowledged)), int(cp.pruned))
 
 
 def _event(row) -> AuditEvent:
@@ -151,7 +151,7 @@ class SqliteStore:
                            (session.id, session.name, session.workspace, session.container,
                             first.id, session.forked_from, session.created_at))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 19)})", _cp_row(first))
+                           f" ({', '.join('?' * 20)})", _cp_row(first))
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
@@ -180,7 +180,7 @@ class SqliteStore:
             cp = replace(cp, seq=seq)
             try:
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 19)})", _cp_row(cp))
+                           f" ({', '.join('?' * 20)})", _cp_row(cp))
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
             db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
@@ -205,6 +205,12 @@ class SqliteStore:
             rows = self._all(f"SELECT {_CP_COLS} FROM checkpoints WHERE session_id = ?"
                              " ORDER BY seq", (session_id,))
         return [_cp(r) for r in rows]
+
+    def prune_checkpoints(self, checkpoint_ids, events):
+        with self._tx() as db:
+            db.executemany("UPDATE checkpoints SET pruned = 1 WHERE id = ?",
+                           [(cid,) for cid in checkpoint_ids])
+            self._append_audit(db, events)
 
     def conversation(self, checkpoint_id):
         self.get_checkpoint(checkpoint_id)

@@ -58,6 +58,10 @@ class Store(Protocol):
 
     def get_checkpoint(self, checkpoint_id: str) -> Checkpoint: ...
     def list_checkpoints(self, session_id: str | None = None) -> list[Checkpoint]: ...
+    def prune_checkpoints(self, checkpoint_ids: list[str], events: list[AuditEvent]) -> None:
+        """Mark checkpoints pruned: their records stay (lineage, conversation, audit),
+        their trees are no longer kept by garbage collection."""
+
     def conversation(self, checkpoint_id: str) -> list[str]:
         """Every message (JSON text) of the conversation as of the checkpoint, in order."""
     def lineage(self, checkpoint_id: str) -> list[tuple[str, str]]:
@@ -187,6 +191,12 @@ class MemoryStore:
             cps = [c for c in self._checkpoints.values()
                    if session_id is None or c.session_id == session_id]
             return sorted(cps, key=lambda c: (c.session_id, c.seq))
+
+    def prune_checkpoints(self, checkpoint_ids, events):
+        with self._lock:
+            for cid in checkpoint_ids:
+                self._checkpoints[cid] = replace(self.get_checkpoint(cid), pruned=True)
+            self.append_audit(events)
 
     def conversation(self, checkpoint_id):
         with self._lock:

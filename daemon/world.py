@@ -108,6 +108,14 @@ class World:
     def checkpoint_record(self, checkpoint_id: str) -> Checkpoint:
         return self.store.get_checkpoint(check_id("checkpoint", checkpoint_id))
 
+    def usable(self, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint whose world can still be brought back (not pruned by retention)."""
+        cp = self.checkpoint_record(checkpoint_id)
+        if cp.pruned:
+            raise FailedPrecondition(f"checkpoint {cp.id} was pruned by retention: its"
+                                     " conversation and state remain, its files do not")
+        return cp
+
     def _engine(self) -> Engine:
         if self.engine is None:
             raise FailedPrecondition("this daemon runs without a Docker engine")
@@ -272,7 +280,7 @@ class World:
     # -- restore -------------------------------------------------------------------------
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
                 dry_run: bool = False, expected_head: str = "") -> RestoreResult:
-        target = self.checkpoint_record(checkpoint_id)
+        target = self.usable(checkpoint_id)
         session = self.session(session_id)
         with self.lock(session.workspace):
             self._pending_restore(session_id)
@@ -380,7 +388,7 @@ class World:
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "") -> ForkResult:
-        source = self.checkpoint_record(checkpoint_id)
+        source = self.usable(checkpoint_id)
         parent = self.store.get_session(source.session_id)
         check_text("name", name)
         sid = ids.new_id()
@@ -459,7 +467,7 @@ class World:
     def export_image(self, checkpoint_id: str) -> tuple[str, str]:
         """A runnable image of the checkpoint's container: (image id, reference). Looked
         up by label first, so a retry after a timed-out commit never makes a duplicate."""
-        cp = self.checkpoint_record(checkpoint_id)
+        cp = self.usable(checkpoint_id)
         if cp.container is None:
             raise FailedPrecondition(f"checkpoint {cp.id} has no container layer")
         engine = self._engine()
@@ -523,7 +531,7 @@ class World:
 
     # -- diff ----------------------------------------------------------------------------
     def diff(self, from_id: str, to_id: str, patch: bool = False) -> tuple[Diff, str]:
-        a, b = self.checkpoint_record(from_id), self.checkpoint_record(to_id)
+        a, b = self.usable(from_id), self.usable(to_id)
         changes = diff(self.trees, a.tree, b.tree)
         if not patch:
             return changes, ""

@@ -309,3 +309,25 @@ def test_crash_mid_restore_is_completed_at_start(tmp_path, containers, point):
         assert c.fsck()["ok"]
     d.stop()
     assert not list(Path(tmp_path / "root" / "journal").iterdir())
+
+
+def test_gc_removes_images_of_pruned_checkpoints(tmp_path, containers):
+    d = DaemonProcess(tmp_path / "root", extra=["--gc-grace", "0"]).start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws), image=IMAGE)
+            containers.append(s.container)
+            sh(s.container, "echo one > /one")
+            old = s.checkpoint(label="release 1")
+            image_id, ref = c.export_image(old.id)
+            sh(s.container, "echo two > /two")
+            s.checkpoint()
+            assert c.gc(keep_labelled=True)["images_removed"] == 0  # labelled: kept
+            report = c.gc(keep_last=1)
+            assert report["checkpoints_pruned"] >= 1 and report["images_removed"] == 1
+            assert subprocess.run(["docker", "image", "inspect", image_id],
+                                  capture_output=True).returncode != 0
+    finally:
+        d.stop()

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -150,69 +149,21 @@ def test_kill_at_named_points(tmp_path, point):
 
 
 def test_random_kills_under_load(tmp_path):
+    from . import chaos
     rng = random.Random(int(os.environ.get("WORLDLINE_TEST_SEED", "7")))
     d = DaemonProcess(tmp_path / "root").start()
     workspaces = []
     for n in range(2):
         ws = tmp_path / f"ws{n}"
         ws.mkdir()
-        fill(ws)
+        chaos.seed_workspace(ws)
         workspaces.append(ws)
-    with d.client() as c:
-        sessions = [c.create_session(str(ws)).id for ws in workspaces]
-    acknowledged: list[dict[str, dict]] = [{}, {}]
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def work(n: int) -> None:
-        ws, sid, mine = workspaces[n], sessions[n], acknowledged[n]
-        r = random.Random(n)
-        while not stop.is_set():
-            try:
-                with d.client() as c:
-                    while not stop.is_set():
-                        for _ in range(r.randint(1, 3)):
-                            p = ws / f"d{r.randrange(4)}" / f"f{r.randrange(30)}.txt"
-                            p.parent.mkdir(parents=True, exist_ok=True)
-                            p.write_text(f"{r.random()}\n" * r.randint(1, 50))
-                        state = tree_state(ws)
-                        if mine and r.random() < 0.2:
-                            target = r.choice(list(mine))
-                            res = c.restore(sid, target, acknowledge_side_effects=True)
-                            mine[res.checkpoint.id] = mine[target]
-                        else:
-                            mine[c.checkpoint(sid).id] = state
-            except (Unavailable, Aborted):
-                time.sleep(0.05)  # the daemon is down, or a restore raced: try again
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                failures.append(exc)
-                return
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
-    for t in threads:
-        t.start()
     try:
-        for _ in range(4):
-            time.sleep(rng.uniform(0.4, 1.2))
-            d.kill()
-            d.start()
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    assert not failures, failures
-    try:
-        with d.client() as c:
-            report = c.fsck()
-            assert report["ok"], report["problems"]
-            assert c.verify_audit()["ok"]
-            for n, sid in enumerate(sessions):
-                picks = list(acknowledged[n].items())
-                assert len(picks) > 5
-                for cp_id, state in rng.sample(picks, min(25, len(picks))):
-                    c.restore(sid, cp_id, acknowledge_side_effects=True)
-                    assert tree_state(workspaces[n]) == state, cp_id
+        report = chaos.run(d, workspaces, seconds=4.0, kill_every=(0.4, 1.2), rng=rng)
+        assert not report.failures, report.failures
+        assert report.kills >= 2 and report.ops.get("checkpoint", 0) > 10
+        assert report.fsck_problems == []
+        assert report.verified > 10
     finally:
         d.stop()
 

@@ -55,7 +55,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container")
+    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container", "pruned")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Checkpoint(_message.Message):
     MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    PRUNED_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     seq: int
@@ -88,7 +89,8 @@ class Checkpoint(_message.Message):
     message_count: int
     acknowledged_side_effects: _containers.RepeatedScalarFieldContainer[str]
     container: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ...) -> None: ...
+    pruned: bool
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ..., pruned: _Optional[bool] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head")
@@ -505,17 +507,29 @@ class FsckResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., blobs_checked: _Optional[int] = ..., checkpoints_checked: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GcRequest(_message.Message):
-    __slots__ = ("dry_run",)
+    __slots__ = ("dry_run", "keep_last", "keep_labelled", "keep_newer_than_seconds")
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LABELLED_FIELD_NUMBER: _ClassVar[int]
+    KEEP_NEWER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     dry_run: bool
-    def __init__(self, dry_run: _Optional[bool] = ...) -> None: ...
+    keep_last: int
+    keep_labelled: bool
+    keep_newer_than_seconds: float
+    def __init__(self, dry_run: _Optional[bool] = ..., keep_last: _Optional[int] = ..., keep_labelled: _Optional[bool] = ..., keep_newer_than_seconds: _Optional[float] = ...) -> None: ...
 
 class GcResponse(_message.Message):
-    __slots__ = ("blobs_removed", "bytes_freed", "dry_run")
+    __slots__ = ("blobs_removed", "bytes_freed", "dry_run", "checkpoints_pruned", "images_removed", "views_removed")
     BLOBS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_PRUNED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     blobs_removed: int
     bytes_freed: int
     dry_run: bool
-    def __init__(self, blobs_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    checkpoints_pruned: int
+    images_removed: int
+    views_removed: int
+    def __init__(self, blobs_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ..., checkpoints_pruned: _Optional[int] = ..., images_removed: _Optional[int] = ..., views_removed: _Optional[int] = ...) -> None: ...
