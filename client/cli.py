@@ -307,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another uid that may connect, through <socket>.shared (repeatable)")
     d.set_defaults(fn=None)
 
+    m = sub.add_parser("mcp", parents=[common], help="serve worldline's calls as MCP tools")
+    m.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
+    m.set_defaults(fn=None)
+
     s = add("session", cmd_session, "create, list and show sessions")
     ss = s.add_subparsers(dest="session_cmd", required=True, metavar="SUBCOMMAND")
     sc = ss.add_parser("create", parents=[common], help="start a session on a workspace")
@@ -418,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "mcp":
+        from .mcp_server import serve
+        return serve(getattr(args, "address", None), args.transport)
     if args.command == "daemon":
         from worldline.daemon.main import run
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,

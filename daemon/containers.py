@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 LABEL_MANAGED = "io.worldline.managed"
 LABEL_SESSION = "io.worldline.session"
 LABEL_CHECKPOINT = "io.worldline.checkpoint"
+LABEL_ROOT = "io.worldline.root"  # the data root that made it: daemons sharing an engine
+                                  # clean up only their own
 DEFAULT_MOUNT = "/workspace"
 
 
@@ -187,9 +189,10 @@ class Engine:
         with self.errors():
             return self.api.images(filters={"label": f"{key}={value}" if value else key})
 
-    def containers_labelled(self, key: str) -> list[dict]:
+    def containers_labelled(self, key: str, value: str | None = None) -> list[dict]:
         with self.errors():
-            return self.api.containers(all=True, filters={"label": key})
+            return self.api.containers(all=True, filters={
+                "label": f"{key}={value}" if value else key})
 
     def remove_image(self, image: str) -> None:
         with self.errors():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from worldline.client.errors import DataLoss, NotFound
 
 from . import ids
-from .containers import LABEL_CHECKPOINT
+from .containers import LABEL_CHECKPOINT, LABEL_ROOT
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
 
@@ -231,8 +231,10 @@ def _gc_images(world: World, dry_run: bool) -> int:
     if engine is None or not engine.ping():
         return 0
     removed = 0
-    for image in engine.images_labelled(LABEL_CHECKPOINT):
+    for image in engine.images_labelled(LABEL_ROOT, world.root_id):
         cp_id = (image.get("Labels") or {}).get(LABEL_CHECKPOINT, "")
+        if not cp_id:
+            continue
         try:
             keep = not world.store.get_checkpoint(cp_id).pruned
         except NotFound:

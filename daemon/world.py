@@ -30,7 +30,14 @@ from worldline.client.errors import (
 
 from . import ids
 from .blobs import BlobStore
-from .containers import DEFAULT_MOUNT, LABEL_CHECKPOINT, LABEL_MANAGED, LABEL_SESSION, Engine
+from .containers import (
+    DEFAULT_MOUNT,
+    LABEL_CHECKPOINT,
+    LABEL_MANAGED,
+    LABEL_ROOT,
+    LABEL_SESSION,
+    Engine,
+)
 from .faults import crash_point
 from .layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .records import (
@@ -91,6 +98,7 @@ class World:
         self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
+        self.root_id = _root_id(self.root)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
@@ -180,7 +188,7 @@ class World:
             engine = self._engine()
             created_container = container_name = f"worldline-{sid.lower()}"
             engine.create_from_image(image, container_name, path, mount or DEFAULT_MOUNT,
-                                     {LABEL_MANAGED: "true", LABEL_SESSION: sid})
+                                     self._labels(sid))
             engine.start(container_name)
         elif container:
             container_name = self._engine().inspect(container)["Name"].lstrip("/")
@@ -443,6 +451,9 @@ class World:
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
 
+    def _labels(self, session_id: str) -> dict[str, str]:
+        return {LABEL_MANAGED: "true", LABEL_ROOT: self.root_id, LABEL_SESSION: session_id}
+
     def _mount_fork(self, sid: str, path: str, tree: str) -> bool:
         """Mount the fork's workspace as an overlay; False (then it is copied) if refused."""
         try:
@@ -459,8 +470,7 @@ class World:
             raise FailedPrecondition(f"session {parent.id} has no container to fork")
         template = engine.inspect(parent.container)
         name = f"{parent.container}-fork-{sid[-8:].lower()}"
-        engine.create_like(template, name, parent.workspace, workspace,
-                           {LABEL_MANAGED: "true", LABEL_SESSION: sid})
+        engine.create_like(template, name, parent.workspace, workspace, self._labels(sid))
         return name
 
     # -- images --------------------------------------------------------------------------
@@ -473,7 +483,8 @@ class World:
         engine = self._engine()
         reference = f"worldline/{cp.session_id.lower()}:{cp.id.lower()}"
         for image in engine.images_labelled(LABEL_CHECKPOINT, cp.id):
-            return image["Id"], reference
+            if (image.get("Labels") or {}).get(LABEL_ROOT) == self.root_id:
+                return image["Id"], reference
         session = self.store.get_session(cp.session_id)
         if not session.container:
             raise FailedPrecondition(f"session {session.id} has no container")
@@ -481,13 +492,12 @@ class World:
         temp = f"worldline-export-{cp.id.lower()}"
         engine.remove(temp)  # a leftover of an interrupted export
         engine.create_like(template, temp, session.workspace, session.workspace,
-                           {LABEL_MANAGED: "true", LABEL_SESSION: session.id})
+                           self._labels(session.id))
         try:
             layer = self._layer(CONTAINER, engine.upper_dir(temp))
             layer.snap.apply(layer.snap.capture(persist=False), cp.container)
             repo, tag = reference.split(":")
-            image_id = engine.commit(temp, repo, tag, {LABEL_MANAGED: "true",
-                                                       LABEL_SESSION: session.id,
+            image_id = engine.commit(temp, repo, tag, {**self._labels(session.id),
                                                        LABEL_CHECKPOINT: cp.id})
         finally:
             engine.remove(temp)
@@ -521,7 +531,7 @@ class World:
                     shutil.rmtree(path, ignore_errors=True)
                     report.append(f"removed the unrecorded fork {path}")
         if self.engine is not None and self.engine.ping():
-            for c in self.engine.containers_labelled(LABEL_MANAGED):
+            for c in self.engine.containers_labelled(LABEL_ROOT, self.root_id):
                 if c.get("Labels", {}).get(LABEL_SESSION) not in known:
                     self.engine.remove(c["Id"])
                     report.append(f"removed orphaned container {c['Names'][0].lstrip('/')}")
@@ -568,6 +578,22 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _root_id(root: str) -> str:
+    """This data root's own id, made once: it labels what the root makes in the engine."""
+    path = os.path.join(root, "root-id")
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        value = ids.new_id()
+        with open(path + ".tmp", "w") as f:
+            f.write(value)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+        return value
 
 
 def _contains(outer: str, inner: str) -> bool:

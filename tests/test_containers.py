@@ -331,3 +331,22 @@ def test_gc_removes_images_of_pruned_checkpoints(tmp_path, containers):
                                   capture_output=True).returncode != 0
     finally:
         d.stop()
+
+
+def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers):
+    """Regression: a daemon starting up removed every worldline container whose session
+    it did not know, including those of another daemon on the same engine."""
+    a = DaemonProcess(tmp_path / "a").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        with a.client() as c:
+            s = c.create_session(str(ws), image=IMAGE)
+            containers.append(s.container)
+        b = DaemonProcess(tmp_path / "b").start()  # its recovery sweeps its own orphans
+        b.stop()
+        assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+        with a.client() as c:
+            c.checkpoint(s.id)
+    finally:
+        a.stop()
