@@ -20,6 +20,7 @@ from .errors import (
     Unavailable,
     WorldlineError,
 )
+from .helpers import ApprovalDenied, AsyncClient, guarded, recorded, require_approval
 from .models import (
     Approval,
     AuditEvent,
@@ -38,6 +39,8 @@ __all__ = [
     "Aborted",
     "AlreadyExists",
     "Approval",
+    "ApprovalDenied",
+    "AsyncClient",
     "AuditEvent",
     "Checkpoint",
     "CheckpointDetail",
@@ -60,4 +63,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "WorldlineError",
+    "guarded",
+    "recorded",
+    "require_approval",
 ]
