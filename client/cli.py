@@ -99,7 +99,34 @@ def cmd_checkpoint(c: Client, a, out: Output) -> int:
 
 def cmd_log(c: Client, a, out: Output) -> int:
     cps = [cp.to_dict() for cp in c.log(a.session)]
-    out.emit(cps, lambda: _checkpoint_rows(cps))
+    if not a.graph:
+        out.emit(cps, lambda: _checkpoint_rows(cps))
+        return 0
+    seq_of = {cp["id"]: cp["seq"] for cp in cps}
+    forks: dict[str, list[dict]] = {}
+    for s in c.list_sessions():
+        if s.forked_from in seq_of:
+            forks.setdefault(s.forked_from, []).append(
+                {**s.to_dict(), "checkpoints": len(c.log(s.id))})
+
+    def human() -> str:
+        lines = []
+        for cp in reversed(cps):
+            note = cp["label"]
+            if cp["kind"] == "restore":
+                target = cp["restored_from"]
+                where = f"#{seq_of[target]}" if target in seq_of else f"{target} (elsewhere)"
+                note = f"↺ restored to {where}"
+            pruned = " [pruned]" if cp["pruned"] else ""
+            lines.append(f"* #{cp['seq']:<4} {cp['id']}  {cp['kind']:<10} {note}{pruned}")
+            for f in forks.get(cp["id"], []):
+                lines.append("|\\")
+                lines.append(f"| ⑂ fork {f['id']} \"{f['name']}\": {f['checkpoints']}"
+                             f" checkpoint(s) in {f['workspace']}")
+                lines.append("|/")
+        return "\n".join(lines)
+
+    out.emit({"checkpoints": cps, "forks": forks}, human)
     return 0
 
 
@@ -301,11 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tls-cert", help="TLS certificate (PEM): required to listen on TCP")
     d.add_argument("--tls-key", help="TLS private key (PEM): required to listen on TCP")
     d.add_argument("--token-file", help="file holding the bearer token: required on TCP")
+    d.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics")
+    d.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one object a line, with the request id of the call")
     d.add_argument("--gc-grace", type=float, default=600.0, metavar="SECONDS",
                    help="gc never removes a blob stored or reused more recently (default 600)")
     d.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect, through <socket>.shared (repeatable)")
     d.set_defaults(fn=None)
+
+    comp = sub.add_parser("completion", help="print a shell completion script")
+    comp.add_argument("shell", choices=["bash", "zsh"],
+                      help="zsh: load it after `autoload -U bashcompinit && bashcompinit`")
+    comp.set_defaults(fn=None)
 
     m = sub.add_parser("mcp", parents=[common], help="serve worldline's calls as MCP tools")
     m.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
@@ -334,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state", metavar="FILE", help="JSON object: the agent state ('-': stdin)")
     c.add_argument("--expected-head", help="fail with ABORTED unless this is the head")
 
-    add("log", cmd_log, "list a session's checkpoints, oldest first").add_argument("session")
+    lg = add("log", cmd_log, "list a session's checkpoints, oldest first")
+    lg.add_argument("session")
+    lg.add_argument("--graph", action="store_true",
+                    help="newest first, drawing restores and the forks made from each checkpoint")
     add("show", cmd_show, "show a checkpoint with its conversation, state and tasks"
         ).add_argument("checkpoint")
     df = add("diff", cmd_diff, "paths that differ between two checkpoints")
@@ -420,8 +459,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SESSION_FIRST = ("checkpoint", "log", "restore", "tool", "tools", "task", "tasks")
+
+
+def completion_script(parser: argparse.ArgumentParser) -> str:
+    """A bash completion for every command and option, read off the parser itself; the
+    commands that take a session complete its id from the daemon."""
+    commands = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                words = [o for a in sub._actions for o in a.option_strings]
+                for a in sub._actions:
+                    if isinstance(a, argparse._SubParsersAction):
+                        words = list(a.choices) + words
+                commands[name] = sorted(set(words))
+    cases = "\n".join(f'    {name}) opts="{" ".join(words)}";;'
+                       for name, words in sorted(commands.items()))
+    return f'''# bash completion for worldline: eval "$(worldline completion bash)"
+_worldline() {{
+  local cur="${{COMP_WORDS[COMP_CWORD]}}" cmd="${{COMP_WORDS[1]}}" opts
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    COMPREPLY=( $(compgen -W "{" ".join(sorted(commands))}" -- "$cur") ); return
+  fi
+  case "$cmd" in
+{cases}
+  esac
+  case "$cmd" in {"|".join(SESSION_FIRST)})
+    if [ "$COMP_CWORD" -eq 2 ] && [[ "$cur" != -* ]]; then
+      opts="$(worldline session list --json 2>/dev/null | python3 -c \\
+        'import json,sys; print(" ".join(s["id"] for s in json.load(sys.stdin)))')"
+    fi;;
+  esac
+  COMPREPLY=( $(compgen -W "$opts" -- "$cur") )
+}}
+complete -o default -F _worldline worldline
+'''
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(completion_script(parser), end="")
+        return 0
     if args.command == "mcp":
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
@@ -429,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         from worldline.daemon.main import run
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
-                   set(args.allow_uid), args.gc_grace)
+                   set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format)
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

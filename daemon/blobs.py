@@ -35,6 +35,8 @@ from typing import Protocol
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
+from .observe import BLOB_REUSED, BLOB_WRITTEN
+
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -145,7 +147,9 @@ class LocalBlobStore:
     def put_bytes(self, data: bytes) -> str:
         digest = digest_of(data)
         if self._reuse(digest):
+            BLOB_REUSED.inc(len(data))
             return digest
+        BLOB_WRITTEN.inc(len(data))
         fd, tmp = self._open_temp(digest)
         try:
             view = memoryview(data)
@@ -183,8 +187,10 @@ class LocalBlobStore:
         os.close(fd)
         digest = hasher.hexdigest()
         if self._reuse(digest):
+            BLOB_REUSED.inc(size)
             os.unlink(tmp)
         else:
+            BLOB_WRITTEN.inc(size)
             named = os.path.join(self.tmp, f"{digest}.{os.path.basename(tmp)}")
             os.rename(tmp, named)  # now recoverable by its name
             self._add_pending(digest, named)

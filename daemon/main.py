@@ -29,6 +29,7 @@ from .auth import PeerRelay, TokenInterceptor, read_token
 from .blobs import LocalBlobStore
 from .containers import Engine
 from .gates import Gates
+from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
 from .sqlite_store import SqliteStore
@@ -74,8 +75,10 @@ class Daemon:
                  track: bool = True, max_watches: int = 1 << 20,
                  overlay_forks: bool = True, tls_cert: str | None = None,
                  tls_key: str | None = None, token_file: str | None = None,
-                 allow_uids: set[int] | None = None, gc_grace: float = 600.0) -> None:
+                 allow_uids: set[int] | None = None, gc_grace: float = 600.0,
+                 metrics_listen: str | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
         self.tls_cert, self.tls_key, self.token_file = tls_cert, tls_key, token_file
         self.allow_uids = allow_uids or set()
@@ -149,7 +152,7 @@ class Daemon:
         interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=interceptors + [ErrorInterceptor()],
+            interceptors=interceptors + [MetricsInterceptor(), ErrorInterceptor()],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0)])
@@ -181,9 +184,20 @@ class Daemon:
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
+        if self.metrics_listen:
+            self._serve_metrics()
         self._watch_health()
         log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
                  self.root)
+
+    def _serve_metrics(self) -> None:
+        from prometheus_client import start_http_server
+        host, _, port = self.metrics_listen.rpartition(":")
+        try:
+            start_http_server(int(port), addr=host or "127.0.0.1")
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot serve metrics on {self.metrics_listen}: {exc}") from None
+        log.info("metrics at http://%s/metrics", self.metrics_listen)
 
     def _watch_health(self) -> None:
         """SERVING while the store answers and, when any session has a container, the
@@ -194,6 +208,7 @@ class Daemon:
         def check() -> None:
             try:
                 sessions = self.store.list_sessions()
+                PENDING_APPROVALS.set(len(self.store.list_approvals(status="pending")))
                 ok = not any(s.container for s in sessions) or self.engine.ping()
             except Exception:
                 log.exception("health check failed")
@@ -231,18 +246,25 @@ class Daemon:
         log.info("worldline daemon stopped")
 
 
+def _configure_logging(json_lines: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
+                        handlers=[handler], force=True)
+
+
 def run(root: str | None, listen: str | None, policy_path: str | None = None,
         track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True,
         tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
-        allow_uids: set[int] | None = None, gc_grace: float = 600.0) -> int:
-    logging.basicConfig(level=os.environ.get("WORLDLINE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+        allow_uids: set[int] | None = None, gc_grace: float = 600.0,
+        metrics_listen: str | None = None, log_format: str = "text") -> int:
+    _configure_logging(log_format == "json")
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
-                    tls_key, token_file, allow_uids, gc_grace)
+                    tls_key, token_file, allow_uids, gc_grace, metrics_listen)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:

@@ -32,6 +32,8 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
+from .observe import TRACKER_FALLBACKS
+
 log = logging.getLogger(__name__)
 
 COOKIE_PREFIX = ".worldline-tmp-cookie-"
@@ -126,6 +128,7 @@ class WorkspaceTracker:
         with self._lock:
             self._full = True
         self.fallbacks += 1
+        TRACKER_FALLBACKS.inc()
         log.info("tracker %s: full scan next (%s)", self.path, reason)
 
     # -- called by the reader thread ---------------------------------------------------

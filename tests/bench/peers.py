@@ -101,14 +101,14 @@ def context_peers(django: Path, work: Path, rounds: int) -> dict:
         repo = work / "restic"
         run(["restic", "init", "-q", "--repo", str(repo)], env=env)
         run(["restic", "backup", "-q", "--repo", str(repo), str(src)], env=env)
-        tools["restic backup"] = lambda i: run(
+        tools["restic backup"] = lambda i, repo=repo: run(
             ["restic", "backup", "-q", "--repo", str(repo), str(src)], env=env)
     if shutil.which("borg"):
         repo = work / "borg"
         run(["borg", "init", "--encryption=none", str(repo)], env=env)
         run(["borg", "create", f"{repo}::a0", str(src)], env=env)
-        tools["borg create"] = lambda i: run(["borg", "create", f"{repo}::b{i}", str(src)],
-                                             env=env)
+        tools["borg create"] = lambda i, repo=repo: run(
+            ["borg", "create", f"{repo}::b{i}", str(src)], env=env)
     if shutil.which("rsync"):
         snaps = work / "rsync"
         snaps.mkdir()

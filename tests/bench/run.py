@@ -359,7 +359,11 @@ def main() -> int:
             if only and name not in only and not any(needs.get(o) == name for o in only):
                 continue
             print(f"case {name} ...", flush=True)
-            fn()
+            try:
+                fn()
+            except Exception as exc:  # one broken case must not lose the others' figures
+                bench.add(Case(name, "", None, {}, None, "", "", False,
+                               f"the case failed: {type(exc).__name__}: {exc}"[:300]))
     finally:
         bench.close()
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

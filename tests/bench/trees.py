@@ -34,10 +34,12 @@ def wide_tree(cache: Path, files: int = 100_000, seed: int = 1) -> Path:
         return target
     shutil.rmtree(target, ignore_errors=True)
     rng = random.Random(seed)
+    made: set[Path] = set()
     for i in range(files):
         folder = target / f"d{i % 100:02d}" / f"e{(i // 100) % 10}" / f"f{(i // 1000) % 10}"
-        if i < 1000:
+        if folder not in made:
             folder.mkdir(parents=True, exist_ok=True)
+            made.add(folder)
         (folder / f"file{i}.py").write_bytes(rng.randbytes(rng.randint(40, 400)).hex().encode())
     (target / ".complete").write_text("")
     return target

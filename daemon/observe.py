@@ -1,0 +1,81 @@
+"""Observability: Prometheus metrics and structured JSON logs with request ids.
+
+Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
+  worldline_rpc_duration_seconds{method,code}  histogram: every call, checkpoints,
+                                               restores and forks among them
+  worldline_blob_bytes_written_total            bytes the blob store wrote
+  worldline_blob_bytes_reused_total             bytes a put found already stored
+  worldline_dedup_ratio                         reused / (reused + written)
+  worldline_pending_approvals                   approvals waiting for an operator
+  worldline_tracker_fallbacks_total             full scans forced by overflow, limits...
+
+Logs (``--log-format json``): one JSON object a line, with the request id of the
+call being served (the caller's ``x-request-id`` metadata, else a new one).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import time
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram
+
+from . import ids
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+RPC_SECONDS = Histogram("worldline_rpc_duration_seconds", "Time to answer a call",
+                        ["method", "code"],
+                        buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+BLOB_WRITTEN = Counter("worldline_blob_bytes_written_total", "Bytes the blob store wrote")
+BLOB_REUSED = Counter("worldline_blob_bytes_reused_total",
+                      "Bytes a put found already stored (deduplicated)")
+DEDUP = Gauge("worldline_dedup_ratio", "Share of put bytes found already stored")
+DEDUP.set_function(lambda: BLOB_REUSED._value.get() / max(
+    1.0, BLOB_REUSED._value.get() + BLOB_WRITTEN._value.get()))
+PENDING_APPROVALS = Gauge("worldline_pending_approvals", "Approvals waiting for a decision")
+TRACKER_FALLBACKS = Counter("worldline_tracker_fallbacks_total",
+                            "Captures forced to scan everything (overflow, watch limit, ...)")
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Times every unary call and gives it a request id for the logs."""
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner, method = handler.unary_unary, details.method.rsplit("/", 1)[-1]
+        given = dict(details.invocation_metadata or ()).get("x-request-id")
+
+        def timed(request, context):
+            token = REQUEST_ID.set(given if isinstance(given, str) and given else ids.new_id())
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return inner(request, context)
+            except Exception:
+                code = context.code().name if context.code() else "UNKNOWN"
+                raise
+            finally:
+                RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
+                REQUEST_ID.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{record.msecs:03.0f}Z",
+               "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        if REQUEST_ID.get():
+            doc["request_id"] = REQUEST_ID.get()
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
