@@ -112,6 +112,7 @@ class LocalBlobStore:
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
         self._pending: dict[str, str] = {}  # digest -> temporary, not yet in a sync
         self._moving: dict[str, str] = {}  # digest -> temporary, taken by the running sync
+        self._reused: dict[str, float] = {}  # digest -> when a put last found it stored
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
 
@@ -133,16 +134,16 @@ class LocalBlobStore:
         return os.path.exists(self._path(digest))
 
     def _reuse(self, digest: str) -> bool:
-        """True if the blob is stored; a stored one is freshened (its mtime is gc's
-        clock), under the lock gc deletes with."""
+        """True if the blob is stored. A stored one counts as freshly stored for gc's grace
+        period: the reuse is noted in memory (gc runs in this process) under the lock gc
+        deletes with, instead of touching the file, which would dirty an inode per reuse."""
         with self._lock:
             if digest in self._pending or digest in self._moving:
                 return True
-            try:
-                os.utime(self._path(digest))
+            if os.path.exists(self._path(digest)):
+                self._reused[digest] = time.time()
                 return True
-            except FileNotFoundError:
-                return False
+            return False
 
     def put_bytes(self, data: bytes) -> str:
         digest = digest_of(data)
@@ -308,18 +309,25 @@ class LocalBlobStore:
         return self._stat(digest).st_size
 
     def stored_at(self, digest: str) -> float:
-        return self._stat(digest).st_mtime
+        with self._lock:
+            reused = self._reused.get(digest, 0.0)
+        return max(self._stat(digest).st_mtime, reused)
 
     def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
         with self._lock:
             try:
                 st = os.stat(path)
-                if older_than is not None and st.st_mtime >= older_than:
+                last = max(st.st_mtime, self._reused.get(digest, 0.0))
+                if older_than is not None and last >= older_than:
                     return 0
                 os.unlink(path)
             except FileNotFoundError:
                 return 0
+            self._reused.pop(digest, None)
+            if older_than is not None and len(self._reused) > 100_000:
+                # bounded memory: reuses older than the grace gc is applying are moot
+                self._reused = {d: t for d, t in self._reused.items() if t >= older_than}
         return st.st_size
 
     def digests(self) -> Iterator[str]:

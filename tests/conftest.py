@@ -20,8 +20,13 @@ from worldline.client import Client
 WORLDLINE = [sys.executable, "-m", "worldline.client.cli"]
 
 
+_STARTED: list["DaemonProcess"] = []
+
+
 class DaemonProcess:
-    """A ``worldline daemon`` child process with its own data root."""
+    """A ``worldline daemon`` child process with its own data root. Every one started
+    in a test session is killed at its end, even if the test that started it failed
+    before it could stop it."""
 
     def __init__(self, root: Path, extra: list[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -34,9 +39,11 @@ class DaemonProcess:
 
     def start(self, wait: bool = True) -> DaemonProcess:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            WORLDLINE + ["daemon", "--root", str(self.root), *self.extra],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=self.env)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                WORLDLINE + ["daemon", "--root", str(self.root), *self.extra],
+                stdout=subprocess.DEVNULL, stderr=log, env=self.env)
+        _STARTED.append(self)
         if wait:
             self.wait_serving()
         return self
@@ -93,6 +100,15 @@ def unmount_below(folder: Path) -> None:
         points = [line.split()[1].encode().decode("unicode_escape") for line in f]
     for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_daemon_outlives_the_tests():
+    yield
+    for d in _STARTED:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
 
 
 @pytest.fixture(scope="session")

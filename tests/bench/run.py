@@ -98,6 +98,7 @@ class Bench:
         ws, repo = self.copy(f"{name}-wl", tree), self.copy(f"{name}-git", tree)
         peers.git_init(repo)
         session = self.client.create_session(str(ws))
+        os.sync()  # untimed: the setup's own writeback must not land in the first rounds
         rng = random.Random(42)
         wl, git = [], []
         for i in range(WARMUP + ROUNDS):
@@ -213,6 +214,7 @@ class Bench:
         peers.git_init(repo)
         peers.run(["git", "gc", "-q"], repo)
         session = self.client.create_session(str(ws))
+        os.sync()
         data_before = du_bytes(self.daemon.root)
         git_before = du_bytes(repo / ".git" / "objects")
         rng = random.Random(100)
@@ -249,6 +251,7 @@ class Bench:
         from . import load
         copies = [self.copy(f"load-{i}") for i in range(8)]
         sessions = [self.client.create_session(str(p)).id for p in copies]
+        os.sync()
         result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
                           seconds=10.0, django=str(self.django))
         lat = stat(result["latencies"])
