@@ -151,41 +151,21 @@ class LocalBlobStore:
             BLOB_REUSED.inc(len(data))
             return digest
         BLOB_WRITTEN.inc(len(data))
-        fd, tmp = self._open_temp(digest)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o444)
-        except OSError as exc:
-            _discard(fd, tmp)
-            raise _disk_full(exc) from exc
-        except BaseException:
-            _discard(fd, tmp)
-            raise
-        os.close(fd)
-        self._add_pending(digest, tmp)
+        self._add_pending(digest, self._write_temp([data], digest))
         return digest
 
     def put_fd(self, src: int) -> tuple[str, int]:
         hasher = hashlib.sha256()
-        fd, tmp = self._open_temp()
         size = 0
-        try:
+
+        def chunks():
+            nonlocal size
             while chunk := os.read(src, CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o444)
-        except OSError as exc:
-            _discard(fd, tmp)
-            raise _disk_full(exc) from exc
-        except BaseException:
-            _discard(fd, tmp)
-            raise
-        os.close(fd)
+                yield chunk
+
+        tmp = self._write_temp(chunks())
         digest = hasher.hexdigest()
         if self._reuse(digest):
             BLOB_REUSED.inc(size)
@@ -203,6 +183,25 @@ class LocalBlobStore:
                 os.unlink(tmp)  # another thread stored the same bytes meanwhile
             else:
                 self._pending[digest] = tmp
+
+    def _write_temp(self, chunks, digest: str = "") -> str:
+        """Write ``chunks`` to a new read-only temporary; return its path. On any error
+        the temporary is removed, and a full disk is ResourceExhausted."""
+        fd, tmp = self._open_temp(digest)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o444)
+        except OSError as exc:
+            _discard(fd, tmp)
+            raise _disk_full(exc) from exc
+        except BaseException:
+            _discard(fd, tmp)
+            raise
+        os.close(fd)
+        return tmp
 
     def _open_temp(self, digest: str = "") -> tuple[int, str]:
         prefix = f"{digest}." if digest else "stream-"

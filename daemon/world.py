@@ -124,6 +124,19 @@ class World:
                                      " conversation and state remain, its files do not")
         return cp
 
+    @contextlib.contextmanager
+    def _session_locked(self, session_id: str, expected_head: str = "") -> Iterator[Session]:
+        """The session, read again under its workspace's lock, after any restore a failure
+        left half-done was completed; ABORTED when its head is not ``expected_head``."""
+        if expected_head:
+            check_id("checkpoint", expected_head)
+        with self.lock(self.session(session_id).workspace):
+            self._pending_restore(session_id)
+            session = self.session(session_id)
+            if expected_head and expected_head != session.head:
+                raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
+            yield session
+
     def _engine(self) -> Engine:
         if self.engine is None:
             raise FailedPrecondition("this daemon runs without a Docker engine")
@@ -229,14 +242,7 @@ class World:
         state = parse_state(state_json)
         for what, text in (("label", label), ("reasoning", reasoning), ("trace id", trace_id)):
             check_text(what, text)
-        if expected_head:
-            check_id("checkpoint", expected_head)
-        session = self.session(session_id)
-        with self.lock(session.workspace):
-            self._pending_restore(session_id)
-            session = self.session(session_id)
-            if expected_head and expected_head != session.head:
-                raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
+        with self._session_locked(session_id, expected_head) as session:
             head = self.store.get_checkpoint(session.head)
             layers = self.layers(session)
             taken: list[tuple[Layer, Capture, object]] = []
@@ -289,12 +295,7 @@ class World:
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
                 dry_run: bool = False, expected_head: str = "") -> RestoreResult:
         target = self.usable(checkpoint_id)
-        session = self.session(session_id)
-        with self.lock(session.workspace):
-            self._pending_restore(session_id)
-            session = self.session(session_id)
-            if expected_head and expected_head != session.head:
-                raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
+        with self._session_locked(session_id, expected_head) as session:
             if session.container and target.container is None:
                 raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
                                          f" restore into container {session.container}")
