@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import threading
-from typing import Any, Iterator
+from typing import Iterator
 
 from worldline.client.errors import FailedPrecondition, NotFound, Unavailable
 
@@ -197,17 +197,3 @@ class Engine:
     def remove_image(self, image: str) -> None:
         with self.errors():
             self.api.remove_image(image, force=True)
-
-
-def workspace_mount(attrs: dict, workspace: str) -> str | None:
-    """Where the container mounts ``workspace``, if it does."""
-    for m in attrs.get("Mounts") or []:
-        if m.get("Type") == "bind" and os.path.realpath(m.get("Source", "")) == workspace:
-            return m.get("Destination")
-    return None
-
-
-def summary(attrs: dict[str, Any]) -> dict[str, Any]:
-    state = attrs.get("State", {})
-    return {"id": attrs.get("Id", "")[:12], "name": attrs.get("Name", "").lstrip("/"),
-            "image": attrs.get("Config", {}).get("Image"), "running": state.get("Running")}

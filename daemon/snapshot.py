@@ -508,13 +508,3 @@ class MemorySnapshotter:
 
     def commit(self, capture: Capture) -> None:
         return None
-
-
-def validate_relative(path: str) -> str:
-    """A workspace-relative path, refused if it could land outside the workspace."""
-    if not path or path.startswith("/") or "\0" in path:
-        raise InvalidArgument(f"{path!r} is not a workspace-relative path")
-    for part in path.split("/"):
-        check_name(part)
-    return path
-

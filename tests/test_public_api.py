@@ -17,3 +17,20 @@ def test_every_error_class_is_exported_and_named_after_its_code():
             assert name in client.__all__
             if obj is not errors.WorldlineError:
                 assert errors.error_for_code(obj.code, "m").__class__ is obj
+
+
+def test_the_domain_never_imports_grpc():
+    """Only the edge modules speak gRPC; the domain raises worldline errors."""
+    import ast
+    from pathlib import Path
+    edge = {"server.py", "main.py", "auth.py", "observe.py"}
+    daemon = Path(__file__).resolve().parents[1] / "daemon"
+    offenders = []
+    for path in sorted(daemon.glob("*.py")):
+        if path.name in edge:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "grpc"]
+    assert offenders == []
