@@ -32,7 +32,7 @@ from .records import (
     ToolCall,
 )
 from .store import calls_on_path, ordered_tasks
-from .validate import check_id, check_text
+from .validate import check_id, check_text, load_json
 from .world import World
 
 DEFAULT_APPROVAL_TTL = 3600.0
@@ -60,10 +60,7 @@ class Gates:
         check_text("idempotency key", idempotency_key)
         args = parse_args_json(args_json)
         if result_json:
-            try:
-                json.loads(result_json)
-            except ValueError as exc:
-                raise InvalidArgument(f"result is not valid JSON: {exc}") from None
+            load_json(result_json, "result", object, "JSON")
         if effect and effect not in EFFECTS:
             raise InvalidArgument(f"effect {effect!r} is not one of {', '.join(EFFECTS)}")
         decision = self.policy.classify(name, args)

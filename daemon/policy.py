@@ -25,7 +25,6 @@ Policy file (TOML)::
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 import shlex
 import tomllib
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from worldline.client.errors import InvalidArgument
 
 from .records import EFFECTS
+from .validate import load_json
 
 SEVERITY = {e: i for i, e in enumerate(EFFECTS)}
 SHELL_TOOLS = ("bash", "sh", "shell", "run_shell", "run_command", "execute_command", "exec",
@@ -232,12 +232,4 @@ def split_commands(command: str) -> list[str]:
 
 
 def parse_args_json(text: str, what: str = "args") -> dict:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"{what} are not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{what} must be a JSON object")
-    return value
+    return load_json(text, what, dict, "a JSON object") if text else {}

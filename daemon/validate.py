@@ -8,6 +8,7 @@ world as it was.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from worldline.client.errors import InvalidArgument, ResourceExhausted
 
@@ -19,19 +20,26 @@ MAX_TEXT = 64 << 10  # labels, reasoning, names
 EMPTY_STATE = b"{}"
 
 
+def load_json(text: str, what: str, kind: type, shape: str, limit: int | None = None) -> Any:
+    """``text`` parsed as JSON: RESOURCE_EXHAUSTED past ``limit`` characters,
+    INVALID_ARGUMENT when it does not parse or is not ``kind`` (described as ``shape``)."""
+    if limit is not None and len(text) > limit:
+        raise ResourceExhausted(f"{what}: {len(text)} bytes; the limit is {limit}")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"{what}: not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise InvalidArgument(f"{what} must be {shape}")
+    return value
+
+
 def parse_messages(text: str) -> list[str]:
     """Validate a JSON list of messages; return each message as canonical JSON text."""
     if not text:
         return []
-    if len(text) > MAX_MESSAGES_BYTES:
-        raise ResourceExhausted(
-            f"messages are {len(text)} bytes; the limit is {MAX_MESSAGES_BYTES}")
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"messages are not valid JSON: {exc}") from None
-    if not isinstance(value, list):
-        raise InvalidArgument("messages must be a JSON list of message objects")
+    value = load_json(text, "messages", list, "a JSON list of message objects",
+                      MAX_MESSAGES_BYTES)
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise InvalidArgument(f"message {i} must be an object with a string \"role\"")
@@ -41,14 +49,7 @@ def parse_messages(text: str) -> list[str]:
 def parse_state(text: str) -> bytes | None:
     if not text:
         return None
-    if len(text) > MAX_STATE_BYTES:
-        raise ResourceExhausted(f"state is {len(text)} bytes; the limit is {MAX_STATE_BYTES}")
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"state is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument("state must be one JSON object")
+    value = load_json(text, "state", dict, "one JSON object", MAX_STATE_BYTES)
     return json.dumps(value, ensure_ascii=False, sort_keys=True,
                       separators=(",", ":")).encode("utf-8")
 
