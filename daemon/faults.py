@@ -28,6 +28,7 @@ POINTS = (
     "checkpoint.after_commit",     # committed, the reply not yet sent
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all
+    "restore.before_rename",       # a file written aside, not yet renamed into place
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "fork.mid",                    # some of the fork's files written

@@ -278,6 +278,31 @@ class WorkspaceSnapshotter:
             scan.trees[digest] = tree
         return digest
 
+    def remove_leftovers(self) -> list[str]:
+        """Remove the temporary files a write aside left behind when the daemon died
+        between writing and renaming (captures never see them, so a restore would not
+        either). Called when an interrupted restore is completed. Returns their paths."""
+        removed: list[str] = []
+        root_fd = self._open_root()
+        try:
+            self._remove_leftovers(root_fd, "", removed)
+        finally:
+            os.close(root_fd)
+        return removed
+
+    def _remove_leftovers(self, dfd: int, prefix: str, removed: list[str]) -> None:
+        _check_depth(prefix)
+        for de in list(os.scandir(dfd)):
+            if de.name.startswith(TEMP_PREFIX):
+                _remove(dfd, de.name)
+                removed.append(prefix + de.name)
+            elif de.is_dir(follow_symlinks=False):
+                sub = os.open(de.name, _DIR_FLAGS, dir_fd=dfd)
+                try:
+                    self._remove_leftovers(sub, f"{prefix}{de.name}/", removed)
+                finally:
+                    os.close(sub)
+
     # -- apply -----------------------------------------------------------------
     def apply(self, current: Capture, target_root: str, watch_new: bool = False) -> None:
         """With ``watch_new`` (a fork into a fresh folder), every folder is handed to the
@@ -303,14 +328,14 @@ class WorkspaceSnapshotter:
         os.fchmod(dfd, os.fstat(dfd).st_mode & 0o7777 | 0o700)  # writable while we work
         for name, entry in cur.items():
             if name not in tgt:
-                _remove(dfd, name, entry)
+                _remove(dfd, name)
         for name, want in sorted(tgt.items()):
             check_name(name)
             have = cur.get(name)
             if have == want:
                 continue
             if have is not None and have.is_folder != want.is_folder:
-                _remove(dfd, name, have)
+                _remove(dfd, name)
                 have = None
             if want.is_folder:
                 if have is None:
@@ -352,6 +377,7 @@ class WorkspaceSnapshotter:
             os.unlink(tmp, dir_fd=dfd)
             raise
         os.close(fd)
+        crash_point("restore.before_rename")  # the file written aside, not yet in place
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
@@ -361,7 +387,7 @@ def _check_depth(prefix: str) -> None:
                                  " worldline captures trees up to that depth")
 
 
-def _remove(dfd: int, name: str, entry: Entry) -> None:
+def _remove(dfd: int, name: str) -> None:
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:

@@ -380,6 +380,10 @@ class World:
         session = self.store.get_session(sid)
         head = self.store.get_checkpoint(entry["head"])
         target = self.store.get_checkpoint(entry["target"])
+        for layer in self.layers(session):  # a file written aside, never renamed
+            for path in layer.snap.remove_leftovers():
+                log.warning("session %s: removed %s, left by the interrupted restore",
+                            sid, os.path.join(layer.path, path))
         self._apply(session, head, target)
         tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
         cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})

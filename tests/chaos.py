@@ -73,8 +73,13 @@ def _worker(d: DaemonProcess, n: int, ws: Path, sid: str, stop: threading.Event,
                         with lock:
                             mine[cp.id] = state
                             report.count("checkpoint")
-        except (Unavailable, Aborted):
-            time.sleep(0.05)  # the daemon is down, or a restore raced: try again
+        except Aborted:
+            time.sleep(0.05)  # a restore raced: try again
+        except Unavailable:
+            # The daemon is down. A restore it was applying is completed when it starts
+            # again, so the workspace is not touched until it answers (an agent that
+            # wrote meanwhile would race the restore it asked for).
+            _wait_until_up(d, stop)
         except FailedPrecondition as exc:
             if "pruned" not in str(exc):  # a restore or fork of a checkpoint gc pruned
                 report.failures.append(exc)
@@ -82,6 +87,16 @@ def _worker(d: DaemonProcess, n: int, ws: Path, sid: str, stop: threading.Event,
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             report.failures.append(exc)
             return
+
+
+def _wait_until_up(d: DaemonProcess, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            with d.client() as c:
+                c.list_sessions()
+            return
+        except Unavailable:
+            time.sleep(0.05)
 
 
 def _collector(d: DaemonProcess, stop: threading.Event, report: ChaosReport,

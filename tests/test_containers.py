@@ -274,7 +274,8 @@ def wait_health(d: DaemonProcess, want: int, timeout: float = 15.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("point", ["restore.between_files:2", "restore.between_layers",
+@pytest.mark.parametrize("point", ["restore.between_files:2", "restore.before_rename:6",
+                                   "restore.between_layers",
                                    "restore.before_commit"])
 def test_crash_mid_restore_is_completed_at_start(tmp_path, containers, point):
     ws = tmp_path / "ws"

@@ -102,7 +102,7 @@ def _restart_clean(d: DaemonProcess) -> None:
 
 @pytest.mark.parametrize("point", [
     "checkpoint.after_blobs:2", "checkpoint.after_commit:2", "restore.after_journal",
-    "restore.between_files:5", "restore.before_commit", "fork.mid",
+    "restore.between_files:5", "restore.before_rename:3", "restore.before_commit", "fork.mid",
 ])
 def test_kill_at_named_points(tmp_path, point):
     ws = tmp_path / "ws"
