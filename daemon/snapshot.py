@@ -326,7 +326,7 @@ class WorkspaceSnapshotter:
         cur = self.trees.read(cur_digest, pending) if cur_digest else {}
         tgt = self.trees.read(tgt_digest)
         os.fchmod(dfd, os.fstat(dfd).st_mode & 0o7777 | 0o700)  # writable while we work
-        for name, entry in cur.items():
+        for name in cur:
             if name not in tgt:
                 _remove(dfd, name)
         for name, want in sorted(tgt.items()):
