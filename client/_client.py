@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import grpc
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .config import default_address, unix_path
-from .errors import Unavailable, error_for_code
+from .channel import mapped, open_channel
+from .config import default_address
 from .models import (
     Approval,
     AuditEvent,
@@ -25,8 +24,6 @@ from .models import (
     Task,
     ToolCall,
 )
-
-MAX_MESSAGE = 64 << 20
 
 
 def _dumps(value: Any) -> str:
@@ -44,22 +41,7 @@ class Client:
         the bearer ``token`` (default ``$WORLDLINE_TOKEN``)."""
         self.address = address or default_address()
         self.timeout = timeout
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE),
-                   ("grpc.max_send_message_length", MAX_MESSAGE)]
-        if unix_path(self.address) is not None:
-            self._channel = grpc.insecure_channel(self.address, options=options)
-        else:
-            ca = tls_ca or os.environ.get("WORLDLINE_TLS_CA")
-            roots = None
-            if ca:
-                with open(ca, "rb") as f:
-                    roots = f.read()
-            creds = grpc.ssl_channel_credentials(root_certificates=roots)
-            token = token or os.environ.get("WORLDLINE_TOKEN")
-            if token:
-                creds = grpc.composite_channel_credentials(
-                    creds, grpc.access_token_call_credentials(token))
-            self._channel = grpc.secure_channel(self.address, creds, options=options)
+        self._channel = open_channel(self.address, token, tls_ca)
         self._stub = pb_grpc.WorldlineStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -75,11 +57,7 @@ class Client:
         try:
             return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details() or ""
-            if code == grpc.StatusCode.UNAVAILABLE and unix_path(self.address) is not None:
-                raise Unavailable(f"cannot reach the worldline daemon at {self.address}"
-                                  f" (start it with `worldline daemon`): {details}") from None
-            raise error_for_code(code.name, details) from None
+            raise mapped(exc, self.address) from None
 
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
@@ -131,19 +109,29 @@ class Client:
                                                               patch=patch)))
 
     def restore(self, session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
-                dry_run: bool = False, expected_head: str | None = None) -> RestoreResult:
+                dry_run: bool = False, expected_head: str | None = None,
+                operation_id: str | None = None) -> RestoreResult:
+        """With ``operation_id``, ``progress(operation_id)`` follows it from another thread."""
         return RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
             session_id=session_id, checkpoint_id=checkpoint_id,
             acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
-            expected_head=expected_head or "")))
+            expected_head=expected_head or "", operation_id=operation_id or "")))
 
     def fork(self, checkpoint_id: str, workspace: str | None = None,
-             name: str | None = None) -> Session:
+             name: str | None = None, operation_id: str | None = None) -> Session:
         m = self._call("Fork", pb.ForkRequest(checkpoint_id=checkpoint_id,
-                                              workspace=workspace or "", name=name or ""))
+                                              workspace=workspace or "", name=name or "",
+                                              operation_id=operation_id or ""))
         session = Session.from_pb(m.session, self)
         session.side_effects = [SideEffect.from_pb(s) for s in m.side_effects]
         return session
+
+    def progress(self, operation_id: str) -> dict:
+        """How far the restore, fork or gc given ``operation_id`` has come: phase, unit,
+        done, total (0 when unknown), files written, finished."""
+        m = self._call("GetProgress", pb.GetProgressRequest(operation_id=operation_id))
+        return {"operation_id": m.operation_id, "phase": m.phase, "unit": m.unit,
+                "done": m.done, "total": m.total, "files": m.files, "finished": m.finished}
 
     def export_image(self, checkpoint_id: str) -> tuple[str, str]:
         """A runnable image of the checkpoint's container: (image id, reference)."""
@@ -230,13 +218,14 @@ class Client:
                 "checkpoints_checked": m.checkpoints_checked, "repaired": list(m.repaired)}
 
     def gc(self, dry_run: bool = False, keep_last: int = 0, keep_labelled: bool = False,
-           keep_newer_than: float = 0.0) -> dict:
+           keep_newer_than: float = 0.0, operation_id: str | None = None) -> dict:
         """Remove what no checkpoint needs; with a retention policy (keep the last N per
         session, the labelled ones, those newer than a number of seconds), prune the
         checkpoints it does not keep first."""
         m = self._call("Gc", pb.GcRequest(dry_run=dry_run, keep_last=keep_last,
                                           keep_labelled=keep_labelled,
-                                          keep_newer_than_seconds=keep_newer_than),
+                                          keep_newer_than_seconds=keep_newer_than,
+                                          operation_id=operation_id or ""),
                        timeout=3600)
         return {"blobs_removed": m.blobs_removed, "bytes_freed": m.bytes_freed,
                 "checkpoints_pruned": m.checkpoints_pruned, "images_removed": m.images_removed,

@@ -154,9 +154,21 @@ def cmd_diff(c: Client, a, out: Output) -> int:
     return 0
 
 
+def _followed(c: Client, a, call: Callable[[str | None], Any]) -> Any:
+    """``call(operation_id)``, with a progress bar on stderr when wanted: by default on
+    a terminal unless --json; --progress and --no-progress decide otherwise."""
+    wanted = a.progress if a.progress is not None else (
+        sys.stderr.isatty() and not getattr(a, "json", False))
+    if not wanted:
+        return call(None)
+    from .progress import with_progress
+    return with_progress(c, call, sys.stderr, sys.stderr.isatty())
+
+
 def cmd_restore(c: Client, a, out: Output) -> int:
-    r = c.restore(a.session, a.checkpoint, acknowledge_side_effects=a.yes,
-                  dry_run=a.dry_run).to_dict()
+    r = _followed(c, a, lambda op: c.restore(
+        a.session, a.checkpoint, acknowledge_side_effects=a.yes, dry_run=a.dry_run,
+        operation_id=op)).to_dict()
 
     def human() -> str:
         verb = "would write" if a.dry_run else "wrote"
@@ -171,8 +183,9 @@ def cmd_restore(c: Client, a, out: Output) -> int:
 
 
 def cmd_fork(c: Client, a, out: Output) -> int:
-    s = c.fork(a.checkpoint, workspace=os.path.abspath(a.workspace) if a.workspace else None,
-               name=a.name)
+    s = _followed(c, a, lambda op: c.fork(
+        a.checkpoint, workspace=os.path.abspath(a.workspace) if a.workspace else None,
+        name=a.name, operation_id=op))
     d = s.to_dict()
     d["side_effects"] = [e.to_dict() for e in getattr(s, "side_effects", [])]
     out.emit(d, lambda: _session_human(d) + ("\n" + _effects_human(d["side_effects"])
@@ -289,8 +302,10 @@ def _duration(text: str) -> float:
 
 
 def cmd_gc(c: Client, a, out: Output) -> int:
-    d = c.gc(dry_run=a.dry_run, keep_last=a.keep_last or 0, keep_labelled=a.keep_labelled,
-             keep_newer_than=_duration(a.keep_newer_than) if a.keep_newer_than else 0.0)
+    keep_newer_than = _duration(a.keep_newer_than) if a.keep_newer_than else 0.0
+    d = _followed(c, a, lambda op: c.gc(
+        dry_run=a.dry_run, keep_last=a.keep_last or 0, keep_labelled=a.keep_labelled,
+        keep_newer_than=keep_newer_than, operation_id=op))
     verb = "would" if a.dry_run else ""
     out.emit(d, lambda: f"{verb + ' ' if verb else ''}pruned {d['checkpoints_pruned']}"
              f" checkpoint(s); removed {d['blobs_removed']} blob(s) ({d['bytes_freed']} bytes),"
@@ -387,11 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help="acknowledge non-idempotent side effects the restore cannot undo")
     r.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    _progress_flag(r)
 
     f = add("fork", cmd_fork, "start a new session from a checkpoint")
     f.add_argument("checkpoint")
     f.add_argument("--workspace", help="folder for the fork (default: under the data root)")
     f.add_argument("--name")
+    _progress_flag(f)
 
     add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)"
         ).add_argument("checkpoint")
@@ -456,7 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-last", type=int, metavar="N", help="keep the newest N per session")
     g.add_argument("--keep-labelled", action="store_true", help="keep labelled checkpoints")
     g.add_argument("--keep-newer-than", metavar="AGE", help="keep those newer than AGE (7d)")
+    _progress_flag(g)
     return p
+
+
+def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress bar on stderr (default: on a terminal, unless --json)")
 
 
 SESSION_FIRST = ("checkpoint", "log", "restore", "tool", "tools", "task", "tasks")

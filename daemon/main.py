@@ -20,6 +20,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from worldline.client.channel import MAX_MESSAGE
 from worldline.client.config import default_address, default_root, unix_path
 from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
@@ -29,6 +30,9 @@ from .auth import PeerRelay, TokenInterceptor, read_token
 from .blobs import LocalBlobStore
 from .containers import Engine
 from .gates import Gates
+from .graph_server import GraphsServicer
+from .graph_store import SqliteGraphStore
+from .graphs import Graphs
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
@@ -41,8 +45,8 @@ from .world import World
 
 log = logging.getLogger("worldline.daemon")
 
-MAX_MESSAGE = 64 << 20
 SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
+GRAPHS_SERVICE = pb.DESCRIPTOR.services_by_name["Graphs"].full_name
 
 
 class StartupError(Exception):
@@ -148,6 +152,7 @@ class Daemon:
             log.warning("forks: %s", line)
         self.world.recover()
         self.gates = Gates(self.world, policy)
+        self.graph_store = SqliteGraphStore(os.path.join(self.root, "graphs.db"))
 
         interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(
@@ -158,9 +163,11 @@ class Daemon:
                      ("grpc.so_reuseport", 0)])
         pb_grpc.add_WorldlineServicer_to_server(
             WorldlineServicer(self.world, self.gates, self.gc_grace), server)
+        pb_grpc.add_GraphsServicer_to_server(
+            GraphsServicer(Graphs(self.world, self.graph_store)), server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME,
+        reflection.enable_server_reflection((SERVICE, GRAPHS_SERVICE, reflection.SERVICE_NAME,
                                              health.SERVICE_NAME), server)
         self.socket_path = socket_path
         if socket_path is None:
@@ -213,7 +220,7 @@ class Daemon:
             except Exception:
                 log.exception("health check failed")
                 ok = False
-            for name in ("", SERVICE):
+            for name in ("", SERVICE, GRAPHS_SERVICE):
                 self.health.set(name, serving if ok else not_serving)
 
         def loop() -> None:
@@ -233,6 +240,7 @@ class Daemon:
         if self.monitor is not None:
             self.monitor.close()
         self.store.close()
+        self.graph_store.close()
         self.stat_cache.close()
         if self.relay is not None:
             self.relay.close()

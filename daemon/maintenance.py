@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from worldline.client.errors import DataLoss, NotFound
 
-from . import ids
+from . import ids, progress
 from .containers import LABEL_CHECKPOINT, LABEL_ROOT
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
@@ -71,7 +71,10 @@ class GcReport:
 def reachable(world: World, problems: list[str] | None = None) -> set[str]:
     """Every digest that some kept checkpoint needs (trees, files, states, task lists)."""
     seen: set[str] = {world.empty_tree, world.empty_state}
-    for cp in world.store.list_checkpoints():
+    checkpoints = world.store.list_checkpoints()
+    progress.begin("marking what checkpoints need", len(checkpoints), "checkpoints")
+    for cp in checkpoints:
+        progress.advance()
         seen.update((cp.state_digest, cp.tasks_digest))
         if cp.pruned:
             continue
@@ -194,7 +197,10 @@ def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
     if dry_run and prune_ids:  # what the sweep would free once they are pruned
         needed = _reachable_without(world, prune_ids) | world.stat_cache.digests()
     cutoff = time.time() - grace
-    for digest in list(world.blobs.digests()):
+    digests = list(world.blobs.digests())
+    progress.begin("sweeping blobs", len(digests), "blobs")
+    for digest in digests:
+        progress.advance()
         if digest in needed:
             continue
         try:

@@ -20,6 +20,7 @@ from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from . import maintenance
 from .gates import Gates
+from .progress import Progress
 from .records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
 from .world import World
 
@@ -102,10 +103,12 @@ def audit_pb(e: AuditEvent) -> pb.AuditEvent:
 
 class WorldlineServicer(pb_grpc.WorldlineServicer):
     def __init__(self, world: World, gates: Gates,
-                 gc_grace: float = maintenance.GC_GRACE_SECONDS) -> None:
+                 gc_grace: float = maintenance.GC_GRACE_SECONDS,
+                 progress: Progress | None = None) -> None:
         self.world = world
         self.gates = gates
         self.gc_grace = gc_grace
+        self.progress = progress or Progress()
 
     # sessions
     def CreateSession(self, r, context):
@@ -145,9 +148,10 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
                                deleted=changes.deleted, patch=patch)
 
     def Restore(self, r, context):
-        result = self.world.restore(r.session_id, r.checkpoint_id,
-                                    acknowledge=r.acknowledge_side_effects, dry_run=r.dry_run,
-                                    expected_head=r.expected_head)
+        with self.progress.run(r.operation_id):
+            result = self.world.restore(r.session_id, r.checkpoint_id,
+                                        acknowledge=r.acknowledge_side_effects,
+                                        dry_run=r.dry_run, expected_head=r.expected_head)
         return pb.RestoreResponse(
             checkpoint=checkpoint_pb(result.checkpoint) if result.checkpoint else None,
             restored_from=result.restored_from, files_written=result.files_written,
@@ -156,7 +160,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             dry_run=result.dry_run)
 
     def Fork(self, r, context):
-        result = self.world.fork(r.checkpoint_id, r.workspace, r.name)
+        with self.progress.run(r.operation_id):
+            result = self.world.fork(r.checkpoint_id, r.workspace, r.name)
         return pb.ForkResponse(session=session_pb(result.session),
                                side_effects=[side_effect_pb(c) for c in result.side_effects])
 
@@ -229,6 +234,12 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def Gc(self, r, context):
         if r.keep_last < 0 or r.keep_newer_than_seconds < 0:
             raise InvalidArgument("retention values must not be negative")
-        report = maintenance.gc(self.world, dry_run=r.dry_run, policy=maintenance.Retention(
-            r.keep_last, r.keep_labelled, r.keep_newer_than_seconds), grace=self.gc_grace)
+        with self.progress.run(r.operation_id):
+            report = maintenance.gc(self.world, dry_run=r.dry_run, policy=maintenance.Retention(
+                r.keep_last, r.keep_labelled, r.keep_newer_than_seconds), grace=self.gc_grace)
         return pb.GcResponse(dry_run=r.dry_run, **report.__dict__)
+
+    def GetProgress(self, r, context):
+        op = self.progress.get(r.operation_id)
+        return pb.Progress(operation_id=op.id, phase=op.phase, unit=op.unit, done=op.done,
+                           total=op.total, files=op.files, finished=op.finished)

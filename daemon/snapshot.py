@@ -36,6 +36,7 @@ from typing import Protocol
 
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
+from . import progress
 from .blobs import CHUNK, BlobStore, digest_of
 from .faults import crash_point
 from .statcache import Signature, StatCache, is_racy, signature
@@ -363,6 +364,7 @@ class WorkspaceSnapshotter:
                 _write_whiteout(dfd, name)
             else:
                 _write_symlink(dfd, name, want.ref)
+                progress.advance(0, files=1)
 
     def _write_file(self, dfd: int, name: str, entry: Entry) -> None:
         crash_point("restore.between_files")
@@ -379,6 +381,7 @@ class WorkspaceSnapshotter:
         os.close(fd)
         crash_point("restore.before_rename")  # the file written aside, not yet in place
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        progress.advance(entry.size, files=1)
 
 
 def _check_depth(prefix: str) -> None:

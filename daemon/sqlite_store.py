@@ -93,8 +93,11 @@ def _event(row) -> AuditEvent:
                       prev_hash, hash_)
 
 
-class SqliteStore:
-    def __init__(self, path: str) -> None:
+class SqliteDatabase:
+    """One SQLite file in WAL mode: a writer connection behind a lock for write
+    transactions (``_tx``), a read connection per thread (``_one``, ``_all``)."""
+
+    def __init__(self, path: str, schema: str) -> None:
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -104,9 +107,7 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
-        self._db.executescript(SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
+        self._db.executescript(schema)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -142,6 +143,19 @@ class SqliteStore:
 
     def _all(self, sql: str, args: tuple = ()) -> list:
         return self._reader().execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._readers:
+                db.close()
+            self._db.close()
+
+
+class SqliteStore(SqliteDatabase):
+    def __init__(self, path: str) -> None:
+        super().__init__(path, SCHEMA)
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
 
     # -- sessions ------------------------------------------------------------------
     def create_session(self, session, first, tasks, events):
@@ -350,12 +364,6 @@ class SqliteStore:
             args.append(kind)
         events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
         return events[-limit:] if limit else events
-
-    def close(self):
-        with self._lock:
-            for db in self._readers:
-                db.close()
-            self._db.close()
 
 
 def _approval_row(a: Approval) -> tuple:

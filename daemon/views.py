@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 
+from . import progress
 from .blobs import BlobStore
 from .snapshot import Capture, WorkspaceSnapshotter
 from .statcache import Signature, StatCache, signature
@@ -71,7 +72,7 @@ class Views:
         names = [n for n in os.listdir(self.views) if len(n) == 64]
         return sorted(names, key=lambda n: os.stat(self._view_path(n)).st_mtime, reverse=True)
 
-    def _materialize(self, name: str, tree: str, overlay: bool) -> str:
+    def _materialize(self, name: str, tree: str, overlay: bool, size: int = 0) -> str:
         """Write ``tree`` into views/<name> (aside, then renamed: a view is whole or absent),
         recording every file's stat so forks over it never rehash an unchanged file."""
         final = os.path.join(self.views, name)
@@ -82,6 +83,7 @@ class Views:
         try:
             snap = WorkspaceSnapshotter(tmp, self.blobs, self.trees, self.stat_cache,
                                         overlay=overlay)
+            progress.begin("fork: building a read-only view of the checkpoint", size)
             snap.apply(Capture(encode_empty(self.blobs), 0), tree)
             os.rename(tmp, final)
         except BaseException:
@@ -97,8 +99,9 @@ class Views:
                 out[path] = (signature(os.lstat(os.path.join(folder, path))), entry.ref)
         return out
 
-    def _delta_tree(self, base: str, target: str) -> str:
-        """A tree that, laid over ``base`` as an overlay upper layer, shows ``target``."""
+    def _delta_tree(self, base: str, target: str) -> tuple[str, int]:
+        """A tree that, laid over ``base`` as an overlay upper layer, shows ``target``;
+        with the bytes of the files it holds."""
         b, t = self.trees.read(base), self.trees.read(target)
         out: dict[str, Entry] = {}
         for name in b.keys() | t.keys():
@@ -108,30 +111,32 @@ class Views:
             if et is None:
                 out[name] = Entry(WHITEOUT, 0, "")
             elif et.is_folder and eb is not None and eb.is_folder:
-                out[name] = Entry(DIR, et.mode, self._delta_tree(eb.ref, et.ref))
+                out[name] = Entry(DIR, et.mode, *self._delta_tree(eb.ref, et.ref))
             else:
                 out[name] = et
         digest = self.blobs.put_bytes(encode(out))
         self.trees.remember(digest, out)
-        return digest
+        return digest, sum(e.size for e in out.values() if e.kind != WHITEOUT)
 
-    def lowers(self, tree: str) -> list[str]:
-        """Lower layers (top first) whose union is ``tree``, building what is missing."""
+    def lowers(self, tree: str, size: int = 0) -> list[str]:
+        """Lower layers (top first) whose union is ``tree`` (of ``size`` bytes), building
+        what is missing."""
         if os.path.isdir(self._view_path(tree)):
             return [self._view_path(tree)]
         for base in self._built()[:4]:
             changes = diff(self.trees, base, tree)
             if len(changes.added) + len(changes.modified) + len(changes.deleted) \
                     <= MAX_DELTA_PATHS:
-                delta = self._delta_tree(base, tree)
+                delta, delta_size = self._delta_tree(base, tree)
                 self.blobs.sync()
                 name = f"delta-{base[:20]}-{tree[:20]}"
-                return [self._materialize(name, delta, overlay=True), self._view_path(base)]
-        return [self._materialize(tree, tree, overlay=False)]
+                return [self._materialize(name, delta, overlay=True, size=delta_size),
+                        self._view_path(base)]
+        return [self._materialize(tree, tree, overlay=False, size=size)]
 
     # -- mounts -----------------------------------------------------------------------------
-    def mount_fork(self, session_id: str, workspace: str, tree: str) -> None:
-        lowers = self.lowers(tree)
+    def mount_fork(self, session_id: str, workspace: str, tree: str, size: int = 0) -> None:
+        lowers = self.lowers(tree, size)
         state = os.path.join(self.forks, session_id)
         spec = {"workspace": workspace, "lowers": lowers, "tree": tree,
                 "upper": os.path.join(state, "upper"), "work": os.path.join(state, "work")}

@@ -28,7 +28,7 @@ from worldline.client.errors import (
     NotFound,
 )
 
-from . import ids
+from . import ids, progress
 from .blobs import BlobStore
 from .containers import (
     DEFAULT_MOUNT,
@@ -190,12 +190,12 @@ class World:
 
     # -- sessions ------------------------------------------------------------------------
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
-                       image: str = "", mount: str = "") -> Session:
+                       image: str = "", mount: str = "", *, session_id: str = "") -> Session:
         path = self._check_workspace(workspace, must_be_empty=False)
         check_text("name", name)
         if image and container:
             raise InvalidArgument("give a container to attach or an image to start, not both")
-        sid = ids.new_id()
+        sid = session_id or ids.new_id()
         created_container = None
         if image:
             engine = self._engine()
@@ -233,6 +233,18 @@ class World:
                 self._engine().remove(created_container)
             raise
         return self.store.get_session(sid)
+
+    def create_session_in_own_folder(self, name: str) -> Session:
+        """A session whose workspace is a new empty folder under the data root (named by
+        the session id, so a crash before it is recorded leaves nothing recovery keeps)."""
+        sid = ids.new_id()
+        path = os.path.join(self.fork_root, sid)
+        os.makedirs(path, mode=0o755)
+        try:
+            return self.create_session(path, name=name, session_id=sid)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, session_id: str, *, label: str = "", reasoning: str = "",
@@ -353,12 +365,15 @@ class World:
                                          self._bases(target), strict=False):
                 current, seen = layer.capture(base, persist=False, consume=False)
                 changes = diff(self.trees, current.root, want, current.trees)
+                size = 0
                 for path in changes.added + changes.modified:
                     entry = self._entry(want, path)
                     if entry is not None and entry.kind == FILE:
                         self.blobs.verify(entry.ref)
-                plans.append((layer, current, seen, want, changes))
-            for layer, current, seen, want, _ in plans:
+                        size += entry.size
+                plans.append((layer, current, seen, want, changes, size))
+            for layer, current, seen, want, _, size in plans:
+                progress.begin(f"restore: {layer.kind}", size)
                 layer.snap.apply(current, want)
                 if seen is not None and not seen.full:
                     layer.now_equals(want)
@@ -418,7 +433,7 @@ class World:
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled
-                           and self._mount_fork(sid, path, source.tree))
+                           and self._mount_fork(sid, path, source.tree, source.bytes))
                 for layer, want in zip(layers, self._bases(source), strict=False):
                     if layer.kind == WORKSPACE and mounted:
                         continue  # nothing watched yet: the first checkpoint scans it
@@ -428,6 +443,8 @@ class World:
                     # already holds the mount points the engine made: look, never assume.
                     current = (Capture(self.empty_tree, 0) if layer.kind == WORKSPACE
                                else layer.snap.capture(persist=False))
+                    progress.begin(f"fork: {layer.kind}",
+                                   source.bytes if layer.kind == WORKSPACE else 0)
                     layer.snap.apply(current, want, watch_new=True)
                 crash_point("fork.mid")  # the workspace made, the fork not yet recorded
                 first = Checkpoint(ids.new_id(), sid, 0, source.id, "fork", ids.now(),
@@ -459,10 +476,10 @@ class World:
     def _labels(self, session_id: str) -> dict[str, str]:
         return {LABEL_MANAGED: "true", LABEL_ROOT: self.root_id, LABEL_SESSION: session_id}
 
-    def _mount_fork(self, sid: str, path: str, tree: str) -> bool:
+    def _mount_fork(self, sid: str, path: str, tree: str, size: int) -> bool:
         """Mount the fork's workspace as an overlay; False (then it is copied) if refused."""
         try:
-            self.views.mount_fork(sid, path, tree)
+            self.views.mount_fork(sid, path, tree, size)
             return True
         except OSError as exc:
             log.warning("fork %s: overlay mount refused (%s); copying instead", sid, exc)

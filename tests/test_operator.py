@@ -7,6 +7,9 @@ import socket
 import subprocess
 import urllib.request
 
+import pytest
+from worldline.client.progress import amount
+
 from .conftest import WORLDLINE, DaemonProcess
 
 
@@ -67,3 +70,75 @@ def test_metrics_and_json_logs(tmp_path):
         d.stop()
     lines = [json.loads(ln) for ln in d.log.read_text().splitlines() if ln.startswith("{")]
     assert lines and all({"time", "level", "logger", "message"} <= ln.keys() for ln in lines)
+
+
+def _many_files(ws, n: int = 300, size: int = 4096, tag: str = "a") -> int:
+    for i in range(n):
+        p = ws / f"d{i % 10}" / f"f{i}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text((tag * size)[:size])
+    return n * size
+
+
+def test_progress_bars_follow_restore_fork_and_gc(daemon, workspace):
+    total = _many_files(workspace)
+    s = daemon.cli_json("session", "create", "--workspace", str(workspace))
+    cp = daemon.cli_json("checkpoint", s["id"])
+    _many_files(workspace, tag="b")
+    daemon.cli_json("checkpoint", s["id"])
+    res = daemon.cli("restore", s["id"], cp["id"], "--progress", "--json")
+    assert json.loads(res.stdout)["restored_from"] == cp["id"]  # stdout stays one document
+    lines = res.stderr.splitlines()
+    assert lines[-1] == f"restore: workspace: 100%  {amount(total, 'bytes')} of" \
+                        f" {amount(total, 'bytes')}, 300 files", lines
+    fork = daemon.cli("fork", cp["id"], "--progress")
+    assert fork.stderr.splitlines()[-1].startswith("fork: ") and "100%" in fork.stderr
+    gc = daemon.cli("gc", "--progress").stderr.splitlines()
+    assert gc[-1].startswith("sweeping blobs: 100%"), gc
+    assert daemon.cli("restore", s["id"], cp["id"], "--no-progress").stderr == ""
+    assert daemon.cli("restore", s["id"], cp["id"]).stderr == ""  # not a terminal: no bar
+
+
+def test_progress_is_visible_while_a_restore_runs(tmp_path):
+    import threading
+
+    from worldline.client import AlreadyExists, InvalidArgument, NotFound
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    total = _many_files(ws, n=120)
+    d = DaemonProcess(tmp_path / "root",
+                      env={"WORLDLINE_FAULTS": "restore.between_files@1.5:61"}).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            cp = s.checkpoint()
+            _many_files(ws, n=120, tag="z")
+            s.checkpoint()
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (c.restore(s.id, cp.id, operation_id="op-1"),
+                                                 done.set()))
+            t.start()
+            seen = None
+            for _ in range(100):  # the daemon pauses at the 61st file for 1.5 s
+                try:
+                    seen = c.progress("op-1")
+                except NotFound:
+                    pass
+                if seen and seen["files"] == 60:
+                    break
+                threading.Event().wait(0.02)
+            assert seen and seen["phase"] == "restore: workspace" and not seen["finished"]
+            assert seen["unit"] == "bytes" and seen["total"] == total
+            assert seen["done"] == 60 * 4096
+            t.join(30)
+            assert done.is_set()
+            last = c.progress("op-1")
+            assert last["finished"] and last["done"] == total and last["files"] == 120
+            with pytest.raises(AlreadyExists):  # an id names one operation
+                c.restore(s.id, cp.id, operation_id="op-1")
+            with pytest.raises(InvalidArgument):
+                c.restore(s.id, cp.id, operation_id="not an id!")
+            with pytest.raises(NotFound):
+                c.progress("never-started")
+    finally:
+        d.stop()

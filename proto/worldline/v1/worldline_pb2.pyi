@@ -179,18 +179,20 @@ class SideEffect(_message.Message):
     def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head")
+    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGE_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     checkpoint_id: str
     acknowledge_side_effects: bool
     dry_run: bool
     expected_head: str
-    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ...) -> None: ...
+    operation_id: str
+    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ..., operation_id: _Optional[str] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run")
@@ -209,14 +211,16 @@ class RestoreResponse(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ForkRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "workspace", "name")
+    __slots__ = ("checkpoint_id", "workspace", "name", "operation_id")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     workspace: str
     name: str
-    def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    operation_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ..., operation_id: _Optional[str] = ...) -> None: ...
 
 class ExportImageRequest(_message.Message):
     __slots__ = ("checkpoint_id",)
@@ -507,16 +511,18 @@ class FsckResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., blobs_checked: _Optional[int] = ..., checkpoints_checked: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GcRequest(_message.Message):
-    __slots__ = ("dry_run", "keep_last", "keep_labelled", "keep_newer_than_seconds")
+    __slots__ = ("dry_run", "keep_last", "keep_labelled", "keep_newer_than_seconds", "operation_id")
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
     KEEP_LABELLED_FIELD_NUMBER: _ClassVar[int]
     KEEP_NEWER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     dry_run: bool
     keep_last: int
     keep_labelled: bool
     keep_newer_than_seconds: float
-    def __init__(self, dry_run: _Optional[bool] = ..., keep_last: _Optional[int] = ..., keep_labelled: _Optional[bool] = ..., keep_newer_than_seconds: _Optional[float] = ...) -> None: ...
+    operation_id: str
+    def __init__(self, dry_run: _Optional[bool] = ..., keep_last: _Optional[int] = ..., keep_labelled: _Optional[bool] = ..., keep_newer_than_seconds: _Optional[float] = ..., operation_id: _Optional[str] = ...) -> None: ...
 
 class GcResponse(_message.Message):
     __slots__ = ("blobs_removed", "bytes_freed", "dry_run", "checkpoints_pruned", "images_removed", "views_removed")
@@ -533,3 +539,235 @@ class GcResponse(_message.Message):
     images_removed: int
     views_removed: int
     def __init__(self, blobs_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ..., checkpoints_pruned: _Optional[int] = ..., images_removed: _Optional[int] = ..., views_removed: _Optional[int] = ...) -> None: ...
+
+class GetProgressRequest(_message.Message):
+    __slots__ = ("operation_id",)
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    operation_id: str
+    def __init__(self, operation_id: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("operation_id", "phase", "unit", "done", "total", "files", "finished")
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    operation_id: str
+    phase: str
+    unit: str
+    done: int
+    total: int
+    files: int
+    finished: bool
+    def __init__(self, operation_id: _Optional[str] = ..., phase: _Optional[str] = ..., unit: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., files: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class TypedValue(_message.Message):
+    __slots__ = ("type", "data")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    data: bytes
+    def __init__(self, type: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GraphBlob(_message.Message):
+    __slots__ = ("channel", "version", "value")
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    channel: str
+    version: str
+    value: TypedValue
+    def __init__(self, channel: _Optional[str] = ..., version: _Optional[str] = ..., value: _Optional[_Union[TypedValue, _Mapping]] = ...) -> None: ...
+
+class GraphWrite(_message.Message):
+    __slots__ = ("task_id", "idx", "channel", "value", "task_path")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    IDX_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_PATH_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    idx: int
+    channel: str
+    value: TypedValue
+    task_path: str
+    def __init__(self, task_id: _Optional[str] = ..., idx: _Optional[int] = ..., channel: _Optional[str] = ..., value: _Optional[_Union[TypedValue, _Mapping]] = ..., task_path: _Optional[str] = ...) -> None: ...
+
+class GraphCheckpoint(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_ns", "checkpoint_id", "parent_id", "checkpoint", "metadata_json", "versions_json", "world_checkpoint_id", "created_at")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    WORLD_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str
+    checkpoint: TypedValue
+    metadata_json: str
+    versions_json: str
+    world_checkpoint_id: str
+    created_at: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_ns: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., checkpoint: _Optional[_Union[TypedValue, _Mapping]] = ..., metadata_json: _Optional[str] = ..., versions_json: _Optional[str] = ..., world_checkpoint_id: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+
+class GraphTuple(_message.Message):
+    __slots__ = ("checkpoint", "blobs", "writes")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: GraphCheckpoint
+    blobs: _containers.RepeatedCompositeFieldContainer[GraphBlob]
+    writes: _containers.RepeatedCompositeFieldContainer[GraphWrite]
+    def __init__(self, checkpoint: _Optional[_Union[GraphCheckpoint, _Mapping]] = ..., blobs: _Optional[_Iterable[_Union[GraphBlob, _Mapping]]] = ..., writes: _Optional[_Iterable[_Union[GraphWrite, _Mapping]]] = ...) -> None: ...
+
+class PutGraphCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint", "blobs", "workspace", "record_world")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_WORLD_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: GraphCheckpoint
+    blobs: _containers.RepeatedCompositeFieldContainer[GraphBlob]
+    workspace: str
+    record_world: bool
+    def __init__(self, checkpoint: _Optional[_Union[GraphCheckpoint, _Mapping]] = ..., blobs: _Optional[_Iterable[_Union[GraphBlob, _Mapping]]] = ..., workspace: _Optional[str] = ..., record_world: _Optional[bool] = ...) -> None: ...
+
+class PutGraphCheckpointResponse(_message.Message):
+    __slots__ = ("world_checkpoint_id", "session_id")
+    WORLD_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    world_checkpoint_id: str
+    session_id: str
+    def __init__(self, world_checkpoint_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class PutGraphWritesRequest(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_ns", "checkpoint_id", "writes")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    writes: _containers.RepeatedCompositeFieldContainer[GraphWrite]
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_ns: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., writes: _Optional[_Iterable[_Union[GraphWrite, _Mapping]]] = ...) -> None: ...
+
+class PutGraphWritesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetGraphCheckpointRequest(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_ns", "checkpoint_id")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_ns: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class GetGraphCheckpointResponse(_message.Message):
+    __slots__ = ("found", "tuple")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    TUPLE_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    tuple: GraphTuple
+    def __init__(self, found: _Optional[bool] = ..., tuple: _Optional[_Union[GraphTuple, _Mapping]] = ...) -> None: ...
+
+class GraphCursor(_message.Message):
+    __slots__ = ("checkpoint_id", "thread_id", "checkpoint_ns")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    thread_id: str
+    checkpoint_ns: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., checkpoint_ns: _Optional[str] = ...) -> None: ...
+
+class ListGraphCheckpointsRequest(_message.Message):
+    __slots__ = ("any_thread", "thread_id", "any_namespace", "checkpoint_ns", "checkpoint_id", "before_id", "filter_json", "limit", "after")
+    ANY_THREAD_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    ANY_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    any_thread: bool
+    thread_id: str
+    any_namespace: bool
+    checkpoint_ns: str
+    checkpoint_id: str
+    before_id: str
+    filter_json: str
+    limit: int
+    after: GraphCursor
+    def __init__(self, any_thread: _Optional[bool] = ..., thread_id: _Optional[str] = ..., any_namespace: _Optional[bool] = ..., checkpoint_ns: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., before_id: _Optional[str] = ..., filter_json: _Optional[str] = ..., limit: _Optional[int] = ..., after: _Optional[_Union[GraphCursor, _Mapping]] = ...) -> None: ...
+
+class ListGraphCheckpointsResponse(_message.Message):
+    __slots__ = ("tuples", "more")
+    TUPLES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    tuples: _containers.RepeatedCompositeFieldContainer[GraphTuple]
+    more: bool
+    def __init__(self, tuples: _Optional[_Iterable[_Union[GraphTuple, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class DeleteGraphThreadRequest(_message.Message):
+    __slots__ = ("thread_id",)
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    def __init__(self, thread_id: _Optional[str] = ...) -> None: ...
+
+class DeleteGraphRunsRequest(_message.Message):
+    __slots__ = ("run_ids",)
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PruneGraphThreadsRequest(_message.Message):
+    __slots__ = ("thread_ids", "strategy")
+    THREAD_IDS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    thread_ids: _containers.RepeatedScalarFieldContainer[str]
+    strategy: str
+    def __init__(self, thread_ids: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ...) -> None: ...
+
+class DeleteGraphResponse(_message.Message):
+    __slots__ = ("checkpoints_deleted",)
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    checkpoints_deleted: int
+    def __init__(self, checkpoints_deleted: _Optional[int] = ...) -> None: ...
+
+class CopyGraphThreadRequest(_message.Message):
+    __slots__ = ("source_thread_id", "target_thread_id")
+    SOURCE_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    source_thread_id: str
+    target_thread_id: str
+    def __init__(self, source_thread_id: _Optional[str] = ..., target_thread_id: _Optional[str] = ...) -> None: ...
+
+class GetGraphThreadRequest(_message.Message):
+    __slots__ = ("thread_id",)
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    def __init__(self, thread_id: _Optional[str] = ...) -> None: ...
+
+class GraphThread(_message.Message):
+    __slots__ = ("thread_id", "session_id", "workspace")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    session_id: str
+    workspace: str
+    def __init__(self, thread_id: _Optional[str] = ..., session_id: _Optional[str] = ..., workspace: _Optional[str] = ...) -> None: ...

@@ -154,6 +154,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.GcRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.GcResponse.FromString,
                 _registered_method=True)
+        self.GetProgress = channel.unary_unary(
+                '/worldline.v1.Worldline/GetProgress',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.Progress.FromString,
+                _registered_method=True)
 
 
 class WorldlineServicer:
@@ -307,6 +312,13 @@ class WorldlineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProgress(self, request, context):
+        """How far a restore, fork or gc that was given an operation id has come.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorldlineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -429,6 +441,11 @@ def add_WorldlineServicer_to_server(servicer, server):
                     servicer.Gc,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.GcRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.GcResponse.SerializeToString,
+            ),
+            'GetProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProgress,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.Progress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1079,6 +1096,470 @@ class Worldline:
             '/worldline.v1.Worldline/Gc',
             worldline_dot_v1_dot_worldline__pb2.GcRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.GcResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/GetProgress',
+            worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.Progress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class GraphsStub:
+    """Graphs: the checkpoints of agent frameworks that keep their own graph state
+    (LangGraph's checkpointer), kept beside the world. A *thread* is bound to a
+    session at its first checkpoint; each checkpoint of the thread's root namespace
+    also records a world checkpoint of that session, so the files and container can
+    be restored or forked to any graph step. Values are opaque typed bytes: the
+    framework's serializer runs in the client, never in the daemon.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PutGraphCheckpoint = channel.unary_unary(
+                '/worldline.v1.Graphs/PutGraphCheckpoint',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointResponse.FromString,
+                _registered_method=True)
+        self.PutGraphWrites = channel.unary_unary(
+                '/worldline.v1.Graphs/PutGraphWrites',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.PutGraphWritesRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.PutGraphWritesResponse.FromString,
+                _registered_method=True)
+        self.GetGraphCheckpoint = channel.unary_unary(
+                '/worldline.v1.Graphs/GetGraphCheckpoint',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointResponse.FromString,
+                _registered_method=True)
+        self.ListGraphCheckpoints = channel.unary_unary(
+                '/worldline.v1.Graphs/ListGraphCheckpoints',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGraphThread = channel.unary_unary(
+                '/worldline.v1.Graphs/DeleteGraphThread',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphThreadRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+                _registered_method=True)
+        self.DeleteGraphRuns = channel.unary_unary(
+                '/worldline.v1.Graphs/DeleteGraphRuns',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphRunsRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+                _registered_method=True)
+        self.PruneGraphThreads = channel.unary_unary(
+                '/worldline.v1.Graphs/PruneGraphThreads',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.PruneGraphThreadsRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+                _registered_method=True)
+        self.CopyGraphThread = channel.unary_unary(
+                '/worldline.v1.Graphs/CopyGraphThread',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.CopyGraphThreadRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.GraphThread.FromString,
+                _registered_method=True)
+        self.GetGraphThread = channel.unary_unary(
+                '/worldline.v1.Graphs/GetGraphThread',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.GetGraphThreadRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.GraphThread.FromString,
+                _registered_method=True)
+
+
+class GraphsServicer:
+    """Graphs: the checkpoints of agent frameworks that keep their own graph state
+    (LangGraph's checkpointer), kept beside the world. A *thread* is bound to a
+    session at its first checkpoint; each checkpoint of the thread's root namespace
+    also records a world checkpoint of that session, so the files and container can
+    be restored or forked to any graph step. Values are opaque typed bytes: the
+    framework's serializer runs in the client, never in the daemon.
+    """
+
+    def PutGraphCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutGraphWrites(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGraphCheckpoints(self, request, context):
+        """Newest first (by checkpoint id, then thread, then namespace), a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGraphThread(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGraphRuns(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PruneGraphThreads(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyGraphThread(self, request, context):
+        """The target thread gets every graph checkpoint and write of the source, and a
+        session forked from the source session's head.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphThread(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GraphsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PutGraphCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutGraphCheckpoint,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointResponse.SerializeToString,
+            ),
+            'PutGraphWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutGraphWrites,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.PutGraphWritesRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.PutGraphWritesResponse.SerializeToString,
+            ),
+            'GetGraphCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphCheckpoint,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointResponse.SerializeToString,
+            ),
+            'ListGraphCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGraphCheckpoints,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsResponse.SerializeToString,
+            ),
+            'DeleteGraphThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGraphThread,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphThreadRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.SerializeToString,
+            ),
+            'DeleteGraphRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGraphRuns,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphRunsRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.SerializeToString,
+            ),
+            'PruneGraphThreads': grpc.unary_unary_rpc_method_handler(
+                    servicer.PruneGraphThreads,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.PruneGraphThreadsRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.SerializeToString,
+            ),
+            'CopyGraphThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyGraphThread,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.CopyGraphThreadRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.GraphThread.SerializeToString,
+            ),
+            'GetGraphThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphThread,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.GetGraphThreadRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.GraphThread.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'worldline.v1.Graphs', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('worldline.v1.Graphs', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Graphs:
+    """Graphs: the checkpoints of agent frameworks that keep their own graph state
+    (LangGraph's checkpointer), kept beside the world. A *thread* is bound to a
+    session at its first checkpoint; each checkpoint of the thread's root namespace
+    also records a world checkpoint of that session, so the files and container can
+    be restored or forked to any graph step. Values are opaque typed bytes: the
+    framework's serializer runs in the client, never in the daemon.
+    """
+
+    @staticmethod
+    def PutGraphCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/PutGraphCheckpoint',
+            worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.PutGraphCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutGraphWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/PutGraphWrites',
+            worldline_dot_v1_dot_worldline__pb2.PutGraphWritesRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.PutGraphWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/GetGraphCheckpoint',
+            worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.GetGraphCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGraphCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/ListGraphCheckpoints',
+            worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.ListGraphCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGraphThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/DeleteGraphThread',
+            worldline_dot_v1_dot_worldline__pb2.DeleteGraphThreadRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGraphRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/DeleteGraphRuns',
+            worldline_dot_v1_dot_worldline__pb2.DeleteGraphRunsRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PruneGraphThreads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/PruneGraphThreads',
+            worldline_dot_v1_dot_worldline__pb2.PruneGraphThreadsRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.DeleteGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyGraphThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/CopyGraphThread',
+            worldline_dot_v1_dot_worldline__pb2.CopyGraphThreadRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.GraphThread.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Graphs/GetGraphThread',
+            worldline_dot_v1_dot_worldline__pb2.GetGraphThreadRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.GraphThread.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,409 @@
+"""Graph stores: the checkpoints, channel values and pending writes of agent
+frameworks that keep their own graph state (LangGraph), beside the world's records.
+
+Contract of every ``GraphStore``:
+
+- Terms: a *thread* holds graph checkpoints in *namespaces* ("" is the root); a
+  checkpoint is known by (thread, namespace, checkpoint id). Its channel values are
+  *blobs* keyed by (thread, namespace, channel, version) and shared by every
+  checkpoint naming that version; *writes* are keyed by (thread, namespace,
+  checkpoint id, task id, index). A thread is *bound* to one session, once.
+- Values are opaque ``Typed`` bytes: the framework's serializer runs in the client.
+- ``put_checkpoint`` replaces a checkpoint with the same key (frameworks re-put);
+  blobs are inserted when absent. ``put_writes``: a write with a negative index (a
+  special channel: error, interrupt) replaces the one with its key, any other is
+  inserted only when absent, so a retried task never doubles its writes.
+- Order: ``checkpoints`` lists newest first by (checkpoint id, thread, namespace);
+  ``after`` resumes after a key of a previous page, ``before_id`` keeps ids lower
+  than it, ``filter`` keeps checkpoints whose metadata has every key equal.
+- Deleting checkpoints deletes their writes and every blob no remaining checkpoint
+  of the same thread and namespace names.
+- Errors: none of its own. Unknown keys read as nothing and delete nothing; binding
+  a thread that is bound keeps the first binding and reports it.
+
+Implementations: ``MemoryGraphStore`` (the reference) and ``SqliteGraphStore``;
+tests/test_graph_store_contract.py runs against both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .sqlite_store import SqliteDatabase
+
+
+@dataclass(frozen=True)
+class Typed:
+    type: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class GraphCheckpoint:
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: Typed
+    metadata_json: str
+    versions: dict[str, str]
+    world_checkpoint_id: str | None
+    created_at: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.thread_id, self.ns, self.checkpoint_id)
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        return (self.checkpoint_id, self.thread_id, self.ns)
+
+    @property
+    def metadata(self) -> dict:
+        return json.loads(self.metadata_json)
+
+    @property
+    def run_id(self) -> str | None:
+        run = self.metadata.get("run_id")
+        return None if run is None else str(run)
+
+
+@dataclass(frozen=True)
+class GraphBlob:
+    thread_id: str
+    ns: str
+    channel: str
+    version: str
+    value: Typed
+
+
+@dataclass(frozen=True)
+class GraphWrite:
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    idx: int
+    channel: str
+    value: Typed
+    task_path: str = ""
+
+
+@dataclass(frozen=True)
+class GraphQuery:
+    thread_id: str | None = None  # None: every thread
+    ns: str | None = None  # None: every namespace
+    checkpoint_id: str | None = None
+    before_id: str | None = None
+    filter: dict = field(default_factory=dict)
+    limit: int = 100
+    after: tuple[str, str, str] | None = None  # (checkpoint id, thread, namespace)
+
+
+def matches(metadata: dict, wanted: dict) -> bool:
+    return all(k in metadata and metadata[k] == v for k, v in wanted.items())
+
+
+class GraphStore(Protocol):
+    def bind_thread(self, thread_id: str, session_id: str) -> str:
+        """Bind the thread to the session unless it is bound; returns its session."""
+    def thread_session(self, thread_id: str) -> str | None: ...
+
+    def put_checkpoint(self, cp: GraphCheckpoint, blobs: list[GraphBlob]) -> None: ...
+    def put_writes(self, writes: list[GraphWrite]) -> None: ...
+
+    def checkpoints(self, query: GraphQuery) -> list[GraphCheckpoint]: ...
+    def blobs(self, thread_id: str, ns: str, versions: dict[str, str]) -> list[GraphBlob]: ...
+    def writes(self, thread_id: str, ns: str, checkpoint_id: str) -> list[GraphWrite]: ...
+
+    def delete_threads(self, thread_ids: Collection[str]) -> int:
+        """Delete every checkpoint of these threads; returns how many."""
+    def delete_runs(self, run_ids: Collection[str]) -> int:
+        """Delete every checkpoint whose metadata ``run_id`` is one of these."""
+    def keep_latest(self, thread_ids: Collection[str]) -> int:
+        """Delete all but the newest checkpoint of each namespace of these threads."""
+    def copy_thread(self, source: str, target: str) -> int:
+        """Copy every checkpoint, blob and write of ``source`` into ``target``."""
+
+    def close(self) -> None: ...
+
+
+def _select(rows: Iterable[GraphCheckpoint], query: GraphQuery) -> list[GraphCheckpoint]:
+    """The query's page of ``rows`` (already newest first): the one place filters apply."""
+    out = []
+    for cp in rows:
+        if query.before_id is not None and cp.checkpoint_id >= query.before_id:
+            continue
+        if query.after is not None and cp.order >= query.after:
+            continue
+        if query.filter and not matches(cp.metadata, query.filter):
+            continue
+        out.append(cp)
+        if len(out) >= query.limit:
+            break
+    return out
+
+
+class MemoryGraphStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[str, str] = {}
+        self._cps: dict[tuple[str, str, str], GraphCheckpoint] = {}
+        self._blobs: dict[tuple[str, str, str, str], GraphBlob] = {}
+        self._writes: dict[tuple[str, str, str, str, int], GraphWrite] = {}
+
+    def bind_thread(self, thread_id, session_id):
+        with self._lock:
+            return self._threads.setdefault(thread_id, session_id)
+
+    def thread_session(self, thread_id):
+        with self._lock:
+            return self._threads.get(thread_id)
+
+    def put_checkpoint(self, cp, blobs):
+        with self._lock:
+            self._cps[cp.key] = cp
+            for b in blobs:
+                self._blobs.setdefault((b.thread_id, b.ns, b.channel, b.version), b)
+
+    def put_writes(self, writes):
+        with self._lock:
+            for w in writes:
+                key = (w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx)
+                if w.idx < 0:
+                    self._writes[key] = w
+                else:
+                    self._writes.setdefault(key, w)
+
+    def checkpoints(self, query):
+        with self._lock:
+            rows = [cp for cp in self._cps.values()
+                    if (query.thread_id is None or cp.thread_id == query.thread_id)
+                    and (query.ns is None or cp.ns == query.ns)
+                    and (query.checkpoint_id is None or cp.checkpoint_id == query.checkpoint_id)]
+        return _select(sorted(rows, key=lambda cp: cp.order, reverse=True), query)
+
+    def blobs(self, thread_id, ns, versions):
+        with self._lock:
+            found = (self._blobs.get((thread_id, ns, ch, v)) for ch, v in versions.items())
+            return [b for b in found if b is not None]
+
+    def writes(self, thread_id, ns, checkpoint_id):
+        with self._lock:
+            return sorted((w for k, w in self._writes.items()
+                           if k[:3] == (thread_id, ns, checkpoint_id)),
+                          key=lambda w: (w.task_id, w.idx))
+
+    def _delete(self, doomed: list[tuple[str, str, str]]) -> int:
+        for key in doomed:
+            del self._cps[key]
+        gone = set(doomed)
+        self._writes = {k: w for k, w in self._writes.items() if k[:3] not in gone}
+        touched = {key[:2] for key in doomed}
+        named = {(cp.thread_id, cp.ns, ch, v) for cp in self._cps.values()
+                 if (cp.thread_id, cp.ns) in touched for ch, v in cp.versions.items()}
+        self._blobs = {k: b for k, b in self._blobs.items()
+                       if k[:2] not in touched or k in named}
+        return len(doomed)
+
+    def delete_threads(self, thread_ids):
+        with self._lock:
+            return self._delete([k for k in self._cps if k[0] in set(thread_ids)])
+
+    def delete_runs(self, run_ids):
+        runs = set(run_ids)
+        with self._lock:
+            return self._delete([k for k, cp in self._cps.items() if cp.run_id in runs])
+
+    def keep_latest(self, thread_ids):
+        wanted = set(thread_ids)
+        with self._lock:
+            newest: dict[tuple[str, str], str] = {}
+            for (thread, ns, cid) in self._cps:
+                if thread in wanted and cid > newest.get((thread, ns), ""):
+                    newest[(thread, ns)] = cid
+            return self._delete([k for k in self._cps
+                                 if k[0] in wanted and k[2] != newest[k[:2]]])
+
+    def copy_thread(self, source, target):
+        with self._lock:
+            cps = [replace(cp, thread_id=target) for k, cp in self._cps.items()
+                   if k[0] == source]
+            for cp in cps:
+                self._cps[cp.key] = cp
+            for k, b in list(self._blobs.items()):
+                if k[0] == source:
+                    self._blobs[(target, *k[1:])] = replace(b, thread_id=target)
+            for k, w in list(self._writes.items()):
+                if k[0] == source:
+                    self._writes[(target, *k[1:])] = replace(w, thread_id=target)
+            return len(cps)
+
+    def close(self):
+        return None
+
+
+GRAPH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS graph_threads (
+    thread_id TEXT PRIMARY KEY, session_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+    thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
+    type TEXT NOT NULL, data BLOB NOT NULL, metadata TEXT NOT NULL, versions TEXT NOT NULL,
+    run_id TEXT, world_checkpoint_id TEXT, created_at TEXT NOT NULL,
+    PRIMARY KEY (thread_id, ns, checkpoint_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS graph_checkpoints_order
+    ON graph_checkpoints (checkpoint_id DESC, thread_id DESC, ns DESC);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id);
+CREATE TABLE IF NOT EXISTS graph_blobs (
+    thread_id TEXT NOT NULL, ns TEXT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+    type TEXT NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (thread_id, ns, channel, version)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS graph_writes (
+    thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL,
+    data BLOB NOT NULL, task_path TEXT NOT NULL,
+    PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)) WITHOUT ROWID;
+"""
+
+_GCP_COLS = ("thread_id, ns, checkpoint_id, parent_id, type, data, metadata, versions,"
+             " world_checkpoint_id, created_at")
+
+
+def _gcp(row) -> GraphCheckpoint:
+    thread, ns, cid, parent, type_, data, metadata, versions, world, created = row
+    return GraphCheckpoint(thread, ns, cid, parent, Typed(type_, bytes(data)), metadata,
+                           json.loads(versions), world, created)
+
+
+class SqliteGraphStore(SqliteDatabase):
+    """Graph records in their own SQLite file beside the world's metadata."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, GRAPH_SCHEMA)
+
+    def bind_thread(self, thread_id, session_id):
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO graph_threads VALUES (?, ?)",
+                       (thread_id, session_id))
+            return db.execute("SELECT session_id FROM graph_threads WHERE thread_id = ?",
+                              (thread_id,)).fetchone()[0]
+
+    def thread_session(self, thread_id):
+        row = self._one("SELECT session_id FROM graph_threads WHERE thread_id = ?", (thread_id,))
+        return None if row is None else row[0]
+
+    def put_checkpoint(self, cp, blobs):
+        with self._tx() as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO graph_checkpoints ({_GCP_COLS}, run_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*cp.key, cp.parent_id, cp.checkpoint.type, cp.checkpoint.data,
+                 cp.metadata_json, json.dumps(cp.versions), cp.world_checkpoint_id,
+                 cp.created_at, cp.run_id))
+            db.executemany("INSERT OR IGNORE INTO graph_blobs VALUES (?, ?, ?, ?, ?, ?)",
+                           [(b.thread_id, b.ns, b.channel, b.version, b.value.type,
+                             b.value.data) for b in blobs])
+
+    def put_writes(self, writes):
+        rows = [(w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx, w.channel,
+                 w.value.type, w.value.data, w.task_path) for w in writes]
+        with self._tx() as db:
+            db.executemany("INSERT OR REPLACE INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)",
+                           [r for r in rows if r[4] < 0])
+            db.executemany("INSERT OR IGNORE INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)",
+                           [r for r in rows if r[4] >= 0])
+
+    def checkpoints(self, query):
+        where, args = [], []
+        for column, value in (("thread_id", query.thread_id), ("ns", query.ns),
+                              ("checkpoint_id", query.checkpoint_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if query.before_id is not None:
+            where.append("checkpoint_id < ?")
+            args.append(query.before_id)
+        if query.after is not None:
+            where.append("(checkpoint_id, thread_id, ns) < (?, ?, ?)")
+            args.extend(query.after)
+        sql = (f"SELECT {_GCP_COLS} FROM graph_checkpoints"
+               f" {'WHERE ' + ' AND '.join(where) if where else ''}"
+               " ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC")
+        if not query.filter:
+            sql += f" LIMIT {int(query.limit)}"
+        rows = (_gcp(r) for r in self._reader().execute(sql, tuple(args)))
+        return _select(rows, query)
+
+    def blobs(self, thread_id, ns, versions):
+        out = []
+        for channel, version in versions.items():
+            row = self._one("SELECT type, data FROM graph_blobs WHERE thread_id = ? AND ns = ?"
+                            " AND channel = ? AND version = ?", (thread_id, ns, channel, version))
+            if row is not None:
+                out.append(GraphBlob(thread_id, ns, channel, version, Typed(row[0], bytes(row[1]))))
+        return out
+
+    def writes(self, thread_id, ns, checkpoint_id):
+        rows = self._all("SELECT task_id, idx, channel, type, data, task_path FROM graph_writes"
+                         " WHERE thread_id = ? AND ns = ? AND checkpoint_id = ?"
+                         " ORDER BY task_id, idx", (thread_id, ns, checkpoint_id))
+        return [GraphWrite(thread_id, ns, checkpoint_id, task, idx, channel,
+                           Typed(type_, bytes(data)), path)
+                for task, idx, channel, type_, data, path in rows]
+
+    def _delete(self, db, keys: list[tuple[str, str, str]]) -> int:
+        db.executemany("DELETE FROM graph_checkpoints WHERE thread_id = ? AND ns = ?"
+                       " AND checkpoint_id = ?", keys)
+        db.executemany("DELETE FROM graph_writes WHERE thread_id = ? AND ns = ?"
+                       " AND checkpoint_id = ?", keys)
+        for thread, ns in {k[:2] for k in keys}:
+            named = set()
+            for (versions,) in db.execute("SELECT versions FROM graph_checkpoints"
+                                          " WHERE thread_id = ? AND ns = ?", (thread, ns)):
+                named.update(json.loads(versions).items())
+            stored = db.execute("SELECT channel, version FROM graph_blobs"
+                                " WHERE thread_id = ? AND ns = ?", (thread, ns)).fetchall()
+            db.executemany("DELETE FROM graph_blobs WHERE thread_id = ? AND ns = ?"
+                           " AND channel = ? AND version = ?",
+                           [(thread, ns, ch, v) for ch, v in stored if (ch, v) not in named])
+        return len(keys)
+
+    def _keys(self, db, sql: str, args: Iterable) -> list[tuple[str, str, str]]:
+        return [tuple(r) for a in args for r in db.execute(sql, (a,))]
+
+    def delete_threads(self, thread_ids):
+        with self._tx() as db:
+            return self._delete(db, self._keys(
+                db, "SELECT thread_id, ns, checkpoint_id FROM graph_checkpoints"
+                " WHERE thread_id = ?", set(thread_ids)))
+
+    def delete_runs(self, run_ids):
+        with self._tx() as db:
+            return self._delete(db, self._keys(
+                db, "SELECT thread_id, ns, checkpoint_id FROM graph_checkpoints"
+                " WHERE run_id = ?", set(run_ids)))
+
+    def keep_latest(self, thread_ids):
+        with self._tx() as db:
+            return self._delete(db, self._keys(
+                db, "SELECT thread_id, ns, checkpoint_id FROM graph_checkpoints AS g"
+                " WHERE thread_id = ? AND checkpoint_id < (SELECT max(checkpoint_id)"
+                " FROM graph_checkpoints WHERE thread_id = g.thread_id AND ns = g.ns)",
+                set(thread_ids)))
+
+    def copy_thread(self, source, target):
+        with self._tx() as db:
+            n = db.execute(
+                f"INSERT OR REPLACE INTO graph_checkpoints ({_GCP_COLS}, run_id)"
+                f" SELECT ?, {_GCP_COLS.split(', ', 1)[1]}, run_id FROM graph_checkpoints"
+                " WHERE thread_id = ?", (target, source)).rowcount
+            db.execute("INSERT OR IGNORE INTO graph_blobs SELECT ?, ns, channel, version, type,"
+                       " data FROM graph_blobs WHERE thread_id = ?", (target, source))
+            db.execute("INSERT OR IGNORE INTO graph_writes SELECT ?, ns, checkpoint_id, task_id,"
+                       " idx, channel, type, data, task_path FROM graph_writes"
+                       " WHERE thread_id = ?", (target, source))
+            return n
