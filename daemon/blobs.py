@@ -36,6 +36,7 @@ from typing import Protocol
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
 from .observe import BLOB_REUSED, BLOB_WRITTEN
+from .packs import MAX_BLOB, Pack
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -54,8 +55,10 @@ def check_digest(digest: str) -> str:
 class BlobStore(Protocol):
     def has(self, digest: str) -> bool: ...
 
-    def put_bytes(self, data: bytes) -> str:
-        """Store ``data``; return its digest."""
+    def put_bytes(self, data: bytes, base: str | None = None) -> str:
+        """Store ``data``; return its digest. ``base``, when given, is a stored blob
+        likely to resemble ``data`` (its previous version): a store may keep ``data`` as
+        a difference from it. It is only a hint: the blob reads back the same."""
 
     def put_fd(self, fd: int) -> tuple[str, int]:
         """Store what remains to be read from ``fd``; return (digest, size)."""
@@ -94,10 +97,13 @@ def _disk_full(exc: OSError) -> Exception:
 
 
 class LocalBlobStore:
-    """Blobs as read-only files ``<root>/<2 hex>/<62 hex>``.
+    """Small blobs (up to ``packs.MAX_BLOB``) in the pack, ``<root>/pack.db`` (see
+    packs.py); bigger ones as read-only files ``<root>/<2 hex>/<62 hex>``.
 
-    A put writes the bytes to a temporary ``<root>/tmp/<digest>.<random>`` and
-    remembers it as *pending*; ``sync()`` flushes every pending temporary with one
+    Pack rows put since the last sync are pending, readable by this process;
+    ``sync()`` commits them in one transaction, made durable by an fsync of the
+    pack's WAL. A file is written to a temporary ``<root>/tmp/<digest>.<random>`` and
+    remembered as pending; ``sync()`` flushes every pending temporary with one
     ``syncfs`` (one flush per checkpoint, not one per blob), then renames each into
     place. A name therefore never exists before its bytes are durable. The renames
     themselves need no second flush: a crash can only lose a rename whose temporary
@@ -115,6 +121,10 @@ class LocalBlobStore:
         self._reused: dict[str, float] = {}  # digest -> when a put last found it stored
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
+        self.pack = Pack(os.path.join(root, "pack.db"))
+
+    def close(self) -> None:
+        self.pack.close()
 
     def _path(self, digest: str) -> str:
         check_digest(digest)
@@ -128,8 +138,9 @@ class LocalBlobStore:
         return [tmp, final] if tmp else [final]
 
     def has(self, digest: str) -> bool:
+        check_digest(digest)
         with self._lock:
-            if digest in self._pending or digest in self._moving:
+            if digest in self._pending or digest in self._moving or self.pack.has(digest):
                 return True
         return os.path.exists(self._path(digest))
 
@@ -140,18 +151,30 @@ class LocalBlobStore:
         with self._lock:
             if digest in self._pending or digest in self._moving:
                 return True
-            if os.path.exists(self._path(digest)):
+            if self.pack.has(digest) or os.path.exists(self._path(digest)):
                 self._reused[digest] = time.time()
                 return True
             return False
 
-    def put_bytes(self, data: bytes) -> str:
+    def put_bytes(self, data: bytes, base: str | None = None) -> str:
         digest = digest_of(data)
         if self._reuse(digest):
             BLOB_REUSED.inc(len(data))
             return digest
         BLOB_WRITTEN.inc(len(data))
-        self._add_pending(digest, self._write_temp([data], digest))
+        if len(data) > MAX_BLOB:
+            self._add_pending(digest, self._write_temp([data], digest))
+            return digest
+        found = None
+        if base is not None and base != digest and _DIGEST_RE.match(base) and self._reuse(base):
+            found = self.pack.base_for(base)  # the reuse keeps gc off the base meanwhile
+        row = self.pack.encode(data, base, *(found or (None, 0)))
+        with self._lock:
+            if row.base is not None and not self.pack.has(row.base):  # gone meanwhile
+                row = self.pack.encode(data, None, None, 0)
+            if not (digest in self.pack.pending or digest in self.pack.committing):
+                self.pack.pending[digest] = row
+        self.pack.remember(digest, data)
         return digest
 
     def put_fd(self, src: int) -> tuple[str, int]:
@@ -219,6 +242,21 @@ class LocalBlobStore:
             with self._lock:
                 batch, self._pending = self._pending, {}
                 self._moving.update(batch)
+                self.pack.committing, self.pack.pending = self.pack.pending, {}
+            try:
+                self.pack.commit()
+            except BaseException as exc:
+                with self._lock:  # the rows wait for the next sync
+                    self.pack.pending.update(self.pack.committing)
+                    self.pack.committing = {}
+                    self._pending.update(batch)
+                    for digest in batch:
+                        self._moving.pop(digest, None)
+                if isinstance(exc, OSError):
+                    raise _disk_full(exc) from exc
+                raise
+            with self._lock:
+                self.pack.committing = {}
             if not batch:
                 return
             renamed: set[str] = set()
@@ -254,7 +292,21 @@ class LocalBlobStore:
                     continue
         raise NotFound(f"blob {digest} does not exist")
 
+    def _packed(self, digest: str, cached: bool = True) -> bytes | None:
+        """The bytes of a blob in the pack, verified; None if it is not there."""
+        try:
+            data = self.pack.read(check_digest(digest), cached)
+        except NotFound:
+            return None
+        if digest_of(data) != digest:
+            self.pack.forget(digest)
+            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+        return data
+
     def read_bytes(self, digest: str) -> bytes:
+        packed = self._packed(digest)
+        if packed is not None:
+            return packed
         fd = self._open_verified(digest)
         try:
             chunks = []
@@ -268,6 +320,8 @@ class LocalBlobStore:
         return data
 
     def verify(self, digest: str) -> None:
+        if self._packed(digest, cached=False) is not None:  # what the disk holds
+            return
         fd = self._open_verified(digest)
         try:
             with os.fdopen(os.dup(fd), "rb") as f:
@@ -278,6 +332,15 @@ class LocalBlobStore:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
 
     def copy_to_fd(self, digest: str, dst: int) -> int:
+        packed = self._packed(digest)
+        if packed is not None:
+            try:
+                view = memoryview(packed)
+                while view:
+                    view = view[os.write(dst, view):]
+            except OSError as exc:
+                raise _disk_full(exc) from exc
+            return len(packed)
         fd = self._open_verified(digest)
         hasher = hashlib.sha256()
         size = 0
@@ -305,16 +368,28 @@ class LocalBlobStore:
         raise NotFound(f"blob {digest} does not exist")
 
     def size(self, digest: str) -> int:
-        return self._stat(digest).st_size
+        row = self.pack.row(check_digest(digest))
+        return row.size if row is not None else self._stat(digest).st_size
 
     def stored_at(self, digest: str) -> float:
         with self._lock:
             reused = self._reused.get(digest, 0.0)
-        return max(self._stat(digest).st_mtime, reused)
+        row = self.pack.row(check_digest(digest))
+        return max(row.stored_at if row is not None else self._stat(digest).st_mtime, reused)
 
     def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
         with self._lock:
+            row = self.pack.row(digest)
+            if row is not None:
+                if digest in self.pack.pending or digest in self.pack.committing:
+                    return 0  # being stored right now
+                last = max(row.stored_at, self._reused.get(digest, 0.0))
+                if (older_than is not None and last >= older_than) \
+                        or self.pack.depends_on(digest):
+                    return 0
+                self._reused.pop(digest, None)
+                return self.pack.delete(digest)
             try:
                 st = os.stat(path)
                 last = max(st.st_mtime, self._reused.get(digest, 0.0))
@@ -330,13 +405,17 @@ class LocalBlobStore:
         return st.st_size
 
     def digests(self) -> Iterator[str]:
+        """Every stored digest; those of the pack first, each delta before its base, so
+        a sweep that deletes in this order frees a whole unneeded chain at once."""
+        packed = list(self.pack.digests_dependents_first())
         with self._lock:
-            found = set(self._pending) | set(self._moving)
+            found = set(self._pending) | set(self._moving) | set(self.pack.pending) | set(
+                self.pack.committing)
         for prefix in os.listdir(self.root):
             if len(prefix) == 2:
                 found.update(prefix + rest for rest in os.listdir(os.path.join(self.root, prefix))
                              if _DIGEST_RE.match(prefix + rest))
-        return iter(sorted(found))
+        return iter(packed + sorted(found - set(packed)))
 
     def recover(self) -> tuple[int, int]:
         """At start, before any put: finish the renames a crash interrupted (a temporary
@@ -414,8 +493,8 @@ class MemoryBlobStore:
     def has(self, digest: str) -> bool:
         return check_digest(digest) in self._blobs
 
-    def put_bytes(self, data: bytes) -> str:
-        digest = digest_of(data)
+    def put_bytes(self, data: bytes, base: str | None = None) -> str:
+        digest = digest_of(data)  # the reference store keeps every blob whole
         with self._lock:
             if digest not in self._blobs:
                 self._blobs[digest] = bytes(data)

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -47,6 +48,7 @@ log = logging.getLogger("worldline.daemon")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
 GRAPHS_SERVICE = pb.DESCRIPTOR.services_by_name["Graphs"].full_name
+WAL_IDLE_SECONDS = 1.0
 
 
 class StartupError(Exception):
@@ -208,7 +210,8 @@ class Daemon:
 
     def _watch_health(self) -> None:
         """SERVING while the store answers and, when any session has a container, the
-        Docker engine answers too; NOT_SERVING otherwise. Checked every 2 seconds."""
+        Docker engine answers too; NOT_SERVING otherwise. Checked every 2 seconds. The
+        same thread empties the write-ahead logs once the daemon is idle."""
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -224,11 +227,19 @@ class Daemon:
                 self.health.set(name, serving if ok else not_serving)
 
         def loop() -> None:
-            while not self.stopping.wait(2.0):
-                check()
+            while not self.stopping.wait(WAL_IDLE_SECONDS):
+                for db in (self.store, self.graph_store, self.blobs.pack):
+                    try:
+                        db.compact_wal(WAL_IDLE_SECONDS)
+                    except Exception:
+                        log.exception("compacting the write-ahead log of %s failed", db.path)
+                if time.monotonic() >= self._next_health:
+                    self._next_health = time.monotonic() + 2.0
+                    check()
 
         check()
-        threading.Thread(target=loop, name="health", daemon=True).start()
+        self._next_health = time.monotonic() + 2.0
+        threading.Thread(target=loop, name="housekeeping", daemon=True).start()
 
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:
@@ -240,6 +251,7 @@ class Daemon:
         if self.monitor is not None:
             self.monitor.close()
         self.store.close()
+        self.blobs.close()
         self.graph_store.close()
         self.stat_cache.close()
         if self.relay is not None:

@@ -220,7 +220,7 @@ class WorkspaceSnapshotter:
             except (FileNotFoundError, NotADirectoryError):
                 tree.pop(name, None)  # gone, or replaced while we looked
         total = sum(e.size for e in tree.values())
-        return self._store_tree(tree, scan), total
+        return self._store_tree(tree, scan, base), total
 
     def _is_whiteout(self, st: os.stat_result) -> bool:
         return self.overlay and st_.S_ISCHR(st.st_mode) and st.st_rdev == 0
@@ -246,7 +246,8 @@ class WorkspaceSnapshotter:
             if not st_.S_ISREG(before.st_mode):
                 scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
                 return None
-            digest, size = self._read_content(fd, before.st_size, scan.persist)
+            digest, size = self._read_content(fd, before.st_size, scan.persist,
+                                              known[1] if known is not None else None)
             after = os.fstat(fd)
         finally:
             os.close(fd)
@@ -254,13 +255,17 @@ class WorkspaceSnapshotter:
             scan.seen[path] = (signature(after), digest)
         return Entry(FILE, st_.S_IMODE(after.st_mode), digest, size)
 
-    def _read_content(self, fd: int, size_hint: int, persist: bool) -> tuple[str, int]:
+    def _read_content(self, fd: int, size_hint: int, persist: bool,
+                      previous: str | None) -> tuple[str, int]:
+        """Store the file's content; ``previous`` is the digest its path had last time,
+        a base the blob store may store the new version as a difference from."""
         if size_hint <= SMALL_FILE:
             chunks = []
             while chunk := os.read(fd, CHUNK):
                 chunks.append(chunk)
             data = b"".join(chunks)
-            return (self.blobs.put_bytes(data) if persist else digest_of(data)), len(data)
+            return (self.blobs.put_bytes(data, base=previous) if persist
+                    else digest_of(data)), len(data)
         if persist:
             return self.blobs.put_fd(fd)
         hasher, size = hashlib.sha256(), 0
@@ -269,10 +274,11 @@ class WorkspaceSnapshotter:
             size += len(chunk)
         return hasher.hexdigest(), size
 
-    def _store_tree(self, tree: dict[str, Entry], scan: _Scan) -> str:
+    def _store_tree(self, tree: dict[str, Entry], scan: _Scan, base: str | None = None) -> str:
+        """Store a folder's tree; ``base``, its previous tree, may serve as a delta base."""
         data = encode(tree)
         if scan.persist:
-            digest = self.blobs.put_bytes(data)
+            digest = self.blobs.put_bytes(data, base=base)
             self.trees.remember(digest, tree)
         else:
             digest = digest_of(data)

@@ -10,8 +10,10 @@ on disk, so neither a killed daemon nor a power cut loses it.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -108,10 +110,12 @@ class SqliteDatabase:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._db.executescript(schema)
+        self._last_write = 0.0
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            self._last_write = time.monotonic()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -143,6 +147,27 @@ class SqliteDatabase:
 
     def _all(self, sql: str, args: tuple = ()) -> list:
         return self._reader().execute(sql, args).fetchall()
+
+    def compact_wal(self, idle_seconds: float) -> bool:
+        """When nothing was written for ``idle_seconds``, move the WAL into the database
+        and truncate it, so an idle daemon's data root holds no write-ahead log (WAL
+        mode otherwise keeps it at its high-water mark, megabytes). Never waits long on
+        a reader; returns True if the WAL was emptied."""
+        wal = self.path + "-wal"
+        with self._lock:
+            if time.monotonic() - self._last_write < idle_seconds:
+                return False
+            try:
+                if os.path.getsize(wal) == 0:
+                    return False
+            except FileNotFoundError:
+                return False
+            self._db.execute("PRAGMA busy_timeout=100")
+            try:
+                busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._db.execute("PRAGMA busy_timeout=10000")
+            return busy == 0
 
     def close(self) -> None:
         with self._lock:

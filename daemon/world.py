@@ -264,10 +264,10 @@ class World:
                         capture, changes = layer.capture(base)
                         taken.append((layer, capture, changes))
                 captures = [c for _, c, _ in taken]
-                state_digest = (self.blobs.put_bytes(state) if state is not None
-                                else head.state_digest)
+                state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
+                                if state is not None else head.state_digest)
                 tasks_digest = self.blobs.put_bytes(
-                    tasks_to_json(self.store.list_tasks(session_id)))
+                    tasks_to_json(self.store.list_tasks(session_id)), base=head.tasks_digest)
                 self.blobs.sync()
                 crash_point("checkpoint.after_blobs")
                 cp = Checkpoint(ids.new_id(), session_id, 0, head.id, "checkpoint", ids.now(),

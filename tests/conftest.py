@@ -168,3 +168,34 @@ def tree_state(root: Path) -> dict:
             else:
                 out[rel] = ("file", st.st_mode & 0o7777, p.read_bytes())
     return out
+
+
+def stored_blobs(root: Path) -> int:
+    """How many blobs a data root holds: files, and rows of the pack."""
+    import sqlite3
+    blobs = root / "blobs"
+    files = sum(len(names) for folder, _, names in os.walk(blobs)
+                if len(os.path.basename(folder)) == 2)
+    db = sqlite3.connect(f"file:{blobs / 'pack.db'}?mode=ro", uri=True)
+    try:
+        return files + db.execute("SELECT count(*) FROM objects").fetchone()[0]
+    finally:
+        db.close()
+
+
+def corrupt_blob(root: Path, digest: str, data: bytes) -> None:
+    """Bit rot: replace the stored bytes of a blob, a file or a row of the pack."""
+    import sqlite3
+    path = root / "blobs" / digest[:2] / digest[2:]
+    if path.exists():
+        os.chmod(path, 0o644)
+        path.write_bytes(data)
+        return
+    db = sqlite3.connect(root / "blobs" / "pack.db")
+    try:
+        with db:
+            n = db.execute("UPDATE objects SET kind = 0, data = ?, size = ? WHERE digest = ?",
+                           (data, len(data), bytes.fromhex(digest))).rowcount
+        assert n == 1, f"blob {digest} is not stored"
+    finally:
+        db.close()

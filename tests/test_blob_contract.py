@@ -8,6 +8,9 @@ import os
 import pytest
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.blobs import LocalBlobStore, MemoryBlobStore
+from worldline.daemon.packs import DELTA, MAX_BLOB, MAX_DEPTH
+
+BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
 
 @pytest.fixture(params=["memory", "local"])
@@ -51,13 +54,32 @@ def test_missing_and_malformed(blobs):
 
 
 def test_delete_frees(blobs):
-    d = blobs.put_bytes(b"x" * 100)
+    for data in (b"x" * 100, os.urandom(BIG)):
+        d = blobs.put_bytes(data)
+        blobs.sync()
+        assert blobs.delete(d) > 0 and not blobs.has(d)
+
+
+def test_a_base_is_a_hint_and_reads_back_the_same(blobs):
+    v1 = b"line\n" * 2000
+    d1 = blobs.put_bytes(v1)
     blobs.sync()
-    assert blobs.delete(d) == 100 and not blobs.has(d)
+    versions = [v1]
+    digests = [d1]
+    for i in range(MAX_DEPTH * 2 + 3):  # a long line of versions, each from the last
+        versions.append(versions[-1] + b"appended %d\n" % i)
+        digests.append(blobs.put_bytes(versions[-1], base=digests[-1]))
+        if i % 3 == 0:
+            blobs.sync()
+    blobs.sync()
+    for d, v in zip(digests, versions, strict=True):
+        assert blobs.read_bytes(d) == v and blobs.size(d) == len(v)
+    assert blobs.put_bytes(b"other", base="c" * 64) == hashlib.sha256(b"other").hexdigest()
+    assert blobs.read_bytes(hashlib.sha256(b"other").hexdigest()) == b"other"
 
 
 def test_corruption_is_data_loss(blobs, tmp_path):
-    d = blobs.put_bytes(b"precious")
+    d = blobs.put_bytes(b"precious" * (1 if isinstance(blobs, MemoryBlobStore) else BIG))
     blobs.sync()
     if isinstance(blobs, MemoryBlobStore):
         blobs.corrupt(d, b"garbage!")
@@ -78,8 +100,9 @@ def test_corruption_is_data_loss(blobs, tmp_path):
 
 def test_unsynced_blobs_are_readable_and_synced_ones_named(tmp_path):
     blobs = LocalBlobStore(str(tmp_path / "b"))
-    d = blobs.put_bytes(b"pending")
-    assert blobs.has(d) and blobs.read_bytes(d) == b"pending"
+    data = os.urandom(BIG)
+    d = blobs.put_bytes(data)
+    assert blobs.has(d) and blobs.read_bytes(d) == data
     assert not os.path.exists(os.path.join(blobs.root, d[:2], d[2:]))  # no name before sync
     blobs.sync()
     assert os.path.exists(os.path.join(blobs.root, d[:2], d[2:]))
@@ -87,8 +110,9 @@ def test_unsynced_blobs_are_readable_and_synced_ones_named(tmp_path):
 
 def test_recovery_finishes_renames_and_drops_torn_temporaries(tmp_path):
     blobs = LocalBlobStore(str(tmp_path / "b"))
-    whole = blobs.put_bytes(b"flushed before the crash")
-    torn = blobs.put_bytes(b"only half of this reached the disk")
+    flushed = b"flushed before the crash" * BIG
+    whole = blobs.put_bytes(flushed)
+    torn = blobs.put_bytes(os.urandom(BIG))
     with open(blobs._candidates(torn)[0], "r+b") as f:  # as a power cut would leave it
         f.truncate(10)
     stream = os.path.join(blobs.tmp, "stream-0123")  # a stream never named by its digest
@@ -96,14 +120,14 @@ def test_recovery_finishes_renames_and_drops_torn_temporaries(tmp_path):
         f.write(b"partial")
     reopened = LocalBlobStore(str(tmp_path / "b"))  # as a restarted daemon would
     assert reopened.recover() == (1, 2)
-    assert reopened.read_bytes(whole) == b"flushed before the crash"
+    assert reopened.read_bytes(whole) == flushed
     assert not reopened.has(torn)
     assert os.listdir(reopened.tmp) == []
 
 
 def test_local_blobs_are_read_only_and_leave_no_temporaries(tmp_path):
     blobs = LocalBlobStore(str(tmp_path / "b"))
-    d = blobs.put_bytes(b"abc")
+    d = blobs.put_bytes(os.urandom(BIG))
     blobs.sync()
     assert os.stat(os.path.join(blobs.root, d[:2], d[2:])).st_mode & 0o777 == 0o444
     assert os.listdir(blobs.tmp) == []
@@ -149,3 +173,74 @@ def test_delete_older_than_spares_a_blob_reused_meanwhile(blobs):
     assert blobs.delete(d, older_than=cutoff) == 0
     assert blobs.has(d)
     assert blobs.delete(d, older_than=time.time() + 1) > 0
+
+
+# -- the pack (LocalBlobStore's small blobs) --------------------------------------------
+
+def _corrupt_row(blobs: LocalBlobStore, digest: str, data: bytes) -> None:
+    import sqlite3
+    db = sqlite3.connect(blobs.pack.path)
+    db.execute("UPDATE objects SET data = ? WHERE digest = ?", (data, bytes.fromhex(digest)))
+    db.commit()
+    db.close()
+    blobs.pack.forget(digest)
+
+
+def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = os.urandom(20_000)
+    d1 = blobs.put_bytes(v1)
+    blobs.sync()
+    v2 = v1[:5000] + b"an edit" + v1[5000:] + b"# appended\n"
+    d2 = blobs.put_bytes(v2, base=d1)
+    blobs.sync()
+    row = blobs.pack.row(d2)
+    assert row.kind == DELTA and row.base == d1 and len(row.data) < 300
+    assert [p for p in os.listdir(blobs.root) if len(p) == 2] == []  # no files
+    reopened = LocalBlobStore(str(tmp_path / "b"))  # synced rows survive a restart
+    assert reopened.read_bytes(d2) == v2 and reopened.read_bytes(d1) == v1
+    # a base is never deleted under its delta; the sweep order frees both at once
+    assert reopened.delete(d1) == 0 and reopened.has(d1)
+    order = list(reopened.digests())
+    assert order.index(d2) < order.index(d1)
+    assert reopened.delete(d2) > 0 and reopened.delete(d1) > 0
+    assert list(reopened.digests()) == []
+
+
+def test_unsynced_pack_rows_are_readable_here_and_gone_after_a_crash(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    d = blobs.put_bytes(b"not yet synced")
+    assert blobs.read_bytes(d) == b"not yet synced" and blobs.delete(d) == 0
+    assert not LocalBlobStore(str(tmp_path / "b")).has(d)  # another process: not there
+
+
+def test_a_damaged_row_anywhere_in_a_chain_is_data_loss(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"base content\n" * 500
+    d1 = blobs.put_bytes(v1)
+    d2 = blobs.put_bytes(v1 + b"more\n", base=d1)
+    blobs.sync()
+    _corrupt_row(blobs, d1, b"\x00" * 10)
+    reopened = LocalBlobStore(str(tmp_path / "b"))  # nothing cached: what the disk holds
+    for store in (blobs, reopened):
+        for d in (d1, d2):
+            with pytest.raises(DataLoss):
+                store.verify(d)  # fsck's check never trusts memory
+    for d in (d1, d2):
+        with pytest.raises(DataLoss):
+            reopened.read_bytes(d)
+
+
+def test_a_base_chosen_by_a_put_is_safe_from_a_concurrent_gc(tmp_path):
+    import time
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"v1\n" * 1000
+    d1 = blobs.put_bytes(v1)
+    blobs.sync()
+    cutoff = time.time() + 0.01
+    time.sleep(0.02)
+    d2 = blobs.put_bytes(v1 + b"v2\n", base=d1)  # d1 becomes a base: reused, depended on
+    assert blobs.delete(d1, older_than=cutoff) == 0
+    assert blobs.delete(d1, older_than=time.time() + 1) == 0  # d2, pending, needs it
+    blobs.sync()
+    assert blobs.read_bytes(d2) == v1 + b"v2\n"

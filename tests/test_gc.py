@@ -20,10 +20,6 @@ def gc_daemon(tmp_path):
     d.stop()
 
 
-def blob_count(root) -> int:
-    return sum(len(files) for _, _, files in os.walk(root / "blobs") if "tmp" not in _)
-
-
 def test_keep_last_prunes_files_not_history(gc_daemon, tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()

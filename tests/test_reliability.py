@@ -21,7 +21,7 @@ from worldline.client import (
     WorldlineError,
 )
 
-from .conftest import DaemonProcess, tree_state
+from .conftest import DaemonProcess, corrupt_blob, tree_state
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts)")
 
@@ -31,10 +31,6 @@ def fill(ws: Path, n: int = 20, tag: str = "v1") -> None:
         p = ws / f"d{i % 4}" / f"f{i}.txt"
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(f"{tag} {i}\n" * (i + 1))
-
-
-def blob_path(root: Path, digest: str) -> Path:
-    return root / "blobs" / digest[:2] / digest[2:]
 
 
 def test_corrupt_blob_is_data_loss_and_changes_nothing(fresh_daemon, workspace):
@@ -47,18 +43,19 @@ def test_corrupt_blob_is_data_loss_and_changes_nothing(fresh_daemon, workspace):
         s.checkpoint()
         import hashlib
         digest = hashlib.sha256(b"the original bytes\n").hexdigest()
-        path = blob_path(fresh_daemon.root, digest)
-        os.chmod(path, 0o644)
-        path.write_bytes(b"the originaL bytes\n")  # bit rot
+    corrupt_blob(fresh_daemon.root, digest, b"the originaL bytes\n")  # bit rot
+    fresh_daemon.stop()
+    fresh_daemon.start()  # nothing of it left in memory: what the disk holds
+    with fresh_daemon.client() as c:
         before = tree_state(workspace)
         with pytest.raises(DataLoss):
-            s.restore(cp.id)
+            c.restore(s.id, cp.id)
         assert tree_state(workspace) == before  # refused before anything changed
         with pytest.raises(DataLoss):
             c.diff(cp.id, c.log(s.id)[-1].id, patch=True)
         report = c.fsck()
         assert not report["ok"] and any(digest in p for p in report["problems"])
-        s.checkpoint()  # the session is still usable
+        c.checkpoint(s.id)  # the session is still usable
         assert not list((fresh_daemon.root / "journal").iterdir())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import tree_state
+from .conftest import stored_blobs, tree_state
 
 
 def build_tree(ws: Path) -> None:
@@ -219,8 +219,7 @@ def test_conversation_and_state_as_of_each_checkpoint(client, workspace):
 
 
 def test_identical_content_is_stored_once(daemon, client, workspace, tmp_path):
-    blob_root = daemon.root / "blobs"
-    count = lambda: sum(len(files) for _, _, files in os.walk(blob_root))
+    count = lambda: stored_blobs(daemon.root)
     payload = os.urandom(1 << 20)
     (workspace / "a.bin").write_bytes(payload)
     s = client.create_session(str(workspace))
