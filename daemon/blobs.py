@@ -301,6 +301,7 @@ class LocalBlobStore:
         if digest_of(data) != digest:
             self.pack.forget(digest)
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
+        self.pack.remember(digest, data)  # verified: the next read, or version, is cheap
         return data
 
     def read_bytes(self, digest: str) -> bytes:

@@ -25,8 +25,9 @@ Durability is the blob store's: rows are *pending* (readable by this process) un
 
 from __future__ import annotations
 
+import math
 import os
-import struct
+import re
 import threading
 import time
 import zlib
@@ -39,18 +40,28 @@ from worldline.client.errors import DataLoss, NotFound
 from .sqlite_store import SqliteDatabase
 
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
-MAX_DEPTH = 50  # git's default too: a read rebuilds at most this many versions
+MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
 RAW, ZLIB, DELTA = 0, 1, 2
-_HEADER = struct.Struct(">II")  # shared prefix, shared suffix
 _CACHE_BYTES = 32 << 20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
-    id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE, kind INTEGER NOT NULL,
-    base INTEGER, depth INTEGER NOT NULL, size INTEGER NOT NULL,
-    stored_at REAL NOT NULL, data BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS objects_by_base ON objects (base) WHERE base IS NOT NULL;
+    id INTEGER PRIMARY KEY,     -- in order of storing: rows are appended
+    digest BLOB NOT NULL, kind INTEGER NOT NULL, base INTEGER, depth INTEGER NOT NULL,
+    size INTEGER NOT NULL, stored_at INTEGER NOT NULL, data BLOB NOT NULL,
+    dependents INTEGER NOT NULL DEFAULT 0);  -- rows whose base this row is
+-- found by the digest's first 8 bytes (a short key to index), then checked whole
+CREATE INDEX IF NOT EXISTS objects_by_key ON objects (substr(digest, 1, 8));
 """
+
+
+_BY_DIGEST = "substr(digest, 1, 8) = ? AND digest = ?"  # with _key(digest): uses the index
+
+
+def _key(digest: str) -> tuple[bytes, bytes]:
+    """(index key, digest bytes): rows are found by key, then checked whole."""
+    raw = bytes.fromhex(digest)
+    return raw[:8], raw
 
 
 @dataclass(frozen=True)
@@ -86,22 +97,87 @@ def _shared_suffix(a: bytes, b: bytes, limit: int) -> int:
     return lo
 
 
+_HEX_RUN = re.compile(rb"(?:[0-9a-f]{2}){16,}")
+
+
+def pack_hex(data: bytes) -> bytes:
+    """``data`` with every run of 32 or more lowercase hex digits (the digests trees,
+    states and task lists are full of) replaced by the bytes it spells, half as many:
+    varint(literal length), literal, varint(run length), run, ..., a literal last."""
+    out = bytearray()
+    at = 0
+    for m in _HEX_RUN.finditer(data):
+        run = bytes.fromhex(m.group().decode())
+        out += _varint(m.start() - at) + data[at:m.start()] + _varint(len(run)) + run
+        at = m.end()
+    out += _varint(len(data) - at) + data[at:]
+    return bytes(out)
+
+
+def unpack_hex(packed: bytes) -> bytes:
+    parts, at, literal = [], 0, True
+    while True:
+        n, at = _read_varint(packed, at)
+        chunk = packed[at:at + n]
+        if len(chunk) != n:
+            raise ValueError("a packed blob is cut short")
+        parts.append(chunk if literal else chunk.hex().encode())
+        at += n
+        if literal and at == len(packed):
+            return b"".join(parts)
+        literal = not literal
+
+
+def compress(data: bytes) -> bytes:
+    return zlib.compress(pack_hex(data), 1)
+
+
+def decompress(data: bytes) -> bytes:
+    return unpack_hex(zlib.decompress(data))
+
+
 def encode_delta(base: bytes, data: bytes) -> bytes:
+    """varint(shared prefix), varint(shared suffix), then the middle of ``data``,
+    hex-packed and deflated with the part of ``base`` it replaces as dictionary."""
     prefix = _shared_prefix(base, data)
     suffix = _shared_suffix(base, data, min(len(base), len(data)) - prefix)
-    middle = data[prefix:len(data) - suffix]
-    replaced = base[prefix:len(base) - suffix][-32768:]
+    middle = pack_hex(data[prefix:len(data) - suffix])
+    replaced = pack_hex(base[prefix:len(base) - suffix])[-32768:]
     packer = (zlib.compressobj(6, zlib.DEFLATED, -15, zdict=replaced) if replaced
               else zlib.compressobj(6, zlib.DEFLATED, -15))
-    return _HEADER.pack(prefix, suffix) + packer.compress(middle) + packer.flush()
+    return _varint(prefix) + _varint(suffix) + packer.compress(middle) + packer.flush()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("a varint is cut short")
+        byte = data[at]
+        n |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return n, at
 
 
 def apply_delta(base: bytes, delta: bytes) -> bytes:
-    prefix, suffix = _HEADER.unpack_from(delta)
-    replaced = base[prefix:len(base) - suffix][-32768:]
+    prefix, at = _read_varint(delta, 0)
+    suffix, at = _read_varint(delta, at)
+    if prefix + suffix > len(base):
+        raise ValueError("a delta's shared prefix and suffix are longer than its base")
+    replaced = pack_hex(base[prefix:len(base) - suffix])[-32768:]
     unpacker = (zlib.decompressobj(-15, zdict=replaced) if replaced
                 else zlib.decompressobj(-15))
-    middle = unpacker.decompress(delta[_HEADER.size:]) + unpacker.flush()
+    middle = unpack_hex(unpacker.decompress(delta[at:]) + unpacker.flush())
     return base[:prefix] + middle + base[len(base) - suffix:]
 
 
@@ -127,14 +203,14 @@ class Pack(SqliteDatabase):
             return found
         r = self._one("SELECT o.kind, b.digest, o.depth, o.size, o.stored_at, o.data"
                       " FROM objects AS o LEFT JOIN objects AS b ON b.id = o.base"
-                      " WHERE o.digest = ?", (bytes.fromhex(digest),))
+                      " WHERE substr(o.digest, 1, 8) = ? AND o.digest = ?", _key(digest))
         if r is None:
             return None
         return Row(r[0], r[1].hex() if r[1] is not None else None, r[2], r[3], r[4], r[5])
 
     def has(self, digest: str) -> bool:
         return digest in self.pending or digest in self.committing or self._one(
-            "SELECT 1 FROM objects WHERE digest = ?", (bytes.fromhex(digest),)) is not None
+            f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", _key(digest)) is not None
 
     def read(self, digest: str, cached: bool = True) -> bytes:
         """The blob's bytes, unverified (the caller verifies the digest); with
@@ -151,12 +227,12 @@ class Pack(SqliteDatabase):
             if row.kind == RAW:
                 data = row.data
             elif row.kind == ZLIB:
-                data = zlib.decompress(row.data)
+                data = decompress(row.data)
             elif row.kind == DELTA:
                 data = apply_delta(self.read(row.base, cached), row.data)
             else:
                 raise DataLoss(f"blob {digest} has an unknown encoding {row.kind}")
-        except (zlib.error, struct.error) as exc:
+        except (zlib.error, ValueError) as exc:
             raise DataLoss(f"blob {digest} is corrupt: {exc}") from None
         except NotFound:
             raise DataLoss(f"blob {digest} is corrupt: its base {row.base} is gone") from None
@@ -190,7 +266,7 @@ class Pack(SqliteDatabase):
         now = time.time()
         best = Row(RAW, None, 0, len(data), now, data)
         if len(data) >= 64:
-            packed = zlib.compress(data, 1)
+            packed = compress(data)
             if len(packed) < len(data) * 7 // 8:
                 best = Row(ZLIB, None, 0, len(data), now, packed)
         if base is not None and base_data is not None and base_depth < MAX_DEPTH:
@@ -216,17 +292,23 @@ class Pack(SqliteDatabase):
             return
         with self._tx() as db:
             for digest, r in sorted(rows.items(), key=lambda item: item[1].depth):
+                key = _key(digest)
+                if db.execute(f"SELECT 1 FROM objects WHERE {_BY_DIGEST}",
+                              key).fetchone() is not None:
+                    continue
                 base_id = None  # bases go first: a delta is one deeper than its base
                 if r.base is not None:
-                    found = db.execute("SELECT id FROM objects WHERE digest = ?",
-                                       (bytes.fromhex(r.base),)).fetchone()
+                    found = db.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}",
+                                       _key(r.base)).fetchone()
                     if found is None:
                         raise DataLoss(f"blob {digest}: its base {r.base} is not stored")
                     base_id = found[0]
-                db.execute("INSERT OR IGNORE INTO objects (digest, kind, base, depth, size,"
-                           " stored_at, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (bytes.fromhex(digest), r.kind, base_id, r.depth, r.size,
-                            r.stored_at, r.data))
+                    db.execute("UPDATE objects SET dependents = dependents + 1 WHERE id = ?",
+                               (base_id,))
+                db.execute("INSERT INTO objects (digest, kind, base, depth, size, stored_at,"
+                           " data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (key[1], r.kind, base_id, r.depth, r.size, math.ceil(r.stored_at),
+                            r.data))
         try:
             fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -241,19 +323,23 @@ class Pack(SqliteDatabase):
         for rows in (self.pending, self.committing):
             if any(r.base == digest for r in rows.values()):
                 return True
-        return self._one("SELECT 1 FROM objects WHERE base = (SELECT id FROM objects"
-                         " WHERE digest = ?) LIMIT 1", (bytes.fromhex(digest),)) is not None
+        found = self._one(f"SELECT dependents FROM objects WHERE {_BY_DIGEST}",
+                          _key(digest))
+        return found is not None and found[0] > 0
 
     def delete(self, digest: str) -> int:
         """Remove a committed row; the bytes it held (0 if absent)."""
         self.forget(digest)
         with self._tx() as db:
-            r = db.execute("SELECT length(data) FROM objects WHERE digest = ?",
-                           (bytes.fromhex(digest),)).fetchone()
+            r = db.execute(f"SELECT id, length(data), base FROM objects WHERE {_BY_DIGEST}",
+                           _key(digest)).fetchone()
             if r is None:
                 return 0
-            db.execute("DELETE FROM objects WHERE digest = ?", (bytes.fromhex(digest),))
-            return r[0]
+            db.execute("DELETE FROM objects WHERE id = ?", (r[0],))
+            if r[2] is not None:
+                db.execute("UPDATE objects SET dependents = dependents - 1 WHERE id = ?",
+                           (r[2],))
+            return r[1]
 
     def digests_dependents_first(self) -> Iterator[str]:
         for (digest,) in self._all("SELECT digest FROM objects ORDER BY depth DESC"):

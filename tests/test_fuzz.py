@@ -19,7 +19,7 @@ from .conftest import tree_state
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
            grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED}
-SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"]
+SERVICES = [pb.DESCRIPTOR.services_by_name[name] for name in ("Worldline", "Graphs")]
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +73,12 @@ def request_strategy(message, sandbox) -> st.SearchStrategy:
     return st.fixed_dictionaries(fields)
 
 
-@pytest.mark.parametrize("method", [m.name for m in SERVICE.methods])
-def test_every_rpc_answers_clearly(daemon, sandbox, method):
-    md = SERVICE.methods_by_name[method]
+@pytest.mark.parametrize("service,method", [(s.name, m.name) for s in SERVICES
+                                            for m in s.methods])
+def test_every_rpc_answers_clearly(daemon, sandbox, service, method):
+    md = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
     request_cls = getattr(pb, md.input_type.name)
+    stub_cls = getattr(pb_grpc, f"{service}Stub")
 
     @settings(max_examples=25, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -84,7 +86,7 @@ def test_every_rpc_answers_clearly(daemon, sandbox, method):
     def check(values):
         request = request_cls(**values)
         with grpc.insecure_channel(daemon.address) as ch:
-            stub = pb_grpc.WorldlineStub(ch)
+            stub = stub_cls(ch)
             try:
                 getattr(stub, method)(request, timeout=30)
             except grpc.RpcError as exc:
@@ -94,3 +96,28 @@ def test_every_rpc_answers_clearly(daemon, sandbox, method):
     assert tree_state(sandbox["outside"]) == sandbox["before"]
     with daemon.client() as c:
         c.list_sessions()  # still serving
+
+
+hexish = st.lists(st.one_of(
+    st.binary(max_size=40),
+    st.text(alphabet="0123456789abcdef", min_size=30, max_size=140).map(str.encode),
+    st.text(alphabet="0123456789abcdefABCDEF\"[],", max_size=80).map(str.encode),
+), max_size=8).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(hexish, hexish)
+def test_pack_codecs_round_trip(a, b):
+    """The pack's encodings give back exactly the bytes they were given."""
+    from worldline.daemon.packs import (
+        apply_delta,
+        compress,
+        decompress,
+        encode_delta,
+        pack_hex,
+        unpack_hex,
+    )
+    assert unpack_hex(pack_hex(b)) == b
+    assert decompress(compress(b)) == b
+    assert apply_delta(a, encode_delta(a, b)) == b
+    assert apply_delta(a, encode_delta(a, a + b)) == a + b

@@ -35,8 +35,6 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
 WARMUP = 3
 
 
-@dataclass
-
 def settle() -> None:
     """Both storage measurements are taken with the daemon idle: once idle it moves its
     SQLite write-ahead logs into the databases and truncates them (main.WAL_IDLE_SECONDS),
@@ -45,6 +43,8 @@ def settle() -> None:
     time.sleep(WAL_IDLE_SECONDS * 2.5)
     os.sync()
 
+
+@dataclass
 class Stat:
     median: float
     p90: float
