@@ -119,6 +119,7 @@ class LocalBlobStore:
         self._pending: dict[str, str] = {}  # digest -> temporary, not yet in a sync
         self._moving: dict[str, str] = {}  # digest -> temporary, taken by the running sync
         self._reused: dict[str, float] = {}  # digest -> when a put last found it stored
+        self._pins: dict[str, int] = {}  # digest -> puts reading it as a delta base now
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
         self.pack = Pack(os.path.join(root, "pack.db"))
@@ -137,24 +138,33 @@ class LocalBlobStore:
             tmp = self._pending.get(digest) or self._moving.get(digest)
         return [tmp, final] if tmp else [final]
 
+    def _in_flight(self, digest: str) -> bool:
+        """Put but not yet synced (the caller holds the lock)."""
+        return (digest in self._pending or digest in self._moving
+                or digest in self.pack.pending or digest in self.pack.committing)
+
     def has(self, digest: str) -> bool:
         check_digest(digest)
         with self._lock:
-            if digest in self._pending or digest in self._moving or self.pack.has(digest):
+            if self._in_flight(digest):
                 return True
-        return os.path.exists(self._path(digest))
+        return self.pack.has(digest) or os.path.exists(self._path(digest))
 
     def _reuse(self, digest: str) -> bool:
         """True if the blob is stored. A stored one counts as freshly stored for gc's grace
-        period: the reuse is noted in memory (gc runs in this process) under the lock gc
-        deletes with, instead of touching the file, which would dirty an inode per reuse."""
+        period: the reuse is noted in memory (gc runs in this process), under the lock gc
+        deletes with, *before* looking for the blob, so no lock is held while looking and
+        a blob found is one gc had not deleted and now will not (nor is a file touched,
+        which would dirty an inode per reuse)."""
         with self._lock:
-            if digest in self._pending or digest in self._moving:
+            if self._in_flight(digest):
                 return True
-            if self.pack.has(digest) or os.path.exists(self._path(digest)):
-                self._reused[digest] = time.time()
-                return True
-            return False
+            self._reused[digest] = time.time()
+        if self.pack.has(digest) or os.path.exists(self._path(digest)):
+            return True
+        with self._lock:
+            self._reused.pop(digest, None)
+        return False
 
     def put_bytes(self, data: bytes, base: str | None = None) -> str:
         digest = digest_of(data)
@@ -165,16 +175,25 @@ class LocalBlobStore:
         if len(data) > MAX_BLOB:
             self._add_pending(digest, self._write_temp([data], digest))
             return digest
-        found = None
-        if base is not None and base != digest and _DIGEST_RE.match(base) and self._reuse(base):
-            found = self.pack.base_for(base)  # the reuse keeps gc off the base meanwhile
-        row = self.pack.encode(data, base, *(found or (None, 0)))
-        with self._lock:
-            if row.base is not None and not self.pack.has(row.base):  # gone meanwhile
-                row = self.pack.encode(data, None, None, 0)
-            if not (digest in self.pack.pending or digest in self.pack.committing):
-                self.pack.pending[digest] = row
-        self.pack.remember(digest, data)
+        usable = base is not None and base != digest and _DIGEST_RE.match(base) is not None
+        if usable:
+            with self._lock:  # gc leaves a pinned base be until its delta is pending
+                self._pins[base] = self._pins.get(base, 0) + 1
+        try:
+            found = self.pack.base_for(base) if usable else None
+            row = self.pack.encode(data, base, *(found or (None, 0)))
+            with self._lock:
+                added = not self._in_flight(digest)
+                if added:
+                    self.pack.pending[digest] = row
+        finally:
+            if usable:
+                with self._lock:
+                    if self._pins[base] == 1:
+                        del self._pins[base]
+                    else:
+                        self._pins[base] -= 1
+        self.pack.remember(digest, data, row.depth if added else None)
         return digest
 
     def put_fd(self, src: int) -> tuple[str, int]:
@@ -381,6 +400,8 @@ class LocalBlobStore:
     def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
         with self._lock:
+            if digest in self._pins:
+                return 0  # a put is making a delta of it right now
             row = self.pack.row(digest)
             if row is not None:
                 if digest in self.pack.pending or digest in self.pack.committing:

@@ -14,8 +14,8 @@ Rules that keep every blob readable:
   ``MAX_DEPTH`` long: past that a version is stored whole (compressed).
 - A blob that a stored or pending delta depends on is never deleted; gc's sweep
   takes dependents first (``digests_dependents_first``), so one pass frees a chain.
-- Choosing a base and recording the dependent happen under the store's lock, the
-  lock deletions take, so a base cannot vanish between the two.
+- A put *pins* the base it reads (under the store's lock, which deletions take)
+  until its delta is pending, so a base cannot vanish between the two.
 - Reads rebuild the blob and verify its SHA-256: a damaged row anywhere in a chain
   is ``DataLoss``, never wrong bytes.
 
@@ -48,7 +48,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     id INTEGER PRIMARY KEY,     -- in order of storing: rows are appended
     digest BLOB NOT NULL, kind INTEGER NOT NULL, base INTEGER, depth INTEGER NOT NULL,
-    size INTEGER NOT NULL, stored_at INTEGER NOT NULL, data BLOB NOT NULL,
+    size INTEGER NOT NULL, stored_ms INTEGER NOT NULL, data BLOB NOT NULL,
     dependents INTEGER NOT NULL DEFAULT 0);  -- rows whose base this row is
 -- found by the digest's first 8 bytes (a short key to index), then checked whole
 CREATE INDEX IF NOT EXISTS objects_by_key ON objects (substr(digest, 1, 8));
@@ -74,9 +74,16 @@ class Row:
     data: bytes
 
 
+_BLOCK = 4096
+
+
 def _shared_prefix(a: bytes, b: bytes) -> int:
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # binary search over memcmp-speed slice comparisons
+    limit = min(len(a), len(b))
+    lo = 0
+    while lo + _BLOCK <= limit and a[lo:lo + _BLOCK] == b[lo:lo + _BLOCK]:
+        lo += _BLOCK  # whole blocks first (memcmp speed), then a binary search in one
+    hi = min(limit, lo + _BLOCK)
+    while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
             lo = mid
@@ -86,8 +93,11 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
 
 
 def _shared_suffix(a: bytes, b: bytes, limit: int) -> int:
-    lo, hi = 0, limit
     la, lb = len(a), len(b)
+    lo = 0
+    while lo + _BLOCK <= limit and a[la - lo - _BLOCK:la - lo] == b[lb - lo - _BLOCK:lb - lo]:
+        lo += _BLOCK
+    hi = min(limit, lo + _BLOCK)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[la - mid:la - lo] == b[lb - mid:lb - lo]:
@@ -181,9 +191,39 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
     return base[:prefix] + middle + base[len(base) - suffix:]
 
 
+class _Bloom:
+    """The digests stored in the pack, approximately: "absent" is certain, "present"
+    is checked in the database. A put of new content, the usual case, asks nothing of
+    SQLite. Digests are uniform already: six 4-byte slices are the six hashes."""
+
+    def __init__(self, expected: int) -> None:
+        self.bits = 1 << max(23, (expected * 16).bit_length())
+        self.mask = self.bits - 1
+        self.array = bytearray(self.bits // 8)
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def _positions(self, raw: bytes) -> list[int]:
+        return [int.from_bytes(raw[i:i + 4], "little") & self.mask for i in range(0, 24, 4)]
+
+    def add(self, raw: bytes) -> None:
+        with self._lock:
+            for p in self._positions(raw):
+                self.array[p >> 3] |= 1 << (p & 7)
+            self.count += 1
+
+    def __contains__(self, raw: bytes) -> bool:
+        array = self.array
+        return all(array[p >> 3] & (1 << (p & 7)) for p in self._positions(raw))
+
+    @property
+    def crowded(self) -> bool:
+        return self.count * 16 > self.bits
+
+
 class Pack(SqliteDatabase):
-    """The pack file of a LocalBlobStore. Callers hold the store's lock around
-    ``pending`` changes, ``has``, ``choose_base`` and ``delete``."""
+    """The pack file of a LocalBlobStore. The store's lock guards ``pending`` and
+    ``committing`` changes and every ``delete``; reads take no lock of the store's."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path, SCHEMA)
@@ -192,25 +232,51 @@ class Pack(SqliteDatabase):
         self._db.execute("PRAGMA synchronous=NORMAL")
         self.pending: dict[str, Row] = {}  # not yet committed: readable, not durable
         self.committing: dict[str, Row] = {}  # taken by the running commit
-        self._cache: OrderedDict[str, bytes] = OrderedDict()  # recent blobs, for bases
-        self._cached = 0
+        self._cache: OrderedDict[str, tuple[bytes, int | None]] = OrderedDict()  # recent
+        self._cached = 0  # blobs, and their depth when known: the next put's base
         self._cache_lock = threading.Lock()
+        self._ids: OrderedDict[str, int] = OrderedDict()  # digest -> row id, recent rows
+        self._bloom = self._load_bloom()
+
+    def _load_bloom(self) -> _Bloom:
+        rows = self._all("SELECT digest FROM objects")
+        bloom = _Bloom(len(rows))
+        for (raw,) in rows:
+            bloom.add(bytes(raw))
+        return bloom
+
+    def _remember_id(self, digest: str, row_id: int) -> None:
+        with self._cache_lock:
+            self._ids[digest] = row_id
+            self._ids.move_to_end(digest)
+            if len(self._ids) > 100_000:
+                self._ids.popitem(last=False)
 
     # -- reading -------------------------------------------------------------------------
     def row(self, digest: str) -> Row | None:
         found = self.pending.get(digest) or self.committing.get(digest)
         if found is not None:
             return found
-        r = self._one("SELECT o.kind, b.digest, o.depth, o.size, o.stored_at, o.data"
-                      " FROM objects AS o LEFT JOIN objects AS b ON b.id = o.base"
-                      " WHERE substr(o.digest, 1, 8) = ? AND o.digest = ?", _key(digest))
+        key = _key(digest)
+        if key[1] not in self._bloom:
+            return None
+        r = self._one("SELECT o.kind, b.digest, o.depth, o.size, o.stored_ms / 1000.0, o.data,"
+                      " o.id FROM objects AS o LEFT JOIN objects AS b ON b.id = o.base"
+                      " WHERE substr(o.digest, 1, 8) = ? AND o.digest = ?", key)
         if r is None:
             return None
+        self._remember_id(digest, r[6])
         return Row(r[0], r[1].hex() if r[1] is not None else None, r[2], r[3], r[4], r[5])
 
     def has(self, digest: str) -> bool:
-        return digest in self.pending or digest in self.committing or self._one(
-            f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", _key(digest)) is not None
+        if digest in self.pending or digest in self.committing:
+            return True
+        with self._cache_lock:
+            if digest in self._cache:  # put or read here, and not deleted since
+                return True
+        key = _key(digest)
+        return key[1] in self._bloom and self._one(
+            f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key) is not None
 
     def read(self, digest: str, cached: bool = True) -> bytes:
         """The blob's bytes, unverified (the caller verifies the digest); with
@@ -219,7 +285,7 @@ class Pack(SqliteDatabase):
             with self._cache_lock:
                 found = self._cache.get(digest)
             if found is not None:
-                return found
+                return found[0]
         row = self.row(digest)
         if row is None:
             raise NotFound(f"blob {digest} does not exist")
@@ -240,43 +306,55 @@ class Pack(SqliteDatabase):
             raise DataLoss(f"blob {digest} is corrupt: {len(data)} bytes, not {row.size}")
         return data
 
-    def remember(self, digest: str, data: bytes) -> None:
-        """Keep a recent blob's bytes in memory: the next version will be its delta."""
+    def remember(self, digest: str, data: bytes, depth: int | None = None) -> None:
+        """Keep a recent blob's bytes (and its depth, when known) in memory: the next
+        version will be its delta."""
         if len(data) > MAX_BLOB:
             return
         with self._cache_lock:
-            if digest in self._cache:
+            old = self._cache.get(digest)
+            if old is not None:
+                if depth is not None:
+                    self._cache[digest] = (old[0], depth)
                 return
-            self._cache[digest] = data
+            self._cache[digest] = (data, depth)
             self._cached += len(data)
             while self._cached > _CACHE_BYTES:
-                _, old = self._cache.popitem(last=False)
-                self._cached -= len(old)
+                _, (old_data, _depth) = self._cache.popitem(last=False)
+                self._cached -= len(old_data)
 
     def forget(self, digest: str) -> None:
         with self._cache_lock:
             old = self._cache.pop(digest, None)
             if old is not None:
-                self._cached -= len(old)
+                self._cached -= len(old[0])
+            self._ids.pop(digest, None)
 
     # -- writing -------------------------------------------------------------------------
     def encode(self, data: bytes, base: str | None, base_data: bytes | None,
                base_depth: int) -> Row:
         """The smallest encoding of ``data``: a delta from ``base`` when given."""
         now = time.time()
+        delta = None
+        if base is not None and base_data is not None and base_depth < MAX_DEPTH:
+            delta = Row(DELTA, base, base_depth + 1, len(data), now,
+                        encode_delta(base_data, data))
+            if len(delta.data) * 16 <= len(data):
+                return delta  # the usual edit: no compression could come close
         best = Row(RAW, None, 0, len(data), now, data)
         if len(data) >= 64:
             packed = compress(data)
             if len(packed) < len(data) * 7 // 8:
                 best = Row(ZLIB, None, 0, len(data), now, packed)
-        if base is not None and base_data is not None and base_depth < MAX_DEPTH:
-            delta = encode_delta(base_data, data)
-            if len(delta) < len(best.data) // 2:
-                best = Row(DELTA, base, base_depth + 1, len(data), now, delta)
-        return best
+        # A delta costs its readers a rebuild: it must at least halve the row.
+        return delta if delta is not None and len(delta.data) < len(best.data) // 2 else best
 
     def base_for(self, digest: str) -> tuple[bytes, int] | None:
         """(bytes, depth) of a blob that can serve as a base, or None."""
+        with self._cache_lock:
+            found = self._cache.get(digest)
+        if found is not None and found[1] is not None:
+            return (found[0], found[1]) if found[1] < MAX_DEPTH else None
         row = self.row(digest)
         if row is None or row.depth >= MAX_DEPTH:
             return None
@@ -290,25 +368,33 @@ class Pack(SqliteDatabase):
         rows = self.committing
         if not rows:
             return
+        inserted: dict[str, int] = {}
         with self._tx() as db:
+            next_id = (db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0) + 1
+            values, bases = [], []
             for digest, r in sorted(rows.items(), key=lambda item: item[1].depth):
                 key = _key(digest)
-                if db.execute(f"SELECT 1 FROM objects WHERE {_BY_DIGEST}",
-                              key).fetchone() is not None:
-                    continue
+                if key[1] in self._bloom and db.execute(
+                        f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key).fetchone() is not None:
+                    continue  # stored already (the filter says so for new ones: never)
                 base_id = None  # bases go first: a delta is one deeper than its base
                 if r.base is not None:
-                    found = db.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}",
-                                       _key(r.base)).fetchone()
-                    if found is None:
+                    base_id = inserted.get(r.base) or self._id_of(db, r.base)
+                    if base_id is None:
                         raise DataLoss(f"blob {digest}: its base {r.base} is not stored")
-                    base_id = found[0]
-                    db.execute("UPDATE objects SET dependents = dependents + 1 WHERE id = ?",
-                               (base_id,))
-                db.execute("INSERT INTO objects (digest, kind, base, depth, size, stored_at,"
-                           " data) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (key[1], r.kind, base_id, r.depth, r.size, math.ceil(r.stored_at),
-                            r.data))
+                    bases.append((base_id,))
+                inserted[digest] = next_id
+                values.append((next_id, key[1], r.kind, base_id, r.depth, r.size,
+                               math.ceil(r.stored_at * 1000), r.data))
+                next_id += 1
+                self._bloom.add(key[1])  # before the commit: "absent" must stay certain
+            db.executemany("INSERT INTO objects (id, digest, kind, base, depth, size, stored_ms,"
+                           " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+            db.executemany("UPDATE objects SET dependents = dependents + 1 WHERE id = ?", bases)
+        for digest, row_id in inserted.items():
+            self._remember_id(digest, row_id)
+        if self._bloom.crowded:
+            self._bloom = self._load_bloom()
         try:
             fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -317,6 +403,14 @@ class Pack(SqliteDatabase):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _id_of(self, db, digest: str) -> int | None:
+        with self._cache_lock:
+            known = self._ids.get(digest)
+        if known is not None:
+            return known
+        found = db.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}", _key(digest)).fetchone()
+        return found[0] if found is not None else None
 
     def depends_on(self, digest: str) -> bool:
         """True if a stored or pending delta has ``digest`` as its base."""
