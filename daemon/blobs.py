@@ -60,6 +60,10 @@ class BlobStore(Protocol):
         likely to resemble ``data`` (its previous version): a store may keep ``data`` as
         a difference from it. It is only a hint: the blob reads back the same."""
 
+    def put_many(self, blobs: list[bytes]) -> list[str]:
+        """``put_bytes`` of each, in one go (a full scan's thousands of trees, mostly
+        stored already): their digests, in order."""
+
     def put_fd(self, fd: int) -> tuple[str, int]:
         """Store what remains to be read from ``fd``; return (digest, size)."""
 
@@ -195,6 +199,25 @@ class LocalBlobStore:
                         self._pins[base] -= 1
         self.pack.remember(digest, data, row.depth if added else None)
         return digest
+
+    def put_many(self, blobs: list[bytes]) -> list[str]:
+        digests = [digest_of(data) for data in blobs]
+        now = time.time()
+        with self._lock:  # as _reuse: noted first, so what is found stays found
+            fresh = {d for d in digests if not self._in_flight(d)}
+            for d in fresh:
+                self._reused[d] = now
+        stored = self.pack.present(fresh)
+        stored |= {d for d in fresh - stored if os.path.exists(self._path(d))}
+        with self._lock:
+            for d in fresh - stored:
+                self._reused.pop(d, None)
+        for d, data in zip(digests, blobs, strict=True):
+            if d in fresh and d not in stored:
+                self.put_bytes(data)
+            else:
+                BLOB_REUSED.inc(len(data))
+        return digests
 
     def put_fd(self, src: int) -> tuple[str, int]:
         hasher = hashlib.sha256()
@@ -522,6 +545,9 @@ class MemoryBlobStore:
                 self._blobs[digest] = bytes(data)
             self._stored_at[digest] = time.time()  # stored or reused: gc's clock
         return digest
+
+    def put_many(self, blobs: list[bytes]) -> list[str]:
+        return [self.put_bytes(data) for data in blobs]
 
     def put_fd(self, fd: int) -> tuple[str, int]:
         chunks = []

@@ -278,6 +278,21 @@ class Pack(SqliteDatabase):
         return key[1] in self._bloom and self._one(
             f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key) is not None
 
+    def present(self, digests: set[str]) -> set[str]:
+        """Which of ``digests`` are stored, pending or committed: few queries for many."""
+        found = {d for d in digests if d in self.pending or d in self.committing}
+        with self._cache_lock:
+            found |= {d for d in digests if d in self._cache}
+        maybe = [_key(d) for d in digests - found]
+        maybe = [k for k in maybe if k[1] in self._bloom]
+        for i in range(0, len(maybe), 500):
+            chunk = maybe[i:i + 500]
+            wanted = {k[1] for k in chunk}
+            rows = self._all("SELECT digest FROM objects WHERE substr(digest, 1, 8) IN"
+                             f" ({', '.join('?' * len(chunk))})", tuple(k[0] for k in chunk))
+            found |= {bytes(r[0]).hex() for r in rows if bytes(r[0]) in wanted}
+        return found
+
     def read(self, digest: str, cached: bool = True) -> bytes:
         """The blob's bytes, unverified (the caller verifies the digest); with
         ``cached`` False, rebuilt from the rows on disk alone."""

@@ -78,6 +78,7 @@ class _Scan:
         self.trees: dict[str, dict[str, Entry]] = {}
         self.warnings: list[str] = []
         self.seen: dict[str, tuple[Signature, str]] = {}
+        self.deferred: list[bytes] = []  # a full scan's trees, stored together at its end
 
 
 class WorkspaceSnapshotter:
@@ -111,6 +112,8 @@ class WorkspaceSnapshotter:
                 root, size = self._update_dir(root_fd, "", base, _trie(changes), scan, cache)
         finally:
             os.close(root_fd)
+        if scan.deferred:
+            self.blobs.put_many(scan.deferred)
         return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist, full)
 
     def commit(self, capture: Capture) -> None:
@@ -275,9 +278,15 @@ class WorkspaceSnapshotter:
         return hasher.hexdigest(), size
 
     def _store_tree(self, tree: dict[str, Entry], scan: _Scan, base: str | None = None) -> str:
-        """Store a folder's tree; ``base``, its previous tree, may serve as a delta base."""
+        """Store a folder's tree; ``base``, its previous tree, may serve as a delta base.
+        A full scan's trees (no base) are stored together when it ends: nearly all are
+        stored already, and one question for many is cheaper than one each."""
         data = encode(tree)
-        if scan.persist:
+        if scan.persist and base is None:
+            digest = digest_of(data)
+            scan.deferred.append(data)
+            self.trees.remember(digest, tree)
+        elif scan.persist:
             digest = self.blobs.put_bytes(data, base=base)
             self.trees.remember(digest, tree)
         else:
