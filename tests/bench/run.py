@@ -253,7 +253,7 @@ class Bench:
                                                       else "")] = Stat(per_100, per_100, commits,
                                                                        "bytes")
             case.ok = case.ok and wl_growth <= 0.01 * per_100
-            case.note = f"worldline / docker = {wl_growth / max(per_100, 1):.4f}"
+            case.note = f"worldline / docker = {wl_growth / max(per_100, 1):.2g}"
         return self.add(case)
 
     # -- throughput ----------------------------------------------------------------------
