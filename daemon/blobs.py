@@ -255,9 +255,7 @@ class LocalBlobStore:
         fd, tmp = self._open_temp(digest)
         try:
             for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+                _write_all(fd, chunk)
             os.fchmod(fd, 0o444)
         except OSError as exc:
             _discard(fd, tmp)
@@ -378,9 +376,7 @@ class LocalBlobStore:
         packed = self._packed(digest)
         if packed is not None:
             try:
-                view = memoryview(packed)
-                while view:
-                    view = view[os.write(dst, view):]
+                _write_all(dst, packed)
             except OSError as exc:
                 raise _disk_full(exc) from exc
             return len(packed)
@@ -391,9 +387,7 @@ class LocalBlobStore:
             while chunk := os.read(fd, CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(dst, view):]
+                _write_all(dst, chunk)
         except OSError as exc:
             raise _disk_full(exc) from exc
         finally:
@@ -485,6 +479,13 @@ class LocalBlobStore:
         return renamed, removed
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a write may take fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -570,9 +571,7 @@ class MemoryBlobStore:
 
     def copy_to_fd(self, digest: str, fd: int) -> int:
         data = self.read_bytes(digest)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         return len(data)
 
     def size(self, digest: str) -> int:

@@ -269,17 +269,12 @@ class Pack(SqliteDatabase):
         return Row(r[0], r[1].hex() if r[1] is not None else None, r[2], r[3], r[4], r[5])
 
     def has(self, digest: str) -> bool:
-        if digest in self.pending or digest in self.committing:
-            return True
-        with self._cache_lock:
-            if digest in self._cache:  # put or read here, and not deleted since
-                return True
-        key = _key(digest)
-        return key[1] in self._bloom and self._one(
-            f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key) is not None
+        return bool(self.present({digest}))
 
     def present(self, digests: set[str]) -> set[str]:
-        """Which of ``digests`` are stored, pending or committed: few queries for many."""
+        """Which of ``digests`` are stored, pending or committed: few queries for many.
+        Pending rows and the cache (put or read here, not deleted since) answer first,
+        the filter rules out what is new, and the database is asked about the rest."""
         found = {d for d in digests if d in self.pending or d in self.committing}
         with self._cache_lock:
             found |= {d for d in digests if d in self._cache}

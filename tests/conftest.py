@@ -183,15 +183,16 @@ def stored_blobs(root: Path) -> int:
         db.close()
 
 
-def corrupt_blob(root: Path, digest: str, data: bytes) -> None:
-    """Bit rot: replace the stored bytes of a blob, a file or a row of the pack."""
+def corrupt_blob(blob_root: Path, digest: str, data: bytes) -> None:
+    """Bit rot: replace the stored bytes of a blob, a file or a row of the pack, in the
+    blob store at ``blob_root`` (a data root's ``blobs`` folder)."""
     import sqlite3
-    path = root / "blobs" / digest[:2] / digest[2:]
+    path = blob_root / digest[:2] / digest[2:]
     if path.exists():
         os.chmod(path, 0o644)
         path.write_bytes(data)
         return
-    db = sqlite3.connect(root / "blobs" / "pack.db")
+    db = sqlite3.connect(blob_root / "pack.db")
     try:
         with db:
             n = db.execute("UPDATE objects SET kind = 0, data = ?, size = ? WHERE digest = ?",

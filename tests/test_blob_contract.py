@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.blobs import LocalBlobStore, MemoryBlobStore
 from worldline.daemon.packs import DELTA, MAX_BLOB, MAX_DEPTH
+
+from .conftest import corrupt_blob
 
 BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
@@ -84,10 +87,7 @@ def test_corruption_is_data_loss(blobs, tmp_path):
     if isinstance(blobs, MemoryBlobStore):
         blobs.corrupt(d, b"garbage!")
     else:
-        path = os.path.join(blobs.root, d[:2], d[2:])
-        os.chmod(path, 0o644)
-        with open(path, "wb") as f:
-            f.write(b"garbage!")
+        corrupt_blob(Path(blobs.root), d, b"garbage!")
     with pytest.raises(DataLoss):
         blobs.read_bytes(d)
     fd = os.open(tmp_path / "sink", os.O_WRONLY | os.O_CREAT)
@@ -177,15 +177,6 @@ def test_delete_older_than_spares_a_blob_reused_meanwhile(blobs):
 
 # -- the pack (LocalBlobStore's small blobs) --------------------------------------------
 
-def _corrupt_row(blobs: LocalBlobStore, digest: str, data: bytes) -> None:
-    import sqlite3
-    db = sqlite3.connect(blobs.pack.path)
-    db.execute("UPDATE objects SET data = ? WHERE digest = ?", (data, bytes.fromhex(digest)))
-    db.commit()
-    db.close()
-    blobs.pack.forget(digest)
-
-
 def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     blobs = LocalBlobStore(str(tmp_path / "b"))
     v1 = os.urandom(20_000)
@@ -220,7 +211,7 @@ def test_a_damaged_row_anywhere_in_a_chain_is_data_loss(tmp_path):
     d1 = blobs.put_bytes(v1)
     d2 = blobs.put_bytes(v1 + b"more\n", base=d1)
     blobs.sync()
-    _corrupt_row(blobs, d1, b"\x00" * 10)
+    corrupt_blob(Path(blobs.root), d1, b"\x00" * 10)
     reopened = LocalBlobStore(str(tmp_path / "b"))  # nothing cached: what the disk holds
     for store in (blobs, reopened):
         for d in (d1, d2):

@@ -43,7 +43,7 @@ def test_corrupt_blob_is_data_loss_and_changes_nothing(fresh_daemon, workspace):
         s.checkpoint()
         import hashlib
         digest = hashlib.sha256(b"the original bytes\n").hexdigest()
-    corrupt_blob(fresh_daemon.root, digest, b"the originaL bytes\n")  # bit rot
+    corrupt_blob(fresh_daemon.root / "blobs", digest, b"the originaL bytes\n")  # bit rot
     fresh_daemon.stop()
     fresh_daemon.start()  # nothing of it left in memory: what the disk holds
     with fresh_daemon.client() as c:
