@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -193,6 +194,10 @@ class Daemon:
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
+        # The objects made while starting (modules, the server, the stores) live as long
+        # as the daemon: move them out of the cycle collector's sight, or every collection
+        # that a large scan's allocations trigger traverses them all again.
+        gc.freeze()
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()
@@ -233,6 +238,10 @@ class Daemon:
                         db.compact_wal(WAL_IDLE_SECONDS)
                     except Exception:
                         log.exception("compacting the write-ahead log of %s failed", db.path)
+                try:
+                    self.stat_cache.compact(WAL_IDLE_SECONDS)
+                except Exception:
+                    log.exception("compacting the stat cache failed")
                 if time.monotonic() >= self._next_health:
                     self._next_health = time.monotonic() + 2.0
                     check()

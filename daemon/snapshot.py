@@ -25,6 +25,8 @@ snapshotter (a Docker container's writable layer).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -39,9 +41,10 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 from . import progress
 from .blobs import CHUNK, BlobStore, digest_of
 from .faults import crash_point
-from .statcache import Signature, StatCache, is_racy, signature
+from .statcache import Memo, Signature, StatCache, is_racy, is_racy_signature
 from .tracker import TEMP_PREFIX, Changes
 from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, check_name, encode
+from .walk import OPAQUE_XATTR, SIG, signature, walk
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class Capture:
     seen: dict[str, tuple[Signature, str]] = field(default_factory=dict)
     persisted: bool = True
     full: bool = True  # every file was examined (not just a tracker's changes)
+    memos: dict[str, Memo | None] = field(default_factory=dict)  # folder memos (None: drop)
+    reused: set[str] = field(default_factory=set)  # folders whose memo held
 
 
 class Snapshotter(Protocol):
@@ -71,27 +76,38 @@ class Snapshotter(Protocol):
     def commit(self, capture: Capture) -> None: ...
 
 
+class Watcher(Protocol):
+    """A change tracker, as the snapshotter sees it."""
+
+    def watch_folder(self, rel: str, fd: int) -> None: ...
+
+    def scanning(self) -> contextlib.AbstractContextManager[
+        tuple[int, int, Callable[[list[tuple[str, int]]], None]]]: ...
+
+
 class _Scan:
-    def __init__(self, persist: bool, watch: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, persist: bool, watcher: Watcher | None = None) -> None:
         self.persist = persist
-        self.watch = watch  # called with (relative folder, fd) before a folder is listed
+        self.watcher = watcher  # a full scan watches every folder before listing it
         self.trees: dict[str, dict[str, Entry]] = {}
         self.warnings: list[str] = []
         self.seen: dict[str, tuple[Signature, str]] = {}
         self.deferred: list[bytes] = []  # a full scan's trees, stored together at its end
+        self.memos: dict[str, Memo | None] = {}
+        self.reused: set[str] = set()
 
 
 class WorkspaceSnapshotter:
     """A workspace directory, read and written only through folder descriptors."""
 
     def __init__(self, path: str, blobs: BlobStore, trees: TreeReader,
-                 stat_cache: StatCache, watch: Callable[[str, int], None] | None = None,
+                 stat_cache: StatCache, watcher: Watcher | None = None,
                  overlay: bool = False) -> None:
         self.path = path
         self.blobs = blobs
         self.trees = trees
         self.stat_cache = stat_cache
-        self.watch = watch  # a change tracker's hook: folders to watch as they are read
+        self.watcher = watcher  # a change tracker: full scans watch what they read
         # An overlay upper folder: whiteouts (0/0 character devices) and opaque folders
         # (trusted.overlay.opaque=y) are recorded and written back, not skipped.
         self.overlay = overlay
@@ -100,32 +116,39 @@ class WorkspaceSnapshotter:
     def capture(self, persist: bool = True, changes: Changes | None = None,
                 base: str | None = None) -> Capture:
         full = changes is None or changes.full or base is None
-        scan = _Scan(persist, self.watch if full else None)
+        scan = _Scan(persist, self.watcher if full else None)
         cache = self.stat_cache.entries(self.path)
         root_fd = self._open_root()
         try:
             if full:
-                if scan.watch is not None:
-                    scan.watch("", root_fd)
-                root, size = self._scan_dir(root_fd, "", scan, cache)
+                root, size, _ = self._scan_tree(root_fd, "", scan, cache)
             else:
                 root, size = self._update_dir(root_fd, "", base, _trie(changes), scan, cache)
         finally:
             os.close(root_fd)
         if scan.deferred:
             self.blobs.put_many(scan.deferred)
-        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist, full)
+        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist, full,
+                       scan.memos, scan.reused)
 
     def commit(self, capture: Capture) -> None:
         if not capture.persisted:
             return
         cache = self.stat_cache.entries(self.path)
         changed = {p: v for p, v in capture.seen.items() if cache.get(p) != v}
-        # A full scan saw every file, so what it did not see is gone; an incremental
-        # one vouches only for what it examined.
-        removed = set(cache) - set(capture.seen) if capture.full else set()
+        memos = dict(capture.memos)
+        removed: set[str] = set()
+        if capture.full:
+            # A full scan saw every folder: a file is still there if its folder's memo
+            # held, or the scan saw it; a memo is still good if it held or was rewritten.
+            reused = capture.reused
+            removed = {p for p in cache if p not in capture.seen
+                       and p.rpartition("/")[0] not in reused}
+            for p in self.stat_cache.folders(self.path):
+                if p not in reused and p not in memos:
+                    memos[p] = None
         try:
-            self.stat_cache.update(self.path, changed, removed)
+            self.stat_cache.update(self.path, changed, removed, memos)
         except Exception as exc:  # a cache: losing an update costs a rehash, never data
             log.warning("stat cache of %s not updated: %s", self.path, exc)
 
@@ -142,50 +165,94 @@ class WorkspaceSnapshotter:
                     f"workspace {self.path} has been replaced by a symlink") from None
             raise
 
-    def _scan_dir(self, dfd: int, prefix: str, scan: _Scan, cache) -> tuple[str, int]:
-        _check_depth(prefix)
+    def _scan_tree(self, dfd: int, prefix: str, scan: _Scan, cache) -> tuple[str, int, str]:
+        """A full scan of the folder open at ``dfd`` (``prefix`` is its path, "" for the
+        root): one walk (walk.py) lists, stats and watches everything, skipping the
+        folders whose memo holds; the rest are rebuilt here, children first. Returns
+        the folder's tree digest, its size and its kind."""
+        depth = prefix.count("/") + 1 if prefix else 0
+        root_sig = signature(os.fstat(dfd))
+        memos = self.stat_cache.folders(self.path)
+        watching = (scan.watcher.scanning() if scan.watcher is not None
+                    else contextlib.nullcontext((-1, 0, None)))
+        with watching as (inotify_fd, mask, register):
+            try:
+                records, reused, root = walk(dfd, inotify_fd, mask, MAX_DEPTH - depth,
+                                             self.overlay, cache, memos, root_sig, prefix)
+            except RecursionError as exc:
+                raise FailedPrecondition(
+                    f"{str(exc)[:120]}... is more than {MAX_DEPTH} folders deep;"
+                    " worldline captures trees up to that depth") from None
+            if register is not None:
+                register([(r[0], r[1]) for r in records] + reused)
+        scan.reused.update(rel for rel, _ in reused)
+        built: list[tuple[str, int, str, bool]] = []
+        with _FolderOpener(dfd, prefix) as opener:
+            for record in records:
+                built.append(self._build_folder(record, built, opener, scan, cache))
+        if not isinstance(root, int):
+            return root[1], root[2], root[3]
+        digest, size, kind, clean = built[root]
+        if scan.persist:
+            scan.memos[prefix] = ((root_sig, digest, size, kind)
+                                  if clean and not is_racy_signature(root_sig) else None)
+        return digest, size, kind
+
+    def _build_folder(self, record, built: list, opener: "_FolderOpener", scan: _Scan,
+                      cache) -> tuple[str, int, str, bool]:
+        """One folder of a walk whose memo did not hold: its tree, size, kind, and whether
+        a memo may be written for it (everything in it was cached, nothing racy)."""
+        rel, _wd, opaque, entries = record
         tree: dict[str, Entry] = {}
         total = 0
-        with os.scandir(dfd) as it:
-            dirents = list(it)
-        for de in dirents:
-            name = de.name
-            path = prefix + name
+        clean = True
+        for name, sig, extra in entries:
             if name.startswith(TEMP_PREFIX):
                 continue
-            try:
-                st = de.stat(follow_symlinks=False)
-                mode = st.st_mode
-                if st_.S_ISDIR(mode):
-                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-                    try:
-                        if scan.watch is not None:
-                            scan.watch(path, sub)
-                        digest, size = self._scan_dir(sub, path + "/", scan, cache)
-                        kind = self._folder_kind(sub)
-                    finally:
-                        os.close(sub)
-                    tree[name] = Entry(kind, st_.S_IMODE(mode), digest, size)
-                    total += size
-                elif st_.S_ISLNK(mode):
-                    tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
-                elif st_.S_ISREG(mode):
-                    entry = self._scan_file(dfd, name, path, st, scan, cache)
-                    if entry is not None:
-                        tree[name] = entry
-                        total += entry.size
-                elif self._is_whiteout(st):
-                    tree[name] = Entry(WHITEOUT, 0, "")
+            path = f"{rel}/{name}" if rel else name
+            size, _, _, _, mode = SIG.unpack(sig)
+            if st_.S_ISDIR(mode):
+                if isinstance(extra, int):
+                    digest, sub_size, kind, sub_clean = built[extra]
+                    memo = (sig, digest, sub_size, kind)
+                    if not sub_clean or is_racy_signature(sig):
+                        memo, clean = None, False
+                    if scan.persist:
+                        scan.memos[path] = memo
                 else:
-                    scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
-            except FileNotFoundError:
-                continue  # removed while we looked: absent from this snapshot
-        return self._store_tree(tree, scan), total
+                    _, digest, sub_size, kind = extra
+                tree[name] = Entry(kind, st_.S_IMODE(mode), digest, sub_size)
+                total += sub_size
+            elif st_.S_ISLNK(mode):
+                tree[name] = Entry(SYMLINK, 0, extra)
+            elif st_.S_ISREG(mode):
+                known = cache.get(path)
+                if known is not None and known[0] == sig:
+                    scan.seen[path] = known
+                    entry: Entry | None = Entry(FILE, st_.S_IMODE(mode), known[1], size)
+                else:
+                    folder = opener.open(rel)
+                    entry = None if folder is None else self._scan_file(
+                        folder, name, path, sig, scan, cache)
+                    clean = clean and path in scan.seen
+                if entry is not None:
+                    tree[name] = entry
+                    total += entry.size
+            elif self.overlay and st_.S_ISCHR(mode) and extra == 0:
+                tree[name] = Entry(WHITEOUT, 0, "")
+                clean = False
+            else:
+                scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+                clean = False
+        return self._store_tree(tree, scan), total, OPAQUE if opaque else DIR, clean
 
     def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
                     cache) -> tuple[str, int]:
-        """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``."""
+        """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``.
+        Its memo, and those of the folders on the way to it, no longer hold."""
         _check_depth(prefix)
+        if scan.persist:
+            scan.memos[prefix.rstrip("/")] = None
         tree = dict(self.trees.read(base))
         for name, child in node.items():
             if name == _RESCAN or name.startswith(TEMP_PREFIX):
@@ -199,23 +266,23 @@ class WorkspaceSnapshotter:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
                         if child.get(_RESCAN) or old is None or not old.is_folder:
-                            digest, size = self._scan_dir(sub, path + "/", scan, cache)
+                            digest, size, kind = self._scan_tree(sub, path, scan, cache)
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)
-                        kind = self._folder_kind(sub)
+                            kind = self._folder_kind(sub)
                     finally:
                         os.close(sub)
                     tree[name] = Entry(kind, st_.S_IMODE(mode), digest, size)
                 elif st_.S_ISLNK(mode):
                     tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
                 elif st_.S_ISREG(mode):
-                    entry = self._scan_file(dfd, name, path, st, scan, cache)
+                    entry = self._scan_file(dfd, name, path, signature(st), scan, cache)
                     if entry is None:
                         tree.pop(name, None)
                     else:
                         tree[name] = entry
-                elif self._is_whiteout(st):
+                elif self.overlay and st_.S_ISCHR(mode) and st.st_rdev == 0:
                     tree[name] = Entry(WHITEOUT, 0, "")
                 else:
                     scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
@@ -225,9 +292,6 @@ class WorkspaceSnapshotter:
         total = sum(e.size for e in tree.values())
         return self._store_tree(tree, scan, base), total
 
-    def _is_whiteout(self, st: os.stat_result) -> bool:
-        return self.overlay and st_.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
     def _folder_kind(self, fd: int) -> str:
         if not self.overlay:
             return DIR
@@ -236,14 +300,18 @@ class WorkspaceSnapshotter:
         except OSError:
             return DIR
 
-    def _scan_file(self, dfd: int, name: str, path: str, st: os.stat_result, scan: _Scan,
+    def _scan_file(self, dfd: int, name: str, path: str, sig: Signature, scan: _Scan,
                    cache) -> Entry | None:
-        sig = signature(st)
+        """A file whose signature (taken by the caller) may not be the cached one."""
         known = cache.get(path)
         if known is not None and known[0] == sig:
             scan.seen[path] = known
-            return Entry(FILE, st_.S_IMODE(st.st_mode), known[1], st.st_size)
-        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+            size, _, _, _, mode = SIG.unpack(sig)
+            return Entry(FILE, st_.S_IMODE(mode), known[1], size)
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+        except FileNotFoundError:
+            return None  # removed since it was listed
         try:
             before = os.fstat(fd)
             if not st_.S_ISREG(before.st_mode):
@@ -326,7 +394,7 @@ class WorkspaceSnapshotter:
         tree without a scan and never sees the fork's own writes."""
         root_fd = self._open_root()
         mode = os.fstat(root_fd).st_mode & 0o7777
-        watch = self.watch if watch_new else None
+        watch = self.watcher.watch_folder if watch_new and self.watcher is not None else None
         try:
             self._sync_dir(root_fd, current.root, target_root, current.trees, watch, "")
             if watch is not None:
@@ -399,6 +467,49 @@ class WorkspaceSnapshotter:
         progress.advance(entry.size, files=1)
 
 
+class _FolderOpener:
+    """Descriptors of folders below a scanned folder, for reading the files a walk found
+    changed: opened one component at a time with O_NOFOLLOW (a folder swapped for a
+    symlink since the walk is never followed), the last one kept open."""
+
+    def __init__(self, dfd: int, prefix: str) -> None:
+        self.dfd = dfd
+        self.prefix = prefix
+        self.rel: str | None = None
+        self.fd: int | None = None
+
+    def open(self, rel: str) -> int | None:
+        """The folder at workspace path ``rel``, or None if it is gone or not a folder."""
+        if rel == self.rel:
+            return self.fd
+        self.close()
+        below = rel[len(self.prefix):].lstrip("/")
+        fd: int | None = os.dup(self.dfd)
+        try:
+            for part in below.split("/") if below else ():
+                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = sub
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            fd = None  # gone, or replaced by a file or a symlink since the walk
+        self.rel, self.fd = rel, fd
+        return fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        self.rel = self.fd = None
+
+    def __enter__(self) -> "_FolderOpener":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _check_depth(prefix: str) -> None:
     if prefix.count("/") > MAX_DEPTH:
         raise FailedPrecondition(f"{prefix[:120]}... is more than {MAX_DEPTH} folders deep;"
@@ -435,9 +546,6 @@ def _chmod_file(dfd: int, name: str, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
-
-
-OPAQUE_XATTR = "trusted.overlay.opaque"
 
 
 def _set_opaque(fd: int, opaque: bool) -> None:

@@ -1,27 +1,47 @@
-"""The stat cache: what each workspace file looked like when it was last hashed.
+"""The stat cache: what each workspace file and folder looked like when it was last read.
 
-Host-local, like git's index: it maps a workspace-relative path to the
-(size, mtime_ns, ctime_ns, inode, mode) it had when its content digest was taken,
-so an unchanged file is never read again. It is a cache, never history: losing it
-costs one rehash. An entry is only written once its blob is durable, and only when
-the file was not modified within ``RACY_NS`` of being hashed (git's racy-clean
-rule: a write in the same timestamp tick would leave the stat unchanged).
+Host-local, like git's index. For each workspace it keeps
+
+- *files*: relative path -> (signature, content digest), where the signature is the
+  file's (size, mtime_ns, ctime_ns, inode, mode) packed in 36 bytes (walk.SIG), so
+  an unchanged file is never read again;
+- *folders* (memos): relative path -> (signature, tree digest, size, kind), so a full
+  scan that finds a folder, every file in it and every folder below it as they were
+  reuses the folder's tree without rebuilding it (walk.py says exactly when a memo
+  holds).
+
+It is a cache, never history: losing it costs one rehash. An entry is written only once
+the blobs it names are durable, and only when the file or folder was not modified
+within ``RACY_NS`` of being read (git's racy-clean rule: a change in the same timestamp
+tick would leave the signature unchanged). A memo is only written for a folder whose
+every entry was cached that way, and every memo is dropped when a capture rewrites its
+tree from a tracker's changes.
+
+Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
+marshalled) and a log of the changes made since; loading reads the snapshot and
+replays the log. ``compact`` folds the log into the snapshot: when a workspace's log
+grows past ``COMPACT_AT`` rows, and when the daemon is idle.
 """
 
 from __future__ import annotations
 
+import marshal
 import os
 import sqlite3
 import threading
 import time
 
+from .walk import SIG, signature
+
+__all__ = ["RACY_NS", "Signature", "Memo", "StatCache", "signature", "is_racy",
+           "is_racy_signature"]
+
 RACY_NS = 100_000_000
+COMPACT_AT = 4096  # logged entries of one workspace that trigger a compaction at once
 
-Signature = tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, inode, mode
-
-
-def signature(st: os.stat_result) -> Signature:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
+Signature = bytes  # walk.SIG: size, mtime_ns, ctime_ns, inode, mode
+Memo = tuple[bytes, str, int, str]  # folder signature, tree digest, size, kind
+FILE, FOLDER = 0, 1
 
 
 def is_racy(st: os.stat_result, now_ns: int | None = None) -> bool:
@@ -29,64 +49,142 @@ def is_racy(st: os.stat_result, now_ns: int | None = None) -> bool:
     return now_ns - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS
 
 
+def is_racy_signature(sig: bytes, now_ns: int | None = None) -> bool:
+    _, mtime_ns, ctime_ns, _, _ = SIG.unpack(sig)
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return now_ns - max(mtime_ns, ctime_ns) < RACY_NS
+
+
+class _Workspace:
+    __slots__ = ("files", "folders", "logged")
+
+    def __init__(self, files: dict, folders: dict, logged: int) -> None:
+        self.files: dict[str, tuple[Signature, str]] = files
+        self.folders: dict[str, Memo] = folders
+        self.logged = logged  # entries in the log, not yet in the snapshot
+
+
 class StatCache:
-    """Per-workspace path → (signature, digest), kept in memory, persisted in SQLite."""
+    """Per-workspace files and folder memos, kept in memory, persisted in SQLite."""
 
     def __init__(self, db_path: str | None) -> None:
         self._db = sqlite3.connect(db_path or ":memory:", check_same_thread=False,
                                    isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS stat (workspace TEXT NOT NULL, path BLOB NOT NULL,"
-            " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, ino INTEGER, mode INTEGER,"
-            " digest TEXT, PRIMARY KEY (workspace, path)) WITHOUT ROWID")
-        self._loaded: dict[str, dict[str, tuple[Signature, str]]] = {}
+        self._db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
+        self._db.execute("CREATE TABLE IF NOT EXISTS snapshot (workspace TEXT PRIMARY KEY,"
+                         " data BLOB NOT NULL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY,"
+                         " workspace TEXT NOT NULL, data BLOB NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS log_workspace ON log (workspace, seq)")
+        self._loaded: dict[str, _Workspace] = {}
         self._lock = threading.Lock()
+        self._last_write = time.monotonic()
 
+    # -- reading -----------------------------------------------------------------------
     def entries(self, workspace: str) -> dict[str, tuple[Signature, str]]:
-        """The live mapping for one workspace (callers hold the session's lock)."""
-        with self._lock:
-            cached = self._loaded.get(workspace)
-            if cached is None:
-                rows = self._db.execute(
-                    "SELECT path, size, mtime_ns, ctime_ns, ino, mode, digest FROM stat"
-                    " WHERE workspace = ?", (workspace,))
-                cached = {os.fsdecode(p): ((s, m, c, i, md), d) for p, s, m, c, i, md, d in rows}
-                self._loaded[workspace] = cached
-            return cached
+        """The live file map of one workspace (callers hold the session's lock)."""
+        return self._workspace(workspace).files
 
-    def update(self, workspace: str, changed: dict[str, tuple[Signature, str]],
-               removed: set[str]) -> None:
-        if not changed and not removed:
-            return
-        entries = self.entries(workspace)
+    def folders(self, workspace: str) -> dict[str, Memo]:
+        """The live folder memos of one workspace (callers hold the session's lock)."""
+        return self._workspace(workspace).folders
+
+    def _workspace(self, workspace: str) -> _Workspace:
         with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "DELETE FROM stat WHERE workspace = ? AND path = ?",
-                    [(workspace, os.fsencode(p)) for p in removed])
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO stat VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(workspace, os.fsencode(p), *sig, d) for p, (sig, d) in changed.items()])
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            for p in removed:
-                entries.pop(p, None)
-            entries.update(changed)
+            ws = self._loaded.get(workspace)
+            if ws is None:
+                ws = self._loaded[workspace] = self._load(workspace)
+            return ws
+
+    def _load(self, workspace: str) -> _Workspace:
+        row = self._db.execute("SELECT data FROM snapshot WHERE workspace = ?",
+                               (workspace,)).fetchone()
+        files, folders = marshal.loads(row[0]) if row else ({}, {})
+        logged = 0
+        for (data,) in self._db.execute("SELECT data FROM log WHERE workspace = ?"
+                                        " ORDER BY seq", (workspace,)):
+            logged += _apply(files, folders, marshal.loads(data))
+        return _Workspace(files, folders, logged)
+
+    # -- writing -----------------------------------------------------------------------
+    def update(self, workspace: str, changed: dict[str, tuple[Signature, str]],
+               removed: set[str], folders: dict[str, Memo | None] | None = None) -> None:
+        """Record files that changed, files that are gone, and folder memos (None: drop)."""
+        folders = folders or {}
+        if not changed and not removed and not folders:
+            return
+        ws = self._workspace(workspace)
+        change = (dict(changed), sorted(removed),
+                  {p: m for p, m in folders.items() if m is not None or p in ws.folders})
+        with self._lock:
+            self._db.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
+                             (workspace, marshal.dumps(change)))
+            ws.logged += _apply(ws.files, ws.folders, change)
+            self._last_write = time.monotonic()
+            if ws.logged >= COMPACT_AT:
+                self._compact(workspace, ws)
+
+    def compact(self, idle_seconds: float = 0.0) -> int:
+        """Fold every loaded workspace's log into its snapshot once nothing was written
+        for ``idle_seconds``; returns how many workspaces were compacted."""
+        with self._lock:
+            if time.monotonic() - self._last_write < idle_seconds:
+                return 0
+            done = 0
+            for workspace, ws in self._loaded.items():
+                if ws.logged:
+                    self._compact(workspace, ws)
+                    done += 1
+            return done
+
+    def _compact(self, workspace: str, ws: _Workspace) -> None:
+        data = marshal.dumps((ws.files, ws.folders))
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("INSERT OR REPLACE INTO snapshot VALUES (?, ?)", (workspace, data))
+            self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        ws.logged = 0
 
     def forget(self, workspace: str) -> None:
         with self._lock:
             self._loaded.pop(workspace, None)
-            self._db.execute("DELETE FROM stat WHERE workspace = ?", (workspace,))
+            self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
+            self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
 
     def digests(self) -> set[str]:
-        """Every digest the cache names: garbage collection keeps these blobs."""
+        """Every digest the cache names (file contents and memo trees): garbage
+        collection keeps these blobs, since a capture may name them without storing."""
+        names = {w for (w,) in self._db.execute(
+            "SELECT workspace FROM snapshot UNION SELECT workspace FROM log")}
         with self._lock:
-            return {d for (d,) in self._db.execute("SELECT DISTINCT digest FROM stat")}
+            names |= set(self._loaded)
+        out: set[str] = set()
+        for workspace in names:
+            ws = self._workspace(workspace)
+            with self._lock:
+                out.update(d for _, d in ws.files.values())
+                out.update(m[1] for m in ws.folders.values())
+        return out
 
     def close(self) -> None:
         self._db.close()
+
+
+def _apply(files: dict, folders: dict, change: tuple) -> int:
+    """Apply one logged change; returns how many entries it holds."""
+    changed, removed, memos = change
+    for p in removed:
+        files.pop(p, None)
+    files.update(changed)
+    for p, m in memos.items():
+        if m is None:
+            folders.pop(p, None)
+        else:
+            folders[p] = m
+    return len(changed) + len(removed) + len(memos)

@@ -23,6 +23,7 @@ Correctness rules, in order of importance:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -84,7 +85,8 @@ class WorkspaceTracker:
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
-        """Watch one folder (opened with O_NOFOLLOW); called by full scans before listing it."""
+        """Watch one folder (opened with O_NOFOLLOW): one that appeared, or one a fork
+        wrote. Full scans watch through ``scanning`` instead."""
         if self._degraded:
             return
         if len(self._paths) >= self.max_watches:
@@ -93,12 +95,41 @@ class WorkspaceTracker:
         wd = self.monitor.add_watch(f"/proc/self/fd/{fd}", self, rel)
         if wd < 0:
             self._degrade(os.strerror(-wd))
+
+    @contextlib.contextmanager
+    def scanning(self):
+        """Held by a full scan while its walk (walk.py) watches every folder: yields the
+        inotify descriptor, the event mask and ``register([(relative folder, wd)])``.
+        Events wait until the scan has registered its watches: one for a watch nobody
+        knows would be dropped, and the change it reports missed."""
+        if self._degraded:
+            yield -1, 0, None
             return
-        with self._lock:  # another folder was watched at this path before: forget it
+        problems: list[str] = []
+
+        def register(watches: list[tuple[str, int]]) -> None:
+            for rel, wd in watches:
+                if wd < 0:
+                    problems.append(os.strerror(-wd))
+                elif wd > 0:
+                    self._known(rel, wd)
+
+        with self.monitor.holding_events():
+            yield self.monitor.fd, WATCH_MASK, register
+        if problems:
+            self._degrade(problems[0])
+        elif len(self._paths) > self.max_watches:
+            self._degrade(f"the tracker's cap of {self.max_watches} watches")
+
+    def _known(self, rel: str, wd: int) -> None:
+        """Watch ``wd`` is folder ``rel`` (called with the monitor's lock held)."""
+        self.monitor._owners[wd] = self
+        with self._lock:
             old = self._wds.get(rel)
             if old is not None and old != wd and self._paths.get(old) == rel:
                 del self._paths[old]
             self._wds[rel] = wd
+            self._paths[wd] = rel
 
     def prepare(self, timeout: float = 5.0) -> Changes:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
@@ -269,6 +300,12 @@ class ChangeMonitor:
             except FileNotFoundError:
                 pass
 
+    @contextlib.contextmanager
+    def holding_events(self):
+        """No event is dispatched (nor a watch added elsewhere) while this is held."""
+        with self._lock:
+            yield
+
     def add_watch(self, path: str, owner: WorkspaceTracker, rel: str) -> int:
         """The watch descriptor, or minus the errno. The owner learns the watch's folder
         under this lock, so no event can reach it before it knows the path."""
@@ -276,9 +313,7 @@ class ChangeMonitor:
             wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
             if wd < 0:
                 return -ctypes.get_errno()
-            self._owners[wd] = owner
-            with owner._lock:
-                owner._paths[wd] = rel
+            owner._known(rel, wd)
             return wd
 
     def rm_watch(self, wd: int) -> None:

@@ -144,8 +144,7 @@ class World:
 
     def _layer(self, kind: str, path: str) -> Layer:
         tracker = self.monitor.tracker(path) if self.monitor is not None else None
-        snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache,
-                                    tracker.watch_folder if tracker is not None else None,
+        snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache, tracker,
                                     overlay=kind == CONTAINER)
         return Layer(kind, path, snap, tracker)
 

@@ -1,0 +1,131 @@
+"""One pass over a folder tree, for full scans: list, stat, watch, and skip what is known.
+
+``walk(root_fd, inotify_fd, mask, max_depth, overlay, files, folders, root_sig, prefix)``
+returns ``(records, reused, root)``:
+
+- Every folder is opened with ``O_NOFOLLOW`` relative to its parent's descriptor and,
+  when ``inotify_fd >= 0``, watched through ``/proc/self/fd`` *before* it is listed, so
+  a change made after its listing is an event. Entries are stat'ed without following
+  symlinks; one that vanishes while it is read is left out; any other failure raises
+  ``OSError``; a folder more than ``max_depth`` below the root raises
+  ``RecursionError`` naming it.
+- ``files`` is the stat cache (path -> (signature, digest)) and ``folders`` the folder
+  memos (path -> (signature, tree digest, size, kind)). A folder's memo *holds* when the
+  folder's own signature is the memo's (so no entry was added, removed, renamed or
+  re-permissioned in it), every file in it matches the stat cache, every folder in it
+  holds, and it holds nothing but files, folders and symlinks (a symlink cannot change
+  without its folder changing). A folder that holds gives no record: it is listed in
+  ``reused`` as ``(relpath, wd)`` and its parent's entry carries the memo.
+- A record is ``(relpath, wd, opaque, entries)``, children before their parent. An
+  entry is ``(name, signature, extra)``: extra is the child's record index (int) or
+  memo (tuple) for a folder, the target for a symlink, ``st_rdev`` for a device, None
+  otherwise. ``root`` is the root's index or memo. ``wd`` is the watch descriptor,
+  minus the errno when the watch could not be added, 0 when not watching.
+- Paths are relative to the workspace: the root's is ``prefix`` ("" for the workspace
+  itself, "a/b" when a subtree is scanned).
+
+Two implementations keep this contract: ``_walk`` (C, daemon/_walk.c, built with the
+package) and ``walk_python`` below; tests/test_walk.py holds them to the same output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat as st_
+import struct
+from typing import Any
+
+SIG = struct.Struct("=qqqQI")  # size, mtime_ns, ctime_ns, inode, mode: 36 bytes
+OPAQUE_XATTR = "trusted.overlay.opaque"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+
+Record = tuple[str, int, bool, list[tuple[str, bytes, Any]]]
+
+
+def signature(st: os.stat_result) -> bytes:
+    return SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,
+                files: dict, folders: dict, root_sig: bytes, prefix: str = ""
+                ) -> tuple[list[Record], list[tuple[str, int]], Any]:
+    records: list[Record] = []
+    reused: list[tuple[str, int]] = []
+
+    def visit(dfd: int, rel: str, sig: bytes, depth: int) -> Any:
+        if depth > max_depth:
+            raise RecursionError(rel)
+        wd = 0
+        if inotify_fd >= 0:
+            wd = _libc.inotify_add_watch(inotify_fd, f"/proc/self/fd/{dfd}".encode(), mask)
+            if wd < 0:
+                wd = -ctypes.get_errno()
+        opaque = False
+        if overlay:
+            try:
+                opaque = os.getxattr(dfd, OPAQUE_XATTR) == b"y"
+            except OSError:
+                pass
+        listing = []
+        with os.scandir(dfd) as it:
+            for de in it:
+                try:
+                    st = de.stat(follow_symlinks=False)
+                    target = (os.readlink(de.name, dir_fd=dfd)
+                              if st_.S_ISLNK(st.st_mode) else None)
+                except FileNotFoundError:
+                    continue  # removed while we looked
+                listing.append((de.name, st, target))
+        memo = folders.get(rel)
+        reusable = memo is not None and memo[0] == sig
+        entries = []
+        for name, st, target in listing:
+            entry_sig = signature(st)
+            extra: Any = None
+            if st_.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+                try:
+                    extra = visit(sub, _join(rel, name), entry_sig, depth + 1)
+                finally:
+                    os.close(sub)
+                if not isinstance(extra, tuple):
+                    reusable = False
+            elif st_.S_ISREG(st.st_mode):
+                if reusable:
+                    known = files.get(_join(rel, name))
+                    reusable = known is not None and known[0] == entry_sig
+            elif target is not None:
+                extra = target
+            else:
+                reusable = False
+                if st_.S_ISCHR(st.st_mode) or st_.S_ISBLK(st.st_mode):
+                    extra = st.st_rdev
+            entries.append((name, entry_sig, extra))
+        if reusable:
+            reused.append((rel, wd))
+            return memo
+        records.append((rel, wd, opaque, entries))
+        return len(records) - 1
+
+    root = visit(root_fd, prefix, root_sig, 0)
+    return records, reused, root
+
+
+try:
+    from ._walk import walk as walk_native
+except ImportError:  # built without a C compiler: the same walk, slower
+    walk_native = None
+
+walk = walk_native or walk_python
+IMPLEMENTATION = "native" if walk_native is not None else "python"
