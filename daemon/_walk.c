@@ -1,22 +1,29 @@
 /* worldline.daemon._walk: one pass over a folder tree, for full scans.
  *
- * walk(root_fd, inotify_fd, mask, max_depth, overlay, files, folders, root_sig[, prefix])
+ * walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix])
  *     -> (records, reused, root)
  *
  * The pure-Python twin, the contract and the tests that hold both to it are in
  * daemon/walk.py and tests/test_walk.py; this file does the same work without an
  * interpreter round trip per entry. Every folder is opened with O_NOFOLLOW relative to
  * its parent's descriptor, watched (when inotify_fd >= 0) through /proc/self/fd before
- * it is listed, then listed with one fstatat(AT_SYMLINK_NOFOLLOW) per entry; those
- * system calls run without the GIL.
+ * it is listed, then listed with one fstatat(AT_SYMLINK_NOFOLLOW) per entry.
  *
- * files is the stat cache (path -> (signature, digest)), folders the folder memos
- * (path -> (signature, tree digest, size, kind)); paths start at prefix. A signature is
- * the 36 bytes of struct.pack("=qqqQI", size, mtime_ns, ctime_ns, ino, mode). A memo holds
- * when the folder's own signature is the memo's, every file in it matches the stat
- * cache, every folder in it is held by its memo, and it holds nothing but files,
- * folders and symlinks. Such a folder gives no record: it is listed in reused as
- * (relpath, wd) and its parent's entry carries the memo.
+ * Two phases. Phase 1, without the GIL, is the system calls: one thread per core (at
+ * most 4) takes folders from a shared stack, opens, watches and lists them, and pushes
+ * their subfolders; a folder's descriptor stays open until its last subfolder is
+ * opened. Phase 2, with the GIL, walks the finished tree children first, checks the
+ * memos and builds the Python objects, so the output never depends on thread timing.
+ *
+ * caches() returns (files, folders); it is called once the system calls are done, so
+ * the stat cache may load meanwhile. files is the stat cache (path -> (signature,
+ * digest)), folders the folder memos (path -> (signature, tree digest, size, kind));
+ * paths start at prefix. A signature is the 36 bytes of struct.pack("=qqqQI", size,
+ * mtime_ns, ctime_ns, ino, mode). A memo holds when the folder's own signature is the
+ * memo's, every file in it matches the stat cache, every folder in it is held by its
+ * memo, and it holds nothing but files, folders and symlinks. Such a folder gives no
+ * record: it is listed in reused as (relpath, wd) and its parent's entry carries the
+ * memo.
  *
  * A record is (relpath, wd, opaque, entries), children before their parent. An entry
  * is (name, signature, extra): extra is the child's record index or memo for a folder,
@@ -38,9 +45,11 @@
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+#define SIG_LEN 36 /* a signature's bytes */
 
 typedef struct {
     size_t name;     /* offset of the NUL-terminated name in the buffer */
@@ -59,15 +68,44 @@ typedef struct {
     const char *what; /* which call failed */
 } listing_t;
 
+typedef struct node node_t;
+
+/* One folder of the tree, filled in by phase 1 (without the GIL). */
+struct node {
+    node_t *parent;
+    char *rel;        /* path from the workspace root */
+    const char *name; /* its last component, inside rel */
+    int depth;
+    int fd;           /* open while it is listed and while a child folder waits to open */
+    int pending;      /* child folders not opened yet */
+    int wd, opaque, vanished;
+    char sig[SIG_LEN]; /* its own signature, from its parent's listing (the root's: given) */
+    listing_t l;
+    node_t **kids;    /* per listed item: the child folder's node, or NULL */
+    node_t *next_all; /* every node, for freeing */
+};
+
 typedef struct {
-    PyObject *records; /* folders whose memo does not hold, children first */
-    PyObject *reused;  /* (relpath, wd) of folders whose memo holds */
-    PyObject *files;   /* path -> (signature, digest): the stat cache */
-    PyObject *folders; /* path -> (signature, tree digest, size): folder memos */
+    /* phase 1: shared by the workers, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    node_t **stack;
+    size_t depth_of_stack, cap;
+    size_t outstanding; /* nodes pushed and not yet processed */
+    node_t *all;
+    int root_fd;
+    int err;            /* first failure: an errno, or -1 for "too deep" */
+    char *err_rel;
+    /* read-only settings */
     int inotify_fd;
     uint32_t mask;
     int max_depth;
     int overlay;
+    /* phase 2, with the GIL */
+    PyObject *records; /* folders whose memo does not hold, children first */
+    PyObject *reused;  /* (relpath, wd) of folders whose memo holds */
+    PyObject *files;   /* path -> (signature, digest): the stat cache */
+    PyObject *folders; /* path -> (signature, tree digest, size, kind): folder memos */
 } walk_t;
 
 static int reserve(listing_t *l, size_t extra) {
@@ -195,7 +233,6 @@ static void list_folder(int dfd, const walk_t *w, listing_t *l, int *wd, int *op
 }
 
 /* The 36 bytes of struct.pack("=qqqQI", size, mtime_ns, ctime_ns, ino, mode). */
-#define SIG_LEN 36
 static void signature(const struct stat *st, char out[SIG_LEN]) {
     long long size = (long long)st->st_size;
     long long mtime = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
@@ -247,33 +284,156 @@ static int file_matches(walk_t *w, const char *path, const char sig[SIG_LEN]) {
            memcmp(PyBytes_AS_STRING(s), sig, SIG_LEN) == 0;
 }
 
-/* Walk the folder open at dfd (relpath rel, own signature sig). Returns a new reference:
- * the index (int) of the folder's record, or its memo (the folders[rel] tuple) when the
- * memo holds for the whole subtree; NULL with an exception set on failure. */
-static PyObject *walk_folder(walk_t *w, int dfd, const char *rel, const char sig[SIG_LEN],
-                             int depth) {
-    if (depth > w->max_depth) {
-        PyObject *path = PyUnicode_DecodeFSDefault(rel);
-        if (path != NULL) {
-            PyErr_SetObject(PyExc_RecursionError, path);
-            Py_DECREF(path);
-        }
+/* Phase 1: a few threads open, watch and list folders from a shared stack. */
+
+static void fail_locked(walk_t *w, int err, const char *rel) {
+    if (w->err == 0) {
+        w->err = err;
+        w->err_rel = strdup(rel);
+    }
+}
+
+static node_t *new_node(walk_t *w, node_t *parent, const char *name, const char *sig) {
+    node_t *n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return NULL;
+    n->rel = parent ? join(parent->rel, name) : strdup(name);
+    if (n->rel == NULL) {
+        free(n);
         return NULL;
     }
-    listing_t l = {0};
-    int wd, opaque;
-    Py_BEGIN_ALLOW_THREADS
-    list_folder(dfd, w, &l, &wd, &opaque);
-    Py_END_ALLOW_THREADS
+    n->name = n->rel + (parent && *parent->rel ? strlen(parent->rel) + 1 : 0);
+    n->parent = parent;
+    n->depth = parent ? parent->depth + 1 : 0;
+    n->fd = -1;
+    memcpy(n->sig, sig, SIG_LEN);
+    n->next_all = w->all; /* under mu */
+    w->all = n;
+    return n;
+}
+
+/* A child of parent was opened (or failed to): close the parent once none waits. */
+static void release_parent_locked(node_t *parent) {
+    if (--parent->pending == 0 && parent->parent != NULL && parent->fd >= 0) {
+        close(parent->fd);
+        parent->fd = -1;
+    }
+}
+
+static void process(walk_t *w, node_t *n) {
+    int err = 0;
+    if (n->depth > w->max_depth) {
+        pthread_mutex_lock(&w->mu);
+        fail_locked(w, -1, n->rel);
+        if (n->parent)
+            release_parent_locked(n->parent);
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    if (n->parent) {
+        n->fd = openat(n->parent->fd, n->name, DIR_FLAGS);
+        err = n->fd < 0 ? errno : 0;
+        pthread_mutex_lock(&w->mu);
+        release_parent_locked(n->parent);
+        pthread_mutex_unlock(&w->mu);
+        if (err == ENOENT) {
+            n->vanished = 1; /* removed while we looked */
+            return;
+        }
+    } else {
+        n->fd = w->root_fd;
+    }
+    if (!err) {
+        list_folder(n->fd, w, &n->l, &n->wd, &n->opaque);
+        err = n->l.err;
+    }
+    size_t dirs = 0;
+    if (!err) {
+        for (size_t i = 0; i < n->l.n; i++)
+            dirs += S_ISDIR(n->l.items[i].st.st_mode);
+        n->kids = calloc(n->l.n ? n->l.n : 1, sizeof(node_t *));
+        if (n->kids == NULL)
+            err = ENOMEM;
+    }
+    pthread_mutex_lock(&w->mu);
+    if (err) {
+        fail_locked(w, err, n->rel);
+        dirs = 0;
+    }
+    if (dirs && w->depth_of_stack + dirs > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (w->depth_of_stack + dirs > cap)
+            cap *= 2;
+        node_t **stack = realloc(w->stack, cap * sizeof(node_t *));
+        if (stack == NULL) {
+            fail_locked(w, ENOMEM, n->rel);
+            dirs = 0;
+        } else {
+            w->stack = stack;
+            w->cap = cap;
+        }
+    }
+    n->pending = (int)dirs;
+    /* pushed last first, so the first folder is listed first: depth first, few open */
+    for (size_t i = n->l.n; dirs && i-- > 0;) {
+        item_t *it = &n->l.items[i];
+        if (!S_ISDIR(it->st.st_mode))
+            continue;
+        char sig[SIG_LEN];
+        signature(&it->st, sig);
+        node_t *kid = new_node(w, n, n->l.buf + it->name, sig);
+        if (kid == NULL) {
+            fail_locked(w, ENOMEM, n->rel);
+            n->pending -= 1;
+            continue;
+        }
+        n->kids[i] = kid;
+        w->stack[w->depth_of_stack++] = kid;
+        w->outstanding++;
+    }
+    if (n->pending == 0 && n->parent != NULL && n->fd >= 0) {
+        close(n->fd);
+        n->fd = -1;
+    }
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void *worker(void *arg) {
+    walk_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->depth_of_stack == 0 && w->outstanding > 0 && w->err == 0)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->depth_of_stack == 0 || w->err != 0)
+            break;
+        node_t *n = w->stack[--w->depth_of_stack];
+        pthread_mutex_unlock(&w->mu);
+        process(w, n);
+        pthread_mutex_lock(&w->mu);
+        w->outstanding--;
+        if (w->outstanding == 0)
+            pthread_cond_broadcast(&w->cv);
+    }
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int thread_count(void) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 1 ? 1 : cpus > 4 ? 4 : (int)cpus;
+}
+
+/* Phase 2, with the GIL: records and memos, children before their parent. Returns a new
+ * reference: the folder's record index (int) or its memo (tuple); NULL on error. */
+static PyObject *build(walk_t *w, node_t *n) {
     PyObject *result = NULL, *children = NULL, *rel_obj = NULL;
     char (*sigs)[SIG_LEN] = NULL;
-    if (l.err) {
-        os_error(l.err, rel);
-        goto done;
-    }
-    rel_obj = PyUnicode_DecodeFSDefault(rel);
-    children = PyList_New((Py_ssize_t)l.n); /* per item: a folder's result, else None */
-    sigs = malloc((l.n ? l.n : 1) * SIG_LEN);
+    listing_t *l = &n->l;
+    rel_obj = PyUnicode_DecodeFSDefault(n->rel);
+    children = PyList_New((Py_ssize_t)l->n); /* per item: a folder's result, else None */
+    sigs = malloc((l->n ? l->n : 1) * SIG_LEN);
     if (rel_obj == NULL || children == NULL || sigs == NULL) {
         if (sigs == NULL)
             PyErr_NoMemory();
@@ -285,65 +445,44 @@ static PyObject *walk_folder(walk_t *w, int dfd, const char *rel, const char sig
     int reusable = memo != NULL && PyTuple_Check(memo) && PyTuple_GET_SIZE(memo) == 4 &&
                    PyBytes_Check(PyTuple_GET_ITEM(memo, 0)) &&
                    PyBytes_GET_SIZE(PyTuple_GET_ITEM(memo, 0)) == SIG_LEN &&
-                   memcmp(PyBytes_AS_STRING(PyTuple_GET_ITEM(memo, 0)), sig, SIG_LEN) == 0;
-    size_t kept = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        item_t *it = &l.items[i];
-        const char *name = l.buf + it->name;
+                   memcmp(PyBytes_AS_STRING(PyTuple_GET_ITEM(memo, 0)), n->sig, SIG_LEN) == 0;
+    for (size_t i = 0; i < l->n; i++) {
+        item_t *it = &l->items[i];
         signature(&it->st, sigs[i]);
-        PyObject *child = Py_NewRef(Py_None);
-        if (S_ISDIR(it->st.st_mode) || S_ISREG(it->st.st_mode)) {
-            char *path = join(rel, name);
-            if (path == NULL) {
-                Py_DECREF(child);
-                PyErr_NoMemory();
-                goto done;
-            }
-            if (S_ISDIR(it->st.st_mode)) {
-                int sub;
-                Py_BEGIN_ALLOW_THREADS
-                sub = openat(dfd, name, DIR_FLAGS);
-                Py_END_ALLOW_THREADS
-                if (sub < 0) {
-                    int err = errno;
-                    Py_DECREF(child);
-                    if (err == ENOENT) { /* removed while we looked */
-                        free(path);
-                        it->name = (size_t)-1;
-                        PyList_SET_ITEM(children, (Py_ssize_t)i, Py_NewRef(Py_None));
-                        continue;
-                    }
-                    os_error(err, path);
-                    free(path);
+        PyObject *child = NULL;
+        if (S_ISDIR(it->st.st_mode)) {
+            node_t *kid = n->kids[i];
+            if (kid == NULL || kid->vanished) {
+                it->name = (size_t)-1; /* removed while we looked */
+                reusable = 0;
+                child = Py_NewRef(Py_None);
+            } else {
+                child = build(w, kid);
+                if (child == NULL)
                     goto done;
-                }
-                Py_DECREF(child);
-                child = walk_folder(w, sub, path, sigs[i], depth + 1);
-                close(sub);
-                if (child == NULL) {
-                    free(path);
-                    goto done;
-                }
                 if (!PyTuple_Check(child))
                     reusable = 0; /* the child folder changed */
-            } else if (reusable) {
-                int m = file_matches(w, path, sigs[i]);
-                if (m < 0) {
-                    free(path);
-                    Py_DECREF(child);
+            }
+        } else if (S_ISREG(it->st.st_mode)) {
+            if (reusable) {
+                char *path = join(n->rel, l->buf + it->name);
+                if (path == NULL) {
+                    PyErr_NoMemory();
                     goto done;
                 }
+                int m = file_matches(w, path, sigs[i]);
+                free(path);
+                if (m < 0)
+                    goto done;
                 reusable = m;
             }
-            free(path);
         } else if (!it->is_link) {
             reusable = 0; /* anything but files, folders and symlinks is looked at again */
         }
-        PyList_SET_ITEM(children, (Py_ssize_t)i, child);
-        kept++;
+        PyList_SET_ITEM(children, (Py_ssize_t)i, child ? child : Py_NewRef(Py_None));
     }
     if (reusable) {
-        PyObject *pair = Py_BuildValue("(Oi)", rel_obj, wd);
+        PyObject *pair = Py_BuildValue("(Oi)", rel_obj, n->wd);
         if (pair == NULL || PyList_Append(w->reused, pair) < 0) {
             Py_XDECREF(pair);
             goto done;
@@ -355,20 +494,20 @@ static PyObject *walk_folder(walk_t *w, int dfd, const char *rel, const char sig
     PyObject *entries = PyList_New(0);
     if (entries == NULL)
         goto done;
-    for (size_t i = 0; i < l.n; i++) {
-        item_t *it = &l.items[i];
+    for (size_t i = 0; i < l->n; i++) {
+        item_t *it = &l->items[i];
         if (it->name == (size_t)-1)
             continue;
         PyObject *extra = PyList_GET_ITEM(children, (Py_ssize_t)i);
         if (it->is_link)
-            extra = PyUnicode_DecodeFSDefaultAndSize(l.buf + it->target,
+            extra = PyUnicode_DecodeFSDefaultAndSize(l->buf + it->target,
                                                      (Py_ssize_t)it->target_len);
         else if (S_ISCHR(it->st.st_mode) || S_ISBLK(it->st.st_mode))
             extra = PyLong_FromUnsignedLongLong((unsigned long long)it->st.st_rdev);
         else
             Py_INCREF(extra);
         PyObject *entry = extra == NULL ? NULL : Py_BuildValue(
-            "(Ny#N)", PyUnicode_DecodeFSDefault(l.buf + it->name), sigs[i],
+            "(Ny#N)", PyUnicode_DecodeFSDefault(l->buf + it->name), sigs[i],
             (Py_ssize_t)SIG_LEN, extra);
         if (entry == NULL || PyList_Append(entries, entry) < 0) {
             Py_XDECREF(entry);
@@ -377,7 +516,7 @@ static PyObject *walk_folder(walk_t *w, int dfd, const char *rel, const char sig
         }
         Py_DECREF(entry);
     }
-    PyObject *record = Py_BuildValue("(OiON)", rel_obj, wd, opaque ? Py_True : Py_False,
+    PyObject *record = Py_BuildValue("(OiON)", rel_obj, n->wd, n->opaque ? Py_True : Py_False,
                                      entries);
     if (record == NULL || PyList_Append(w->records, record) < 0) {
         Py_XDECREF(record);
@@ -385,54 +524,125 @@ static PyObject *walk_folder(walk_t *w, int dfd, const char *rel, const char sig
     }
     Py_DECREF(record);
     result = PyLong_FromSsize_t(PyList_GET_SIZE(w->records) - 1);
-    (void)kept;
 done:
     Py_XDECREF(children);
     Py_XDECREF(rel_obj);
     free(sigs);
-    free(l.items);
-    free(l.buf);
     return result;
+}
+
+static void free_nodes(walk_t *w) {
+    node_t *n = w->all;
+    while (n != NULL) {
+        node_t *next = n->next_all;
+        if (n->parent != NULL && n->fd >= 0)
+            close(n->fd); /* left open by a walk that stopped early */
+        free(n->l.items);
+        free(n->l.buf);
+        free(n->kids);
+        free(n->rel);
+        free(n);
+        n = next;
+    }
+    w->all = NULL;
+    free(w->stack);
+    free(w->err_rel);
 }
 
 static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     walk_t w;
+    memset(&w, 0, sizeof w);
     unsigned int mask;
-    int root_fd;
     const char *root_sig;
     Py_ssize_t root_sig_len;
     PyObject *prefix = NULL; /* bytes, from the optional str */
-    if (!PyArg_ParseTuple(args, "iiIipO!O!y#|O&", &root_fd, &w.inotify_fd, &mask,
-                          &w.max_depth, &w.overlay, &PyDict_Type, &w.files, &PyDict_Type,
-                          &w.folders, &root_sig, &root_sig_len, PyUnicode_FSConverter,
-                          &prefix))
+    PyObject *caches;
+    if (!PyArg_ParseTuple(args, "iiIipOy#|O&", &w.root_fd, &w.inotify_fd, &mask,
+                          &w.max_depth, &w.overlay, &caches, &root_sig, &root_sig_len,
+                          PyUnicode_FSConverter, &prefix))
         return NULL;
+    if (!PyCallable_Check(caches)) {
+        Py_XDECREF(prefix);
+        PyErr_SetString(PyExc_TypeError, "caches must be callable");
+        return NULL;
+    }
     if (root_sig_len != SIG_LEN) {
         Py_XDECREF(prefix);
         PyErr_SetString(PyExc_ValueError, "the root signature must be 36 bytes");
         return NULL;
     }
     w.mask = mask;
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    node_t *root = new_node(&w, NULL, prefix ? PyBytes_AS_STRING(prefix) : "", root_sig);
+    Py_XDECREF(prefix);
+    PyObject *result = NULL, *pair = NULL;
+    if (root == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    w.stack = malloc(256 * sizeof(node_t *));
+    if (w.stack == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    w.cap = 256;
+    w.stack[w.depth_of_stack++] = root;
+    w.outstanding = 1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_t threads[4];
+    int started = 0, wanted = thread_count() - 1;
+    for (int i = 0; i < wanted; i++)
+        if (pthread_create(&threads[started], NULL, worker, &w) == 0)
+            started++;
+    worker(&w);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    if (w.err == -1) {
+        PyObject *path = PyUnicode_DecodeFSDefault(w.err_rel ? w.err_rel : "");
+        if (path != NULL) {
+            PyErr_SetObject(PyExc_RecursionError, path);
+            Py_DECREF(path);
+        }
+        goto out;
+    }
+    if (w.err == ENOMEM) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (w.err != 0) {
+        os_error(w.err, w.err_rel ? w.err_rel : "");
+        goto out;
+    }
+    /* the caches are asked for only now: they may have been loading meanwhile */
+    pair = PyObject_CallNoArgs(caches);
+    if (pair == NULL)
+        goto out;
+    if (!PyArg_ParseTuple(pair, "O!O!;caches() must return (files, folders)", &PyDict_Type,
+                          &w.files, &PyDict_Type, &w.folders))
+        goto out;
     w.records = PyList_New(0);
     w.reused = PyList_New(0);
     if (w.records == NULL || w.reused == NULL)
-        goto fail;
-    PyObject *root = walk_folder(&w, root_fd, prefix ? PyBytes_AS_STRING(prefix) : "",
-                                 root_sig, 0);
-    if (root == NULL)
-        goto fail;
-    Py_XDECREF(prefix);
-    return Py_BuildValue("(NNN)", w.records, w.reused, root);
-fail:
-    Py_XDECREF(prefix);
+        goto out;
+    PyObject *top = build(&w, root);
+    if (top == NULL)
+        goto out;
+    result = Py_BuildValue("(OON)", w.records, w.reused, top);
+out:
+    Py_XDECREF(pair);
     Py_XDECREF(w.records);
     Py_XDECREF(w.reused);
-    return NULL;
+    free_nodes(&w);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    return result;
 }
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
-     "walk(root_fd, inotify_fd, mask, max_depth, overlay, files, folders, root_sig[, prefix])"
+     "walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix])"
      " -> (records, reused, root)"},
     {NULL, NULL, 0, NULL},
 };

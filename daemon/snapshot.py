@@ -25,6 +25,7 @@ snapshotter (a Docker container's writable layer).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -32,6 +33,7 @@ import logging
 import os
 import shutil
 import stat as st_
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -117,13 +119,13 @@ class WorkspaceSnapshotter:
                 base: str | None = None) -> Capture:
         full = changes is None or changes.full or base is None
         scan = _Scan(persist, self.watcher if full else None)
-        cache = self.stat_cache.entries(self.path)
         root_fd = self._open_root()
         try:
             if full:
-                root, size, _ = self._scan_tree(root_fd, "", scan, cache)
+                root, size, _ = self._scan_tree(root_fd, "", scan, self._caches())
             else:
-                root, size = self._update_dir(root_fd, "", base, _trie(changes), scan, cache)
+                root, size = self._update_dir(root_fd, "", base, _trie(changes), scan,
+                                              self.stat_cache.entries(self.path))
         finally:
             os.close(root_fd)
         if scan.deferred:
@@ -165,20 +167,37 @@ class WorkspaceSnapshotter:
                     f"workspace {self.path} has been replaced by a symlink") from None
             raise
 
-    def _scan_tree(self, dfd: int, prefix: str, scan: _Scan, cache) -> tuple[str, int, str]:
+    def _caches(self) -> Callable[[], tuple[dict, dict]]:
+        """The stat cache's files and folder memos for this world. When they are not in
+        memory yet (the first scan after a start), they load in a thread while the walk
+        makes its system calls."""
+        get = lambda: (self.stat_cache.entries(self.path), self.stat_cache.folders(self.path))
+        if self.stat_cache.loaded(self.path):
+            return get
+        loading = concurrent.futures.Future()
+
+        def load() -> None:
+            try:
+                loading.set_result(get())
+            except BaseException as exc:
+                loading.set_exception(exc)
+        threading.Thread(target=load, name="stat-cache-load", daemon=True).start()
+        return loading.result
+
+    def _scan_tree(self, dfd: int, prefix: str, scan: _Scan,
+                   caches: Callable[[], tuple[dict, dict]]) -> tuple[str, int, str]:
         """A full scan of the folder open at ``dfd`` (``prefix`` is its path, "" for the
         root): one walk (walk.py) lists, stats and watches everything, skipping the
         folders whose memo holds; the rest are rebuilt here, children first. Returns
         the folder's tree digest, its size and its kind."""
         depth = prefix.count("/") + 1 if prefix else 0
         root_sig = signature(os.fstat(dfd))
-        memos = self.stat_cache.folders(self.path)
         watching = (scan.watcher.scanning() if scan.watcher is not None
                     else contextlib.nullcontext((-1, 0, None)))
         with watching as (inotify_fd, mask, register):
             try:
                 records, reused, root = walk(dfd, inotify_fd, mask, MAX_DEPTH - depth,
-                                             self.overlay, cache, memos, root_sig, prefix)
+                                             self.overlay, caches, root_sig, prefix)
             except RecursionError as exc:
                 raise FailedPrecondition(
                     f"{str(exc)[:120]}... is more than {MAX_DEPTH} folders deep;"
@@ -186,6 +205,7 @@ class WorkspaceSnapshotter:
             if register is not None:
                 register([(r[0], r[1]) for r in records] + reused)
         scan.reused.update(rel for rel, _ in reused)
+        cache = caches()[0]
         built: list[tuple[str, int, str, bool]] = []
         with _FolderOpener(dfd, prefix) as opener:
             for record in records:
@@ -266,7 +286,9 @@ class WorkspaceSnapshotter:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
                         if child.get(_RESCAN) or old is None or not old.is_folder:
-                            digest, size, kind = self._scan_tree(sub, path, scan, cache)
+                            digest, size, kind = self._scan_tree(
+                                sub, path, scan,
+                                lambda: (cache, self.stat_cache.folders(self.path)))
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)

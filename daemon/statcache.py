@@ -91,6 +91,11 @@ class StatCache:
         """The live folder memos of one workspace (callers hold the session's lock)."""
         return self._workspace(workspace).folders
 
+    def loaded(self, workspace: str) -> bool:
+        """Whether the workspace's maps are in memory (reading them costs nothing)."""
+        with self._lock:
+            return workspace in self._loaded
+
     def _workspace(self, workspace: str) -> _Workspace:
         with self._lock:
             ws = self._loaded.get(workspace)

@@ -108,11 +108,8 @@ class WorkspaceTracker:
         problems: list[str] = []
 
         def register(watches: list[tuple[str, int]]) -> None:
-            for rel, wd in watches:
-                if wd < 0:
-                    problems.append(os.strerror(-wd))
-                elif wd > 0:
-                    self._known(rel, wd)
+            problems.extend(os.strerror(-wd) for _, wd in watches if wd < 0)
+            self._known_many([(rel, wd) for rel, wd in watches if wd > 0])
 
         with self.monitor.holding_events():
             yield self.monitor.fd, WATCH_MASK, register
@@ -121,15 +118,20 @@ class WorkspaceTracker:
         elif len(self._paths) > self.max_watches:
             self._degrade(f"the tracker's cap of {self.max_watches} watches")
 
-    def _known(self, rel: str, wd: int) -> None:
-        """Watch ``wd`` is folder ``rel`` (called with the monitor's lock held)."""
-        self.monitor._owners[wd] = self
+    def _known_many(self, watches: list[tuple[str, int]]) -> None:
+        """Each watch ``wd`` is folder ``rel`` (called with the monitor's lock held)."""
+        self.monitor._owners.update((wd, self) for _, wd in watches)
         with self._lock:
-            old = self._wds.get(rel)
-            if old is not None and old != wd and self._paths.get(old) == rel:
-                del self._paths[old]
-            self._wds[rel] = wd
-            self._paths[wd] = rel
+            if not self._wds:  # nothing watched yet (a start): no older watch to forget
+                self._wds.update(watches)
+                self._paths.update((wd, rel) for rel, wd in watches)
+                return
+            for rel, wd in watches:
+                old = self._wds.get(rel)  # another folder was watched at this path before
+                if old is not None and old != wd and self._paths.get(old) == rel:
+                    del self._paths[old]
+                self._wds[rel] = wd
+                self._paths[wd] = rel
 
     def prepare(self, timeout: float = 5.0) -> Changes:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
@@ -313,7 +315,7 @@ class ChangeMonitor:
             wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
             if wd < 0:
                 return -ctypes.get_errno()
-            owner._known(rel, wd)
+            owner._known_many([(rel, wd)])
             return wd
 
     def rm_watch(self, wd: int) -> None:

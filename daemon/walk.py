@@ -1,6 +1,6 @@
 """One pass over a folder tree, for full scans: list, stat, watch, and skip what is known.
 
-``walk(root_fd, inotify_fd, mask, max_depth, overlay, files, folders, root_sig, prefix)``
+``walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig, prefix)``
 returns ``(records, reused, root)``:
 
 - Every folder is opened with ``O_NOFOLLOW`` relative to its parent's descriptor and,
@@ -9,13 +9,15 @@ returns ``(records, reused, root)``:
   symlinks; one that vanishes while it is read is left out; any other failure raises
   ``OSError``; a folder more than ``max_depth`` below the root raises
   ``RecursionError`` naming it.
-- ``files`` is the stat cache (path -> (signature, digest)) and ``folders`` the folder
-  memos (path -> (signature, tree digest, size, kind)). A folder's memo *holds* when the
-  folder's own signature is the memo's (so no entry was added, removed, renamed or
-  re-permissioned in it), every file in it matches the stat cache, every folder in it
-  holds, and it holds nothing but files, folders and symlinks (a symlink cannot change
-  without its folder changing). A folder that holds gives no record: it is listed in
-  ``reused`` as ``(relpath, wd)`` and its parent's entry carries the memo.
+- ``caches()`` returns ``(files, folders)``: the stat cache (path -> (signature,
+  digest)) and the folder memos (path -> (signature, tree digest, size, kind)). The C
+  walk calls it after its system calls, so the stat cache may load meanwhile. A
+  folder's memo *holds* when the folder's own signature is the memo's (so no entry was
+  added, removed, renamed or re-permissioned in it), every file in it matches the stat
+  cache, every folder in it holds, and it holds nothing but files, folders and
+  symlinks (a symlink cannot change without its folder changing). A folder that holds
+  gives no record: it is listed in ``reused`` as ``(relpath, wd)`` and its parent's
+  entry carries the memo.
 - A record is ``(relpath, wd, opaque, entries)``, children before their parent. An
   entry is ``(name, signature, extra)``: extra is the child's record index (int) or
   memo (tuple) for a folder, the target for a symlink, ``st_rdev`` for a device, None
@@ -34,6 +36,7 @@ import ctypes
 import os
 import stat as st_
 import struct
+from collections.abc import Callable
 from typing import Any
 
 SIG = struct.Struct("=qqqQI")  # size, mtime_ns, ctime_ns, inode, mode: 36 bytes
@@ -55,8 +58,9 @@ def _join(rel: str, name: str) -> str:
 
 
 def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,
-                files: dict, folders: dict, root_sig: bytes, prefix: str = ""
+                caches: Callable[[], tuple[dict, dict]], root_sig: bytes, prefix: str = ""
                 ) -> tuple[list[Record], list[tuple[str, int]], Any]:
+    files, folders = caches()
     records: list[Record] = []
     reused: list[tuple[str, int]] = []
 
@@ -94,6 +98,7 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                 try:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                 except FileNotFoundError:
+                    reusable = False  # removed while we looked
                     continue
                 try:
                     extra = visit(sub, _join(rel, name), entry_sig, depth + 1)
