@@ -48,6 +48,12 @@ class Layer:
             self.give_back(changes if consume else None)
             raise
 
+    def scans_everything(self, base: str | None) -> bool:
+        """Whether the next capture will be a full scan (no tracker, no history, a
+        fallback pending, or a picture taken against another tree)."""
+        return (self.tracker is None or base is None or self.tracker.base != base
+                or self.tracker.full_scan_next)
+
     def give_back(self, changes: Changes | None) -> None:
         if self.tracker is not None and changes is not None:
             self.tracker.give_back(changes)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import struct
 import threading
 import time
 import zlib
@@ -110,7 +111,7 @@ def _shared_suffix(a: bytes, b: bytes, limit: int) -> int:
 _HEX_RUN = re.compile(rb"(?:[0-9a-f]{2}){16,}")
 
 
-def pack_hex(data: bytes) -> bytes:
+def pack_hex_python(data: bytes) -> bytes:
     """``data`` with every run of 32 or more lowercase hex digits (the digests trees,
     states and task lists are full of) replaced by the bytes it spells, half as many:
     varint(literal length), literal, varint(run length), run, ..., a literal last."""
@@ -124,7 +125,7 @@ def pack_hex(data: bytes) -> bytes:
     return bytes(out)
 
 
-def unpack_hex(packed: bytes) -> bytes:
+def unpack_hex_python(packed: bytes) -> bytes:
     parts, at, literal = [], 0, True
     while True:
         n, at = _read_varint(packed, at)
@@ -136,6 +137,12 @@ def unpack_hex(packed: bytes) -> bytes:
         if literal and at == len(packed):
             return b"".join(parts)
         literal = not literal
+
+
+try:  # the same codec in C (daemon/_codec.c): no Python loop per run
+    from ._codec import pack_hex, unpack_hex
+except ImportError:
+    pack_hex, unpack_hex = pack_hex_python, unpack_hex_python
 
 
 def compress(data: bytes) -> bytes:
@@ -191,6 +198,9 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
     return base[:prefix] + middle + base[len(base) - suffix:]
 
 
+_SIX_WORDS = struct.Struct("<6I")
+
+
 class _Bloom:
     """The digests stored in the pack, approximately: "absent" is certain, "present"
     is checked in the database. A put of new content, the usual case, asks nothing of
@@ -204,7 +214,8 @@ class _Bloom:
         self._lock = threading.Lock()
 
     def _positions(self, raw: bytes) -> list[int]:
-        return [int.from_bytes(raw[i:i + 4], "little") & self.mask for i in range(0, 24, 4)]
+        mask = self.mask
+        return [p & mask for p in _SIX_WORDS.unpack_from(raw)]
 
     def add(self, raw: bytes) -> None:
         with self._lock:

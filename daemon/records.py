@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
 APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
@@ -108,13 +108,15 @@ GENESIS_HASH = "0" * 64
 
 def chain_hash(prev_hash: str, event: AuditEvent) -> str:
     """The hash of an audit event, chained to the one before it."""
-    body = {k: v for k, v in asdict(event).items() if k not in ("hash", "prev_hash")}
+    body = {f.name: getattr(event, f.name) for f in fields(event)
+            if f.name not in ("hash", "prev_hash")}  # asdict would deep-copy the detail
     payload = prev_hash + json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 def tasks_to_json(tasks: list[Task]) -> bytes:
-    return json.dumps([asdict(t) for t in tasks], sort_keys=True,
+    return json.dumps([{f.name: getattr(t, f.name) for f in fields(t)} for t in tasks],
+                      sort_keys=True,
                       separators=(",", ":")).encode("utf-8")
 
 

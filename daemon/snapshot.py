@@ -30,6 +30,7 @@ import contextlib
 import errno
 import hashlib
 import logging
+import operator
 import os
 import shutil
 import stat as st_
@@ -311,7 +312,7 @@ class WorkspaceSnapshotter:
                     tree.pop(name, None)
             except (FileNotFoundError, NotADirectoryError):
                 tree.pop(name, None)  # gone, or replaced while we looked
-        total = sum(e.size for e in tree.values())
+        total = sum(map(_SIZE, tree.values()))
         return self._store_tree(tree, scan, base), total
 
     def _folder_kind(self, fd: int) -> str:
@@ -593,6 +594,7 @@ def _write_symlink(dfd: int, name: str, target: str) -> None:
     os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
+_SIZE = operator.attrgetter("size")
 _RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
 
 

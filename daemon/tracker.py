@@ -12,11 +12,13 @@ Correctness rules, in order of importance:
   watch limit, a start with no history), it asks for a *full* scan instead, which
   compares every file's stat against the stat cache.
 - ``prepare()`` is a barrier: the monitor creates a cookie file in its own private
-  folder (watched by the same inotify instance) and waits until the reader thread
-  has seen the cookie's event. One inotify instance queues every event in order,
-  and the kernel queues a write's event before the write returns, so every write
-  that finished before the request is then in the dirty set (watchman's sync
-  cookies). The cookie never touches a workspace or a container layer.
+  folder (watched by the same inotify instance), then reads and dispatches the
+  queue itself until the cookie's event has been seen (the reader thread drains
+  the queue between requests; one of them reads at a time). One inotify instance
+  queues every event in order, and the kernel queues a write's event before the
+  write returns, so every write that finished before the request is then in the
+  dirty set (watchman's sync cookies). The cookie never touches a workspace or a
+  container layer.
 - Folders are watched through ``/proc/self/fd`` of a descriptor opened with
   ``O_NOFOLLOW``, so a symlink is never watched through.
 """
@@ -95,6 +97,11 @@ class WorkspaceTracker:
         wd = self.monitor.add_watch(f"/proc/self/fd/{fd}", self, rel)
         if wd < 0:
             self._degrade(os.strerror(-wd))
+
+    @property
+    def full_scan_next(self) -> bool:
+        with self._lock:
+            return self._full
 
     @contextlib.contextmanager
     def scanning(self):
@@ -250,7 +257,8 @@ class WorkspaceTracker:
 
 
 class ChangeMonitor:
-    """The daemon's one inotify instance and its reader thread."""
+    """The daemon's one inotify instance and its reader thread. Lock order: the read
+    lock (held while events are dispatched) before the monitor's lock."""
 
     def __init__(self, cookie_dir: str, max_watches_per_workspace: int = 1 << 20) -> None:
         self.max_watches = max_watches_per_workspace
@@ -266,6 +274,7 @@ class ChangeMonitor:
         for name in os.listdir(cookie_dir):  # left by a crash
             os.unlink(os.path.join(cookie_dir, name))
         self._cookies: dict[str, threading.Event] = {}
+        self._read_lock = threading.Lock()
         self._cookie_wd = _libc.inotify_add_watch(self.fd, os.fsencode(cookie_dir), IN_CREATE)
         if self._cookie_wd < 0:
             raise OSError(ctypes.get_errno(), f"cannot watch {cookie_dir}")
@@ -291,7 +300,11 @@ class ChangeMonitor:
         path = os.path.join(self.cookie_dir, name)
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            return event.wait(timeout)
+            # The kernel queued the cookie's event before open() returned: read the queue
+            # here, up to and past it, instead of waiting for the reader thread to wake
+            # and win the GIL (a thread hand-off per checkpoint, milliseconds under load).
+            self._drain()
+            return event.is_set() or event.wait(timeout)
         except OSError:
             return False
         finally:
@@ -327,32 +340,34 @@ class ChangeMonitor:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        buf = b""
         while not self._stopping:
             poller.poll()
-            if self._stopping:
+            if self._stopping or not self._drain():
                 break
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                log.error("inotify read failed: %s; every workspace falls back to scans", exc)
-                self._overflow()
-                break
-            buf += chunk
-            offset = 0
-            while offset + _EVENT.size <= len(buf):
-                wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
-                end = offset + _EVENT.size + length
-                if end > len(buf):
-                    break
-                name = os.fsdecode(buf[offset + _EVENT.size:end].rstrip(b"\0"))
-                offset = end
-                self._dispatch(wd, mask, name)
-            buf = buf[offset:]
+
+    def _drain(self) -> bool:
+        """Read and dispatch every queued event, in order (the reader thread and barriers
+        both drain; one at a time). False once the inotify instance has failed."""
+        with self._read_lock:
+            while True:
+                try:
+                    chunk = os.read(self.fd, 1 << 20)
+                except BlockingIOError:
+                    return True
+                except OSError as exc:
+                    if exc.errno == errno.EINTR:
+                        continue
+                    log.error("inotify read failed: %s; every workspace falls back to scans",
+                              exc)
+                    self._overflow()
+                    return False
+                offset = 0  # a read returns whole events only
+                while offset + _EVENT.size <= len(chunk):
+                    wd, mask, _cookie, length = _EVENT.unpack_from(chunk, offset)
+                    end = offset + _EVENT.size + length
+                    name = os.fsdecode(chunk[offset + _EVENT.size:end].rstrip(b"\0"))
+                    offset = end
+                    self._dispatch(wd, mask, name)
 
     def _dispatch(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:

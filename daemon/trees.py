@@ -54,9 +54,18 @@ def check_name(name: str) -> str:
     return name
 
 
-def encode(tree: Tree) -> bytes:
+def encode_python(tree: Tree) -> bytes:
     rows = [[name, _CODES[e.kind], e.mode, e.ref, e.size] for name, e in sorted(tree.items())]
     return json.dumps(rows, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+try:  # the same encoding in C (daemon/_codec.c), byte for byte
+    from ._codec import encode_tree as _encode_tree
+
+    def encode(tree: Tree) -> bytes:
+        return _encode_tree(sorted(tree.items()), _CODES)
+except ImportError:
+    encode = encode_python
 
 
 def decode(data: bytes, digest: str = "?") -> dict[str, Entry]:

@@ -29,6 +29,7 @@ from worldline.client.errors import (
 )
 
 from . import ids, progress
+from .admission import FairGate
 from .blobs import BlobStore
 from .containers import (
     DEFAULT_MOUNT,
@@ -89,6 +90,7 @@ class World:
                  monitor: ChangeMonitor | None = None, engine: Engine | None = None,
                  views: Views | None = None) -> None:
         self.root = os.path.realpath(root)
+        self.admission = FairGate(1)  # incremental captures take turns (admission.py)
         self.store = store
         self.blobs = blobs
         self.trees = TreeReader(blobs)
@@ -256,37 +258,53 @@ class World:
         with self._session_locked(session_id, expected_head) as session:
             head = self.store.get_checkpoint(session.head)
             layers = self.layers(session)
-            taken: list[tuple[Layer, Capture, object]] = []
-            try:
-                with self._paused(session):
-                    for layer, base in zip(layers, self._bases(head), strict=False):
-                        capture, changes = layer.capture(base)
-                        taken.append((layer, capture, changes))
-                captures = [c for _, c, _ in taken]
-                state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
-                                if state is not None else head.state_digest)
-                tasks_digest = self.blobs.put_bytes(
-                    tasks_to_json(self.store.list_tasks(session_id)), base=head.tasks_digest)
-                self.blobs.sync()
-                crash_point("checkpoint.after_blobs")
-                cp = Checkpoint(ids.new_id(), session_id, 0, head.id, "checkpoint", ids.now(),
-                                captures[0].root, captures[0].bytes, state_digest, tasks_digest,
-                                head.id, len(messages), head.message_count + len(messages),
-                                label=label, reasoning=reasoning, trace_id=trace_id,
-                                container=captures[1].root if len(captures) > 1 else None)
-                cp = self.store.append_checkpoint(cp, messages, head.id, None, [
-                    AuditEvent("checkpoint", session_id, cp.id,
-                               {"tree": cp.tree, "container": cp.container, "label": label,
-                                "messages": len(messages)}, ids.now())])
-            except BaseException:
-                for layer, _, changes in taken:
-                    layer.give_back(changes)
-                raise
-            crash_point("checkpoint.after_commit")
-            for layer, capture, _ in taken:
-                layer.committed(capture)
-                for warning in capture.warnings:
-                    log.warning("session %s %s: %s", session_id, layer.kind, warning)
+            with self._admitted(layers, head):
+                return self._checkpoint(session, head, layers, messages, state, label,
+                                        reasoning, trace_id)
+
+    def _admitted(self, layers: list[Layer], head: Checkpoint):
+        """Incremental captures take turns (admission.py); a full scan, which spends its
+        time in system calls outside the interpreter lock, is not made to wait, nor makes
+        the others wait behind it."""
+        if any(layer.scans_everything(base)
+               for layer, base in zip(layers, self._bases(head), strict=False)):
+            return contextlib.nullcontext()
+        return self.admission.admitted()
+
+    def _checkpoint(self, session: Session, head: Checkpoint, layers: list[Layer],
+                    messages: list, state: bytes | None, label: str, reasoning: str,
+                    trace_id: str) -> Checkpoint:
+        taken: list[tuple[Layer, Capture, object]] = []
+        try:
+            with self._paused(session):
+                for layer, base in zip(layers, self._bases(head), strict=False):
+                    capture, changes = layer.capture(base)
+                    taken.append((layer, capture, changes))
+            captures = [c for _, c, _ in taken]
+            state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
+                            if state is not None else head.state_digest)
+            tasks_digest = self.blobs.put_bytes(
+                tasks_to_json(self.store.list_tasks(session.id)), base=head.tasks_digest)
+            self.blobs.sync()
+            crash_point("checkpoint.after_blobs")
+            cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
+                            captures[0].root, captures[0].bytes, state_digest, tasks_digest,
+                            head.id, len(messages), head.message_count + len(messages),
+                            label=label, reasoning=reasoning, trace_id=trace_id,
+                            container=captures[1].root if len(captures) > 1 else None)
+            cp = self.store.append_checkpoint(cp, messages, head.id, None, [
+                AuditEvent("checkpoint", session.id, cp.id,
+                           {"tree": cp.tree, "container": cp.container, "label": label,
+                            "messages": len(messages)}, ids.now())])
+        except BaseException:
+            for layer, _, changes in taken:
+                layer.give_back(changes)
+            raise
+        crash_point("checkpoint.after_commit")
+        for layer, capture, _ in taken:
+            layer.committed(capture)
+            for warning in capture.warnings:
+                log.warning("session %s %s: %s", session.id, layer.kind, warning)
         return cp
 
     def view(self, checkpoint_id: str) -> CheckpointView:

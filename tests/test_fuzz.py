@@ -121,3 +121,56 @@ def test_pack_codecs_round_trip(a, b):
     assert decompress(compress(b)) == b
     assert apply_delta(a, encode_delta(a, b)) == b
     assert apply_delta(a, encode_delta(a, a + b)) == a + b
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(hexish, st.binary(max_size=64))
+def test_hex_packing_in_c_is_the_python_codec(data, garbage):
+    """The C hex packing (daemon/_codec.c) is byte for byte the Python twin's, on
+    what it packs and on what it refuses to unpack."""
+    from worldline.daemon import packs
+    try:
+        from worldline.daemon._codec import pack_hex, unpack_hex
+    except ImportError:
+        pytest.fail("worldline.daemon._codec was not built: install gcc and the Python"
+                    " headers, then `make install`")
+    packed = packs.pack_hex_python(data)
+    assert pack_hex(data) == packed
+    assert unpack_hex(packed) == data
+    for candidate in (garbage, packed[:-1], packed + garbage):
+        try:
+            expected = packs.unpack_hex_python(candidate)
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=str(exc)):
+                unpack_hex(candidate)
+        else:
+            assert unpack_hex(candidate) == expected
+
+
+names = st.one_of(
+    st.text(min_size=1, max_size=30),
+    st.binary(min_size=1, max_size=30).map(os.fsdecode),  # not UTF-8: lone surrogates
+    st.sampled_from(['a"b', "back\\slash", "tab\there", "nl\nx", "\x7f\x00\x1f", "\U0001f600"]),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.dictionaries(names, st.tuples(
+    st.sampled_from(["file", "symlink", "dir", "whiteout", "opaque"]),
+    st.integers(min_value=0, max_value=0o7777),
+    st.one_of(st.text(max_size=80), st.text(alphabet="0123456789abcdef", min_size=64,
+                                             max_size=64)),
+    st.integers(min_value=0, max_value=1 << 70)), max_size=12))
+def test_tree_encoding_in_c_is_the_python_encoding(rows):
+    """Trees are content-addressed: the C encoder (daemon/_codec.c) must write exactly
+    the bytes json.dumps writes, or one folder would get two digests."""
+    from worldline.daemon import trees
+    from worldline.daemon.trees import Entry
+    try:
+        from worldline.daemon._codec import encode_tree
+    except ImportError:
+        pytest.fail("worldline.daemon._codec was not built: install gcc and the Python"
+                    " headers, then `make install`")
+    tree = {name: Entry(*fields) for name, fields in rows.items()}
+    assert encode_tree(sorted(tree.items()), trees._CODES) == trees.encode_python(tree)
+    assert trees.encode(tree) == trees.encode_python(tree)

@@ -15,6 +15,7 @@ def _worker(address: str, session_id: str, workspace: str, django: str, seconds:
 
     from .trees import edit, pick_files
     rng = random.Random(hash(session_id) & 0xFFFF)
+    pick_files(Path(django), rng)  # list the tree once, before the clock starts
     latencies = []
     with Client(address) as client:
         while time.time() < start_at:

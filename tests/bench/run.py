@@ -138,7 +138,7 @@ class Bench:
 
     # -- checkpoint-rescan ---------------------------------------------------------------
     def rescan_case(self) -> Case:
-        rounds = max(3, ROUNDS // 6)
+        rounds = max(5, ROUNDS // 3)
         rng = random.Random(7)
         wl, git = [], []
         for i in range(rounds):
@@ -188,7 +188,7 @@ class Bench:
     # -- fork ----------------------------------------------------------------------------
     def fork_case(self) -> Case:
         cp = self.session_small.checkpoint()
-        rounds = max(5, ROUNDS // 3)
+        rounds = max(3, ROUNDS // 6)
         wl, cp_a = [], []
         first_s = None
         for i in range(rounds + 1):

@@ -1,0 +1,332 @@
+/* worldline.daemon._codec: the hot path's encodings, without a Python loop per item.
+ * Each is byte for byte its Python twin, and tests/test_fuzz.py holds them to it.
+ *
+ * pack_hex(data) -> bytes, unpack_hex(packed) -> bytes: the pack's hex packing
+ * (daemon/packs.py). Every run of 32 or more lowercase hex digits, taken two by two
+ * from its start (the regex (?:[0-9a-f]{2}){16,}), is replaced by the bytes it spells.
+ * The packed form is varint(literal length), literal, varint(run length), run, ...,
+ * a literal last.
+ *
+ * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/trees.py), from
+ * its (name, Entry) pairs sorted by name: json.dumps of [[name, codes[kind], mode, ref,
+ * size], ...] with ensure_ascii and the separators "," and ":".
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+static const signed char NIBBLE[256] = {
+    ['0'] = 1, ['1'] = 2, ['2'] = 3, ['3'] = 4, ['4'] = 5, ['5'] = 6, ['6'] = 7,
+    ['7'] = 8, ['8'] = 9, ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14,
+    ['e'] = 15, ['f'] = 16,
+}; /* value + 1 for a lowercase hex digit, 0 otherwise */
+
+static unsigned char *put_varint(unsigned char *out, size_t n) {
+    for (;;) {
+        unsigned char byte = n & 0x7F;
+        n >>= 7;
+        *out++ = byte | (n ? 0x80 : 0);
+        if (!n)
+            return out;
+    }
+}
+
+static PyObject *pack_hex(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    size_t len = (size_t)view.len;
+    /* never longer than the input plus one varint per 32 bytes (each run halves) */
+    size_t cap = len + 10 * (len / 32 + 2);
+    unsigned char *buf = PyMem_Malloc(cap);
+    if (buf == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    unsigned char *out = buf;
+    size_t at = 0, i = 0;
+    while (i < len) {
+        if (!NIBBLE[data[i]]) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < len && NIBBLE[data[j]])
+            j++;
+        size_t run = (j - i) & ~(size_t)1;
+        if (run < 32) {
+            i = j;
+            continue;
+        }
+        out = put_varint(out, i - at);
+        memcpy(out, data + at, i - at);
+        out += i - at;
+        out = put_varint(out, run / 2);
+        for (size_t k = i; k < i + run; k += 2)
+            *out++ = (unsigned char)(((NIBBLE[data[k]] - 1) << 4) | (NIBBLE[data[k + 1]] - 1));
+        at = i = i + run;
+    }
+    out = put_varint(out, len - at);
+    memcpy(out, data + at, len - at);
+    out += len - at;
+    PyBuffer_Release(&view);
+    PyObject *result = PyBytes_FromStringAndSize((const char *)buf, out - buf);
+    PyMem_Free(buf);
+    return result;
+}
+
+static int read_varint(const unsigned char *data, size_t len, size_t *at, size_t *n) {
+    uint64_t value = 0;
+    unsigned shift = 0;
+    int huge = 0;
+    for (;;) {
+        if (*at >= len || shift > 63) {
+            PyErr_SetString(PyExc_ValueError, "a varint is cut short");
+            return -1;
+        }
+        unsigned char byte = data[(*at)++];
+        if (shift > 56 && (byte & 0x7F) >> (64 - shift))
+            huge = 1; /* past 64 bits: no chunk can be that long */
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        shift += 7;
+        if (!(byte & 0x80)) {
+            *n = huge ? SIZE_MAX : (size_t)value;
+            return 0;
+        }
+    }
+}
+
+static PyObject *unpack_hex(PyObject *Py_UNUSED(self), PyObject *arg) {
+    static const char HEX[] = "0123456789abcdef";
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    size_t len = (size_t)view.len;
+    /* first pass: the output's length, and every error the Python codec raises */
+    size_t at = 0, total = 0, n;
+    int literal = 1;
+    for (;;) {
+        if (read_varint(data, len, &at, &n) < 0)
+            goto fail;
+        if (n > len - at) {
+            PyErr_SetString(PyExc_ValueError, "a packed blob is cut short");
+            goto fail;
+        }
+        total += literal ? n : 2 * n;
+        at += n;
+        if (literal && at == len)
+            break;
+        literal = !literal;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL)
+        goto fail;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    at = 0;
+    literal = 1;
+    for (;;) {
+        read_varint(data, len, &at, &n); /* cannot fail: checked above */
+        if (literal) {
+            memcpy(out, data + at, n);
+            out += n;
+        } else {
+            for (size_t k = 0; k < n; k++) {
+                *out++ = (unsigned char)HEX[data[at + k] >> 4];
+                *out++ = (unsigned char)HEX[data[at + k] & 15];
+            }
+        }
+        at += n;
+        if (literal && at == len)
+            break;
+        literal = !literal;
+    }
+    PyBuffer_Release(&view);
+    return result;
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* -- trees ---------------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} out_t;
+
+static int grow(out_t *o, size_t extra) {
+    if (o->len + extra <= o->cap)
+        return 0;
+    size_t cap = o->cap ? o->cap : 4096;
+    while (o->len + extra > cap)
+        cap *= 2;
+    char *buf = PyMem_Realloc(o->buf, cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->buf = buf;
+    o->cap = cap;
+    return 0;
+}
+
+static int put(out_t *o, const char *s, size_t n) {
+    if (grow(o, n) < 0)
+        return -1;
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+/* A JSON string as json.dumps(ensure_ascii=True) writes it (lowercase \u escapes). */
+static int put_string(out_t *o, PyObject *text) {
+    static const char HEX[] = "0123456789abcdef";
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "tree names, codes and refs are str");
+        return -1;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    if (grow(o, (size_t)n * 12 + 2) < 0) /* the longest escape: a surrogate pair */
+        return -1;
+    char *w = o->buf + o->len;
+    *w++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c >= ' ' && c <= '~' && c != '\\' && c != '"') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '\\': *w++ = '\\'; break;
+        case '"': *w++ = '"'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\r': *w++ = 'r'; break;
+        case '\t': *w++ = 't'; break;
+        default:
+            if (c >= 0x10000) { /* a surrogate pair, as json writes it */
+                Py_UCS4 v = c - 0x10000;
+                Py_UCS4 hi = 0xd800 | ((v >> 10) & 0x3ff);
+                *w++ = 'u';
+                *w++ = HEX[(hi >> 12) & 15];
+                *w++ = HEX[(hi >> 8) & 15];
+                *w++ = HEX[(hi >> 4) & 15];
+                *w++ = HEX[hi & 15];
+                c = 0xdc00 | (v & 0x3ff);
+                *w++ = '\\';
+            }
+            *w++ = 'u';
+            *w++ = HEX[(c >> 12) & 15];
+            *w++ = HEX[(c >> 8) & 15];
+            *w++ = HEX[(c >> 4) & 15];
+            *w++ = HEX[c & 15];
+        }
+    }
+    *w++ = '"';
+    o->len = (size_t)(w - o->buf);
+    return 0;
+}
+
+static int put_int(out_t *o, PyObject *value) {
+    if (!PyLong_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "tree modes and sizes are int");
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow) { /* json writes any int, however long: so do we */
+        PyObject *text = PyObject_Str(value);
+        if (text == NULL)
+            return -1;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+        int r = s == NULL ? -1 : put(o, s, (size_t)n);
+        Py_DECREF(text);
+        return r;
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    char digits[24];
+    int n = snprintf(digits, sizeof digits, "%lld", v);
+    return put(o, digits, (size_t)n);
+}
+
+static PyObject *encode_tree(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *items, *codes;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyDict_Type, &codes))
+        return NULL;
+    static PyObject *s_kind, *s_mode, *s_ref, *s_size;
+    if (s_kind == NULL) {
+        s_kind = PyUnicode_InternFromString("kind");
+        s_mode = PyUnicode_InternFromString("mode");
+        s_ref = PyUnicode_InternFromString("ref");
+        s_size = PyUnicode_InternFromString("size");
+        if (!s_kind || !s_mode || !s_ref || !s_size)
+            return NULL;
+    }
+    out_t o = {0};
+    if (put(&o, "[", 1) < 0)
+        goto fail;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "items are (name, Entry) pairs");
+            goto fail;
+        }
+        PyObject *entry = PyTuple_GET_ITEM(item, 1);
+        PyObject *kind = PyObject_GetAttr(entry, s_kind);
+        PyObject *code = kind ? PyDict_GetItemWithError(codes, kind) : NULL; /* borrowed */
+        Py_XDECREF(kind);
+        if (code == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "an entry of an unknown kind");
+            goto fail;
+        }
+        PyObject *mode = PyObject_GetAttr(entry, s_mode);
+        PyObject *ref = mode ? PyObject_GetAttr(entry, s_ref) : NULL;
+        PyObject *size = ref ? PyObject_GetAttr(entry, s_size) : NULL;
+        int bad = size == NULL ||
+                  put(&o, i ? ",[" : "[", i ? 2 : 1) < 0 ||
+                  put_string(&o, PyTuple_GET_ITEM(item, 0)) < 0 || put(&o, ",", 1) < 0 ||
+                  put_string(&o, code) < 0 || put(&o, ",", 1) < 0 ||
+                  put_int(&o, mode) < 0 || put(&o, ",", 1) < 0 ||
+                  put_string(&o, ref) < 0 || put(&o, ",", 1) < 0 ||
+                  put_int(&o, size) < 0 || put(&o, "]", 1) < 0;
+        Py_XDECREF(mode);
+        Py_XDECREF(ref);
+        Py_XDECREF(size);
+        if (bad)
+            goto fail;
+    }
+    if (put(&o, "]", 1) < 0)
+        goto fail;
+    PyObject *result = PyBytes_FromStringAndSize(o.buf, (Py_ssize_t)o.len);
+    PyMem_Free(o.buf);
+    return result;
+fail:
+    PyMem_Free(o.buf);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"pack_hex", pack_hex, METH_O, "pack_hex(data) -> bytes"},
+    {"unpack_hex", unpack_hex, METH_O, "unpack_hex(packed) -> bytes"},
+    {"encode_tree", encode_tree, METH_VARARGS, "encode_tree(items, codes) -> bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_codec", "The hot path's encodings (daemon/packs.py, trees.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__codec(void) { return PyModule_Create(&module); }
