@@ -6,8 +6,9 @@ system call a capture makes (a stat, a read, an fsync) hands the lock to another
 capture and then waits to get it back (a lock convoy). Measured with the benchmark's
 eight-session load on two cores (daemon CPU per checkpoint, checkpoints per second):
 every capture admitted, 7.6 ms and 154/s; two at a time, 6.4 ms and 166/s; one at a
-time, 5.0 ms and 198/s. So incremental captures take turns; full scans, which spend
-their time in system calls outside the lock, do not wait (world.py).
+time, 5.0 ms and 198/s. So incremental captures take turns, while the commit of one
+(an fsync, SQLite) overlaps the next capture; full scans, which spend their time in
+system calls outside the lock, do not wait (world.py).
 
 ``FairGate`` admits ``limit`` holders and queues the rest in arrival order, handing a
 freed place straight to the oldest waiter, so nobody is overtaken (the tail latency

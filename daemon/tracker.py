@@ -33,6 +33,7 @@ import os
 import select
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .observe import TRACKER_FALLBACKS
@@ -40,6 +41,7 @@ from .observe import TRACKER_FALLBACKS
 log = logging.getLogger(__name__)
 
 COOKIE_PREFIX = ".worldline-tmp-cookie-"
+READER_DELAY = 0.005  # seconds the reader thread waits after waking (see _run)
 TEMP_PREFIX = ".worldline-tmp-"
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
@@ -342,6 +344,9 @@ class ChangeMonitor:
         poller.register(self._wake_r, select.POLLIN)
         while not self._stopping:
             poller.poll()
+            # Let a barrier that just made its cookie drain the queue itself: reading
+            # here at once would take the interpreter lock from it, mid-request.
+            time.sleep(READER_DELAY)
             if self._stopping or not self._drain():
                 break
 

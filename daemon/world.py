@@ -258,14 +258,14 @@ class World:
         with self._session_locked(session_id, expected_head) as session:
             head = self.store.get_checkpoint(session.head)
             layers = self.layers(session)
-            with self._admitted(layers, head):
-                return self._checkpoint(session, head, layers, messages, state, label,
-                                        reasoning, trace_id)
+            return self._checkpoint(session, head, layers, messages, state, label,
+                                    reasoning, trace_id)
 
     def _admitted(self, layers: list[Layer], head: Checkpoint):
-        """Incremental captures take turns (admission.py); a full scan, which spends its
-        time in system calls outside the interpreter lock, is not made to wait, nor makes
-        the others wait behind it."""
+        """Incremental captures take turns (admission.py); the commit that follows one
+        (an fsync, SQLite) overlaps the next capture. A full scan, which spends its time
+        in system calls outside the interpreter lock, is not made to wait, nor makes the
+        others wait behind it."""
         if any(layer.scans_everything(base)
                for layer, base in zip(layers, self._bases(head), strict=False)):
             return contextlib.nullcontext()
@@ -276,15 +276,16 @@ class World:
                     trace_id: str) -> Checkpoint:
         taken: list[tuple[Layer, Capture, object]] = []
         try:
-            with self._paused(session):
-                for layer, base in zip(layers, self._bases(head), strict=False):
-                    capture, changes = layer.capture(base)
-                    taken.append((layer, capture, changes))
-            captures = [c for _, c, _ in taken]
-            state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
-                            if state is not None else head.state_digest)
-            tasks_digest = self.blobs.put_bytes(
-                tasks_to_json(self.store.list_tasks(session.id)), base=head.tasks_digest)
+            with self._admitted(layers, head):
+                with self._paused(session):
+                    for layer, base in zip(layers, self._bases(head), strict=False):
+                        capture, changes = layer.capture(base)
+                        taken.append((layer, capture, changes))
+                captures = [c for _, c, _ in taken]
+                state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
+                                if state is not None else head.state_digest)
+                tasks_digest = self.blobs.put_bytes(
+                    tasks_to_json(self.store.list_tasks(session.id)), base=head.tasks_digest)
             self.blobs.sync()
             crash_point("checkpoint.after_blobs")
             cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
