@@ -262,6 +262,10 @@ class Daemon:
         self.store.close()
         self.blobs.close()
         self.graph_store.close()
+        try:
+            self.stat_cache.compact()  # the next start loads one snapshot, no log
+        except Exception:
+            log.exception("compacting the stat cache failed")
         self.stat_cache.close()
         if self.relay is not None:
             self.relay.close()

@@ -20,7 +20,7 @@ tree from a tracker's changes.
 Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
 marshalled) and a log of the changes made since; loading reads the snapshot and
 replays the log. ``compact`` folds the log into the snapshot: when a workspace's log
-grows past ``COMPACT_AT`` rows, and when the daemon is idle.
+grows past ``COMPACT_AT`` entries, when the daemon is idle, and when it stops.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ __all__ = ["RACY_NS", "Signature", "Memo", "StatCache", "signature", "is_racy",
            "is_racy_signature"]
 
 RACY_NS = 100_000_000
-COMPACT_AT = 4096  # logged entries of one workspace that trigger a compaction at once
+# Logged entries of one workspace that trigger a compaction at once (a compaction
+# rewrites the whole snapshot: milliseconds for a Django-sized tree). An idle daemon,
+# and one that stops, compacts whatever was logged.
+COMPACT_AT = 16384
 
 Signature = bytes  # walk.SIG: size, mtime_ns, ctime_ns, inode, mode
 Memo = tuple[bytes, str, int, str]  # folder signature, tree digest, size, kind
