@@ -54,11 +54,19 @@
 #define SIG_LEN 36 /* a signature's bytes */
 
 typedef struct {
+    mode_t st_mode;
+    off_t st_size;
+    long long mtime_ns, ctime_ns;
+    ino_t st_ino;
+    dev_t st_rdev;
+} meta_t;
+
+typedef struct {
     size_t name;     /* offset of the NUL-terminated name in the buffer */
     size_t target;   /* offset of a symlink's target, when is_link */
     size_t target_len;
     int is_link;
-    struct stat st;
+    meta_t st; /* what a signature needs of struct stat, a third of its size */
 } item_t;
 
 typedef struct {
@@ -113,7 +121,7 @@ typedef struct {
 static int reserve(listing_t *l, size_t extra) {
     if (l->used + extra <= l->size)
         return 0;
-    size_t size = l->size ? l->size : 4096;
+    size_t size = l->size ? l->size : 256; /* most folders hold a few names */
     while (l->used + extra > size)
         size *= 2;
     char *buf = realloc(l->buf, size);
@@ -126,7 +134,7 @@ static int reserve(listing_t *l, size_t extra) {
 
 static item_t *push_item(listing_t *l) {
     if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32;
+        size_t cap = l->cap ? l->cap * 2 : 8;
         item_t *items = realloc(l->items, cap * sizeof(item_t));
         if (items == NULL)
             return NULL;
@@ -184,7 +192,8 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
             l->what = "malloc";
             break;
         }
-        if (fstatat(dfd, name, &it->st, AT_SYMLINK_NOFOLLOW) < 0) {
+        struct stat full;
+        if (fstatat(dfd, name, &full, AT_SYMLINK_NOFOLLOW) < 0) {
             l->n--;
             if (errno == ENOENT)
                 continue; /* removed while we looked */
@@ -192,6 +201,12 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
             l->what = "fstatat";
             break;
         }
+        it->st.st_mode = full.st_mode;
+        it->st.st_size = full.st_size;
+        it->st.mtime_ns = (long long)full.st_mtim.tv_sec * 1000000000LL + full.st_mtim.tv_nsec;
+        it->st.ctime_ns = (long long)full.st_ctim.tv_sec * 1000000000LL + full.st_ctim.tv_nsec;
+        it->st.st_ino = full.st_ino;
+        it->st.st_rdev = full.st_rdev;
         it->name = l->used;
         memcpy(l->buf + l->used, name, len + 1);
         l->used += len + 1;
@@ -232,10 +247,10 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
 }
 
 /* The 36 bytes of struct.pack("=qqqQI", size, mtime_ns, ctime_ns, ino, mode). */
-static void signature(const struct stat *st, char out[SIG_LEN]) {
+static void signature(const meta_t *st, char out[SIG_LEN]) {
     long long size = (long long)st->st_size;
-    long long mtime = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
-    long long ctime = (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
+    long long mtime = st->mtime_ns;
+    long long ctime = st->ctime_ns;
     unsigned long long ino = (unsigned long long)st->st_ino;
     unsigned int mode = (unsigned int)st->st_mode;
     memcpy(out, &size, 8);
