@@ -28,6 +28,7 @@ from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
+from . import walk
 from .auth import PeerRelay, TokenInterceptor, read_token
 from .blobs import LocalBlobStore
 from .containers import Engine
@@ -203,6 +204,9 @@ class Daemon:
         self._watch_health()
         log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
                  self.root)
+        if walk.walk_native is None:
+            log.warning("the native walker (worldline.daemon._walk) is not built: full scans"
+                        " use its Python twin, several times slower (see README, Set-up)")
 
     def _serve_metrics(self) -> None:
         from prometheus_client import start_http_server
