@@ -75,7 +75,6 @@ typedef struct {
     char *buf;
     size_t used, size;
     int err;          /* errno of a failure that aborts the walk, 0 if none */
-    const char *what; /* which call failed */
 } listing_t;
 
 typedef struct node node_t;
@@ -162,7 +161,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
     }
     if (rewind && lseek(dfd, 0, SEEK_SET) < 0) { /* the caller's descriptor */
         l->err = errno;
-        l->what = "lseek";
         return;
     }
     /* getdents64 straight on the folder's descriptor: no dup, no DIR, no allocation */
@@ -174,7 +172,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
             at = 0;
             if (got < 0) {
                 l->err = errno;
-                l->what = "getdents64";
                 break;
             }
             if (got == 0)
@@ -189,7 +186,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
         item_t *it = push_item(l);
         if (it == NULL || reserve(l, len + 1) < 0) {
             l->err = ENOMEM;
-            l->what = "malloc";
             break;
         }
         struct stat full;
@@ -198,7 +194,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
             if (errno == ENOENT)
                 continue; /* removed while we looked */
             l->err = errno;
-            l->what = "fstatat";
             break;
         }
         it->st.st_mode = full.st_mode;
@@ -218,7 +213,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
             for (;;) {
                 if (reserve(l, cap) < 0) {
                     l->err = ENOMEM;
-                    l->what = "malloc";
                     break;
                 }
                 /* name is re-read from the buffer: reserve may have moved it */
@@ -228,7 +222,6 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
                         l->n--;
                     } else {
                         l->err = errno;
-                        l->what = "readlinkat";
                     }
                     break;
                 }

@@ -40,7 +40,7 @@ class Layer:
         changes = None
         if self.tracker is not None:
             changes = self.tracker.prepare() if consume else self.tracker.peek()
-            if base is None or self.tracker.base != base:
+            if not self._picture_of(base):
                 changes.full = True  # the tracker's picture is relative to another tree
         try:
             return self.snap.capture(persist=persist, changes=changes, base=base), changes
@@ -51,8 +51,12 @@ class Layer:
     def scans_everything(self, base: str | None) -> bool:
         """Whether the next capture will be a full scan (no tracker, no history, a
         fallback pending, or a picture taken against another tree)."""
-        return (self.tracker is None or base is None or self.tracker.base != base
+        return (self.tracker is None or not self._picture_of(base)
                 or self.tracker.full_scan_next)
+
+    def _picture_of(self, base: str | None) -> bool:
+        """Whether the tracker's changes are relative to ``base``."""
+        return base is not None and self.tracker.base == base
 
     def give_back(self, changes: Changes | None) -> None:
         if self.tracker is not None and changes is not None:

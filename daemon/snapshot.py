@@ -47,7 +47,7 @@ from .faults import crash_point
 from .statcache import Memo, Signature, StatCache, is_racy, is_racy_signature
 from .tracker import TEMP_PREFIX, Changes
 from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, check_name, encode
-from .walk import OPAQUE_XATTR, SIG, signature, walk
+from .walk import OPAQUE_XATTR, SIG, join_path, signature, walk
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +200,7 @@ class WorkspaceSnapshotter:
                 records, reused, root = walk(dfd, inotify_fd, mask, MAX_DEPTH - depth,
                                              self.overlay, caches, root_sig, prefix)
             except RecursionError as exc:
-                raise FailedPrecondition(
-                    f"{str(exc)[:120]}... is more than {MAX_DEPTH} folders deep;"
-                    " worldline captures trees up to that depth") from None
+                raise _too_deep(str(exc)) from None
             if register is not None:
                 register([(r[0], r[1]) for r in records] + reused)
         scan.reused.update(rel for rel, _ in reused)
@@ -230,7 +228,7 @@ class WorkspaceSnapshotter:
         for name, sig, extra in entries:
             if name.startswith(TEMP_PREFIX):
                 continue
-            path = f"{rel}/{name}" if rel else name
+            path = join_path(rel, name)
             size, _, _, _, mode = SIG.unpack(sig)
             if st_.S_ISDIR(mode):
                 if isinstance(extra, int):
@@ -247,19 +245,16 @@ class WorkspaceSnapshotter:
             elif st_.S_ISLNK(mode):
                 tree[name] = Entry(SYMLINK, 0, extra)
             elif st_.S_ISREG(mode):
-                known = cache.get(path)
-                if known is not None and known[0] == sig:
-                    scan.seen[path] = known
-                    entry: Entry | None = Entry(FILE, st_.S_IMODE(mode), known[1], size)
-                else:
+                entry = _cached_file(path, sig, scan, cache)
+                if entry is None:  # changed: open its folder (only now) and read it
                     folder = opener.open(rel)
-                    entry = None if folder is None else self._scan_file(
-                        folder, name, path, sig, scan, cache)
+                    entry = None if folder is None else self._read_file(
+                        folder, name, path, scan, cache)
                     clean = clean and path in scan.seen
                 if entry is not None:
                     tree[name] = entry
                     total += entry.size
-            elif self.overlay and st_.S_ISCHR(mode) and extra == 0:
+            elif self._is_whiteout(mode, extra):
                 tree[name] = Entry(WHITEOUT, 0, "")
                 clean = False
             else:
@@ -305,7 +300,7 @@ class WorkspaceSnapshotter:
                         tree.pop(name, None)
                     else:
                         tree[name] = entry
-                elif self.overlay and st_.S_ISCHR(mode) and st.st_rdev == 0:
+                elif self._is_whiteout(mode, st.st_rdev):
                     tree[name] = Entry(WHITEOUT, 0, "")
                 else:
                     scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
@@ -314,6 +309,9 @@ class WorkspaceSnapshotter:
                 tree.pop(name, None)  # gone, or replaced while we looked
         total = sum(map(_SIZE, tree.values()))
         return self._store_tree(tree, scan, base), total
+
+    def _is_whiteout(self, mode: int, rdev) -> bool:
+        return self.overlay and st_.S_ISCHR(mode) and rdev == 0
 
     def _folder_kind(self, fd: int) -> str:
         if not self.overlay:
@@ -326,11 +324,12 @@ class WorkspaceSnapshotter:
     def _scan_file(self, dfd: int, name: str, path: str, sig: Signature, scan: _Scan,
                    cache) -> Entry | None:
         """A file whose signature (taken by the caller) may not be the cached one."""
+        return _cached_file(path, sig, scan, cache) or self._read_file(dfd, name, path, scan,
+                                                                         cache)
+
+    def _read_file(self, dfd: int, name: str, path: str, scan: _Scan, cache) -> Entry | None:
+        """Read and store a file the stat cache could not vouch for."""
         known = cache.get(path)
-        if known is not None and known[0] == sig:
-            scan.seen[path] = known
-            size, _, _, _, mode = SIG.unpack(sig)
-            return Entry(FILE, st_.S_IMODE(mode), known[1], size)
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except FileNotFoundError:
@@ -490,6 +489,16 @@ class WorkspaceSnapshotter:
         progress.advance(entry.size, files=1)
 
 
+def _cached_file(path: str, sig: Signature, scan: _Scan, cache) -> Entry | None:
+    """The file's entry from the stat cache if its signature is the cached one."""
+    known = cache.get(path)
+    if known is None or known[0] != sig:
+        return None
+    scan.seen[path] = known
+    size, _, _, _, mode = SIG.unpack(sig)
+    return Entry(FILE, st_.S_IMODE(mode), known[1], size)
+
+
 class _FolderOpener:
     """Descriptors of folders below a scanned folder, for reading the files a walk found
     changed: opened one component at a time with O_NOFOLLOW (a folder swapped for a
@@ -535,8 +544,12 @@ class _FolderOpener:
 
 def _check_depth(prefix: str) -> None:
     if prefix.count("/") > MAX_DEPTH:
-        raise FailedPrecondition(f"{prefix[:120]}... is more than {MAX_DEPTH} folders deep;"
-                                 " worldline captures trees up to that depth")
+        raise _too_deep(prefix)
+
+
+def _too_deep(path: str) -> FailedPrecondition:
+    return FailedPrecondition(f"{path[:120]}... is more than {MAX_DEPTH} folders deep;"
+                              " worldline captures trees up to that depth")
 
 
 def _remove(dfd: int, name: str) -> None:

@@ -53,7 +53,8 @@ def signature(st: os.stat_result) -> bytes:
     return SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
 
 
-def _join(rel: str, name: str) -> str:
+def join_path(rel: str, name: str) -> str:
+    """A workspace path: ``name`` inside the folder at ``rel`` ("" is the root)."""
     return f"{rel}/{name}" if rel else name
 
 
@@ -101,14 +102,14 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                     reusable = False  # removed while we looked
                     continue
                 try:
-                    extra = visit(sub, _join(rel, name), entry_sig, depth + 1)
+                    extra = visit(sub, join_path(rel, name), entry_sig, depth + 1)
                 finally:
                     os.close(sub)
                 if not isinstance(extra, tuple):
                     reusable = False
             elif st_.S_ISREG(st.st_mode):
                 if reusable:
-                    known = files.get(_join(rel, name))
+                    known = files.get(join_path(rel, name))
                     reusable = known is not None and known[0] == entry_sig
             elif target is not None:
                 extra = target
