@@ -8,7 +8,7 @@ GEN    := proto/worldline/v1/worldline_pb2.py proto/worldline/v1/worldline_pb2.p
           proto/worldline/v1/worldline_pb2_grpc.py
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench soak proto proto-check lint docker clean
+.PHONY: install run test bench soak proto proto-check lint docker test-tools clean
 
 install: $(STAMP)
 
@@ -41,7 +41,11 @@ proto-check: install
 docker:
 	bash deploy/ensure-docker.sh
 
-test: install proto-check lint docker
+# What the tests use to act as an agent would (setfattr, setfacl, setcap, setpriv).
+test-tools:
+	bash deploy/ensure-test-tools.sh
+
+test: install proto-check lint docker test-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install docker

@@ -110,18 +110,32 @@ class Client:
 
     def restore(self, session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
                 dry_run: bool = False, expected_head: str | None = None,
-                operation_id: str | None = None) -> RestoreResult:
-        """With ``operation_id``, ``progress(operation_id)`` follows it from another thread."""
+                operation_id: str | None = None,
+                from_other_session: bool = False) -> RestoreResult:
+        """With ``operation_id``, ``progress(operation_id)`` follows it from another thread.
+        A checkpoint of another session's history restores only with
+        ``from_other_session``."""
         return RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
             session_id=session_id, checkpoint_id=checkpoint_id,
             acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
-            expected_head=expected_head or "", operation_id=operation_id or "")))
+            expected_head=expected_head or "", operation_id=operation_id or "",
+            from_other_session=from_other_session)))
+
+    def resolve_session(self, session_id: str, complete: bool) -> Session:
+        """An operator's decision on a session that needs attention: complete the
+        interrupted restore that was set aside, or abandon it."""
+        return Session.from_pb(self._call("ResolveSession", pb.ResolveSessionRequest(
+            session_id=session_id, complete=complete)), self)
 
     def fork(self, checkpoint_id: str, workspace: str | None = None,
-             name: str | None = None, operation_id: str | None = None) -> Session:
+             name: str | None = None, operation_id: str | None = None,
+             volumes: str | None = None) -> Session:
+        """``volumes``: "share" or "empty" for a container with mounts besides the
+        workspace (refused otherwise)."""
         m = self._call("Fork", pb.ForkRequest(checkpoint_id=checkpoint_id,
                                               workspace=workspace or "", name=name or "",
-                                              operation_id=operation_id or ""))
+                                              operation_id=operation_id or "",
+                                              volumes=volumes or ""))
         session = Session.from_pb(m.session, self)
         session.side_effects = [SideEffect.from_pb(s) for s in m.side_effects]
         return session

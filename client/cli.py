@@ -79,8 +79,12 @@ def cmd_session(c: Client, a, out: Output) -> int:
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions()]
         out.emit(sessions, lambda: _table(
-            [[s["id"], s["name"], s["head"], s["workspace"]] for s in sessions],
+            [[s["id"], s["name"], s["head"], s["workspace"]
+              + ("  [needs attention]" if s["needs_attention"] else "")] for s in sessions],
             ["ID", "NAME", "HEAD", "WORKSPACE"]))
+    elif a.session_cmd == "resolve":
+        s = c.resolve_session(a.id, complete=a.complete).to_dict()
+        out.emit(s, lambda: _session_human(s))
     else:
         s = c.get_session(a.id).to_dict()
         out.emit(s, lambda: _session_human(s))
@@ -147,11 +151,18 @@ def cmd_diff(c: Client, a, out: Output) -> int:
     def human() -> str:
         if a.patch:
             return d["patch"].rstrip("\n")
-        lines = [f"A {p}" for p in d["added"]] + [f"M {p}" for p in d["modified"]] + \
-                [f"D {p}" for p in d["deleted"]]
-        return "\n".join(sorted(lines, key=lambda s: s[2:])) or "(no differences)"
+        lines = _changes_human(d)
+        if d.get("container"):
+            lines += _changes_human(d["container"], "container:")
+        return "\n".join(lines) or "(no differences)"
     out.emit(d, human)
     return 0
+
+
+def _changes_human(d: dict, prefix: str = "") -> list[str]:
+    lines = [f"A {prefix}{p}" for p in d["added"]] + [f"M {prefix}{p}" for p in d["modified"]] \
+        + [f"D {prefix}{p}" for p in d["deleted"]]
+    return sorted(lines, key=lambda s: s[2:])
 
 
 def _followed(c: Client, a, call: Callable[[str | None], Any]) -> Any:
@@ -168,14 +179,21 @@ def _followed(c: Client, a, call: Callable[[str | None], Any]) -> Any:
 def cmd_restore(c: Client, a, out: Output) -> int:
     r = _followed(c, a, lambda op: c.restore(
         a.session, a.checkpoint, acknowledge_side_effects=a.yes, dry_run=a.dry_run,
-        operation_id=op)).to_dict()
+        operation_id=op, from_other_session=a.from_other_session)).to_dict()
 
     def human() -> str:
         verb = "would write" if a.dry_run else "wrote"
+        gone = "would remove" if a.dry_run else "removed"
         head = "" if a.dry_run else f"restored to {r['restored_from']}: new head" \
                                     f" {r['checkpoint']['id']}\n"
-        text = f"{head}{verb} {len(r['files_written'])} path(s), " \
-               f"{'would remove' if a.dry_run else 'removed'} {len(r['files_removed'])}"
+        text = f"{head}{verb} {len(r['files_written'])} path(s), {gone}" \
+               f" {len(r['files_removed'])}"
+        box = r.get("container")
+        if box is not None:
+            text += f"\ncontainer: {verb} {len(box['files_written'])} path(s), {gone}" \
+                    f" {len(box['files_removed'])}"
+        for warning in r.get("warnings", []):
+            text += f"\nwarning: {warning}"
         effects = _effects_human(r["side_effects"])
         return text + ("\n" + effects if effects else "")
     out.emit(r, human)
@@ -185,7 +203,7 @@ def cmd_restore(c: Client, a, out: Output) -> int:
 def cmd_fork(c: Client, a, out: Output) -> int:
     s = _followed(c, a, lambda op: c.fork(
         a.checkpoint, workspace=os.path.abspath(a.workspace) if a.workspace else None,
-        name=a.name, operation_id=op))
+        name=a.name, operation_id=op, volumes=a.volumes))
     d = s.to_dict()
     d["side_effects"] = [e.to_dict() for e in getattr(s, "side_effects", [])]
     out.emit(d, lambda: _session_human(d) + ("\n" + _effects_human(d["side_effects"])
@@ -351,6 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gc never removes a blob stored or reused more recently (default 600)")
     d.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect, through <socket>.shared (repeatable)")
+    d.add_argument("--max-file-bytes", type=_size, default="8G", metavar="SIZE",
+                   help="largest file captured, in data bytes (default 8G)")
+    d.add_argument("--max-file-size", type=_size, default="1T", metavar="SIZE",
+                   help="largest file captured, in logical size, holes included (default 1T)")
+    d.add_argument("--max-checkpoint-bytes", type=_size, default="16G", metavar="SIZE",
+                   help="most bytes of changed files one checkpoint reads (default 16G)")
+    d.add_argument("--min-free-bytes", type=_size, default="1G", metavar="SIZE",
+                   help="free space the data root keeps: checkpoints stop short of it"
+                        " (default 1G)")
     d.set_defaults(fn=None)
 
     comp = sub.add_parser("completion", help="print a shell completion script")
@@ -374,6 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_parser("list", parents=[common], help="list sessions")
     sh = ss.add_parser("show", parents=[common], help="show one session")
     sh.add_argument("id")
+    rs = ss.add_parser("resolve", parents=[common],
+                       help="decide on a session that needs attention (an interrupted"
+                            " restore set aside)")
+    rs.add_argument("id")
+    how = rs.add_mutually_exclusive_group(required=True)
+    how.add_argument("--complete", action="store_true",
+                     help="bring its layers to the restore's target, whatever they hold now")
+    how.add_argument("--abandon", action="store_true",
+                     help="leave its layers as they are; the next checkpoint records them")
 
     c = add("checkpoint", cmd_checkpoint, "record a checkpoint of a session's world")
     c.add_argument("session")
@@ -402,12 +438,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help="acknowledge non-idempotent side effects the restore cannot undo")
     r.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    r.add_argument("--from-other-session", action="store_true",
+                   help="the checkpoint belongs to another session's history: restore it"
+                        " here anyway")
     _progress_flag(r)
 
     f = add("fork", cmd_fork, "start a new session from a checkpoint")
     f.add_argument("checkpoint")
     f.add_argument("--workspace", help="folder for the fork (default: under the data root)")
     f.add_argument("--name")
+    f.add_argument("--volumes", choices=["share", "empty"],
+                   help="the container mounts volumes or folders besides the workspace:"
+                        " share them with the fork, or give the fork empty ones")
     _progress_flag(f)
 
     add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)"
@@ -520,6 +562,21 @@ complete -o default -F _worldline worldline
 '''
 
 
+def _size(text: str) -> int:
+    """A size: bytes, or a number with K, M, G or T (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.strip().upper().rstrip("IB") or "0", ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (like 512M or 8G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -530,10 +587,14 @@ def main(argv: list[str] | None = None) -> int:
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
     if args.command == "daemon":
+        from worldline.daemon.limits import Limits
         from worldline.daemon.main import run
+        limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
+                        args.min_free_bytes)
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
-                   set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format)
+                   set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
+                   limits)
     out = Output(getattr(args, "json", False))
     try:
         with Client(getattr(args, "address", None)) as client:

@@ -81,13 +81,14 @@ class CheckpointDetail(Checkpoint):
     messages: list = field(default_factory=list)
     state: dict = field(default_factory=dict)
     tasks: list[Task] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # recorded, never recreated
 
     @classmethod
     def from_pb(cls, m) -> CheckpointDetail:
         base = Checkpoint.from_pb(m.checkpoint)
         return cls(**{f.name: getattr(base, f.name) for f in fields(Checkpoint)},
                    messages=_json(m.messages_json) or [], state=_json(m.state_json) or {},
-                   tasks=[Task.from_pb(t) for t in m.tasks])
+                   tasks=[Task.from_pb(t) for t in m.tasks], skipped=list(m.skipped))
 
 
 @dataclass
@@ -106,19 +107,38 @@ class SideEffect(_Record):
 
 
 @dataclass
+class LayerRestore(_Record):
+    """What a restore wrote and removed in one layer (the container's)."""
+
+    files_written: list[str]
+    files_removed: list[str]
+
+    @classmethod
+    def from_pb(cls, m) -> LayerRestore:
+        return cls(sorted(list(m.added) + list(m.modified)), list(m.deleted))
+
+
+@dataclass
 class RestoreResult(_Record):
+    """Paths are workspace-relative; one that is not UTF-8 arrives escaped
+    (``worldline.client.paths.unescape`` gives its bytes back)."""
+
     checkpoint: Checkpoint | None
     restored_from: str
     files_written: list[str]
     files_removed: list[str]
     side_effects: list[SideEffect]
     dry_run: bool
+    container: LayerRestore | None = None  # None when the session has no container
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m) -> RestoreResult:
         return cls(Checkpoint.from_pb(m.checkpoint) if m.HasField("checkpoint") else None,
                    m.restored_from, list(m.files_written), list(m.files_removed),
-                   [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run)
+                   [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run,
+                   LayerRestore.from_pb(m.container) if m.HasField("container") else None,
+                   list(m.warnings))
 
 
 @dataclass
@@ -127,10 +147,14 @@ class Diff(_Record):
     modified: list[str]
     deleted: list[str]
     patch: str = ""
+    container: Diff | None = None  # the container layer's changes, when there is one
 
     @classmethod
     def from_pb(cls, m) -> Diff:
-        return cls(list(m.added), list(m.modified), list(m.deleted), m.patch)
+        box = m.container if m.HasField("container") else None
+        return cls(list(m.added), list(m.modified), list(m.deleted), m.patch,
+                   cls(list(box.added), list(box.modified), list(box.deleted))
+                   if box is not None else None)
 
 
 @dataclass
@@ -209,12 +233,13 @@ class Session(_Record):
     head: str
     forked_from: str | None
     created_at: str
+    needs_attention: str | None = None  # why an operator must look at it
     _client: Client | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_pb(cls, m, client: Client) -> Session:
         return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
-                   m.created_at, client)
+                   m.created_at, _opt(m.needs_attention), client)
 
     def checkpoint(self, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,
@@ -226,17 +251,18 @@ class Session(_Record):
         return cp
 
     def restore(self, checkpoint_id: str, acknowledge_side_effects: bool = False,
-                dry_run: bool = False) -> RestoreResult:
+                dry_run: bool = False, from_other_session: bool = False) -> RestoreResult:
         result = self._client.restore(self.id, checkpoint_id,
                                       acknowledge_side_effects=acknowledge_side_effects,
-                                      dry_run=dry_run)
+                                      dry_run=dry_run, from_other_session=from_other_session)
         if result.checkpoint is not None:
             self.head = result.checkpoint.id
         return result
 
     def fork(self, checkpoint_id: str, workspace: str | None = None,
-             name: str | None = None) -> Session:
-        return self._client.fork(checkpoint_id, workspace=workspace, name=name)
+             name: str | None = None, volumes: str | None = None) -> Session:
+        return self._client.fork(checkpoint_id, workspace=workspace, name=name,
+                                 volumes=volumes)
 
     def log(self) -> list[Checkpoint]:
         return self._client.log(self.id)

@@ -9,7 +9,8 @@
  *
  * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/trees.py), from
  * its (name, Entry) pairs sorted by name: json.dumps of [[name, codes[kind], mode, ref,
- * size], ...] with ensure_ascii and the separators "," and ":".
+ * size], ...] with ensure_ascii and the separators "," and ":"; an entry whose uid is
+ * not -1 (one with an owner) adds uid, gid, mtime and extra to its row.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -263,13 +264,18 @@ static PyObject *encode_tree(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *items, *codes;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyDict_Type, &codes))
         return NULL;
-    static PyObject *s_kind, *s_mode, *s_ref, *s_size;
+    static PyObject *s_kind, *s_mode, *s_ref, *s_size, *s_uid, *s_gid, *s_mtime, *s_extra;
     if (s_kind == NULL) {
         s_kind = PyUnicode_InternFromString("kind");
         s_mode = PyUnicode_InternFromString("mode");
         s_ref = PyUnicode_InternFromString("ref");
         s_size = PyUnicode_InternFromString("size");
-        if (!s_kind || !s_mode || !s_ref || !s_size)
+        s_uid = PyUnicode_InternFromString("uid");
+        s_gid = PyUnicode_InternFromString("gid");
+        s_mtime = PyUnicode_InternFromString("mtime");
+        s_extra = PyUnicode_InternFromString("extra");
+        if (!s_kind || !s_mode || !s_ref || !s_size || !s_uid || !s_gid || !s_mtime ||
+            !s_extra)
             return NULL;
     }
     out_t o = {0};
@@ -291,19 +297,31 @@ static PyObject *encode_tree(PyObject *Py_UNUSED(self), PyObject *args) {
                 PyErr_SetString(PyExc_KeyError, "an entry of an unknown kind");
             goto fail;
         }
-        PyObject *mode = PyObject_GetAttr(entry, s_mode);
-        PyObject *ref = mode ? PyObject_GetAttr(entry, s_ref) : NULL;
-        PyObject *size = ref ? PyObject_GetAttr(entry, s_size) : NULL;
-        int bad = size == NULL ||
-                  put(&o, i ? ",[" : "[", i ? 2 : 1) < 0 ||
-                  put_string(&o, PyTuple_GET_ITEM(item, 0)) < 0 || put(&o, ",", 1) < 0 ||
-                  put_string(&o, code) < 0 || put(&o, ",", 1) < 0 ||
-                  put_int(&o, mode) < 0 || put(&o, ",", 1) < 0 ||
-                  put_string(&o, ref) < 0 || put(&o, ",", 1) < 0 ||
-                  put_int(&o, size) < 0 || put(&o, "]", 1) < 0;
-        Py_XDECREF(mode);
-        Py_XDECREF(ref);
-        Py_XDECREF(size);
+        PyObject *fields[8] = {NULL};
+        PyObject *names[8] = {s_mode, s_ref, s_size, s_uid, s_gid, s_mtime, s_extra, NULL};
+        int bad = 0;
+        for (int f = 0; names[f] != NULL && !bad; f++)
+            bad = (fields[f] = PyObject_GetAttr(entry, names[f])) == NULL;
+        int owned = 0;
+        if (!bad) {
+            long uid = PyLong_AsLong(fields[3]);
+            bad = uid == -1 && PyErr_Occurred();
+            owned = uid != -1;
+        }
+        bad = bad || put(&o, i ? ",[" : "[", i ? 2 : 1) < 0 ||
+              put_string(&o, PyTuple_GET_ITEM(item, 0)) < 0 || put(&o, ",", 1) < 0 ||
+              put_string(&o, code) < 0 || put(&o, ",", 1) < 0 ||
+              put_int(&o, fields[0]) < 0 || put(&o, ",", 1) < 0 ||
+              put_string(&o, fields[1]) < 0 || put(&o, ",", 1) < 0 ||
+              put_int(&o, fields[2]) < 0;
+        if (!bad && owned)
+            bad = put(&o, ",", 1) < 0 || put_int(&o, fields[3]) < 0 || put(&o, ",", 1) < 0 ||
+                  put_int(&o, fields[4]) < 0 || put(&o, ",", 1) < 0 ||
+                  put_int(&o, fields[5]) < 0 || put(&o, ",", 1) < 0 ||
+                  put_string(&o, fields[6]) < 0;
+        bad = bad || put(&o, "]", 1) < 0;
+        for (int f = 0; f < 7; f++)
+            Py_XDECREF(fields[f]);
         if (bad)
             goto fail;
     }

@@ -17,11 +17,13 @@
  *
  * caches() returns (files, folders); it is called once the system calls are done, so
  * the stat cache may load meanwhile. files is the stat cache (path -> (signature,
- * digest)), folders the folder memos (path -> (signature, tree digest, size, kind));
- * paths start at prefix. A signature is the 36 bytes of struct.pack("=qqqQI", size,
- * mtime_ns, ctime_ns, ino, mode). A memo holds when the folder's own signature is the
- * memo's, every file in it matches the stat cache, every folder in it is held by its
- * memo, and it holds nothing but files, folders and symlinks. Such a folder gives no
+ * ref, extra, kind)), folders the folder memos (path -> (signature, tree digest, size,
+ * kind, extra));
+ * paths start at prefix. A signature is the 56 bytes of struct.pack("=qqqQIIIIq", size,
+ * mtime_ns, ctime_ns, ino, mode, uid, gid, nlink, blocks). A memo (a 5-tuple) holds
+ * when the folder's own signature is the memo's, every file and symlink in it matches
+ * the stat cache, every folder in it is held by its memo, no file in it has another
+ * hard link, and it holds nothing but files, folders and symlinks. Such a folder gives no
  * record: it is listed in reused as (relpath, wd) and its parent's entry carries the
  * memo.
  *
@@ -51,7 +53,7 @@
 #include <unistd.h>
 
 #define DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-#define SIG_LEN 36 /* a signature's bytes */
+#define SIG_LEN 56 /* a signature's bytes */
 
 typedef struct {
     mode_t st_mode;
@@ -59,6 +61,10 @@ typedef struct {
     long long mtime_ns, ctime_ns;
     ino_t st_ino;
     dev_t st_rdev;
+    uid_t st_uid;
+    gid_t st_gid;
+    nlink_t st_nlink;
+    blkcnt_t st_blocks;
 } meta_t;
 
 typedef struct {
@@ -202,6 +208,10 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
         it->st.ctime_ns = (long long)full.st_ctim.tv_sec * 1000000000LL + full.st_ctim.tv_nsec;
         it->st.st_ino = full.st_ino;
         it->st.st_rdev = full.st_rdev;
+        it->st.st_uid = full.st_uid;
+        it->st.st_gid = full.st_gid;
+        it->st.st_nlink = full.st_nlink;
+        it->st.st_blocks = full.st_blocks;
         it->name = l->used;
         memcpy(l->buf + l->used, name, len + 1);
         l->used += len + 1;
@@ -239,18 +249,27 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
     }
 }
 
-/* The 36 bytes of struct.pack("=qqqQI", size, mtime_ns, ctime_ns, ino, mode). */
+/* The 56 bytes of struct.pack("=qqqQIIIIq", size, mtime_ns, ctime_ns, ino, mode, uid,
+ * gid, nlink, blocks). */
 static void signature(const meta_t *st, char out[SIG_LEN]) {
     long long size = (long long)st->st_size;
     long long mtime = st->mtime_ns;
     long long ctime = st->ctime_ns;
     unsigned long long ino = (unsigned long long)st->st_ino;
     unsigned int mode = (unsigned int)st->st_mode;
+    unsigned int uid = (unsigned int)st->st_uid;
+    unsigned int gid = (unsigned int)st->st_gid;
+    unsigned int nlink = (unsigned int)st->st_nlink;
+    long long blocks = (long long)st->st_blocks;
     memcpy(out, &size, 8);
     memcpy(out + 8, &mtime, 8);
     memcpy(out + 16, &ctime, 8);
     memcpy(out + 24, &ino, 8);
     memcpy(out + 32, &mode, 4);
+    memcpy(out + 36, &uid, 4);
+    memcpy(out + 40, &gid, 4);
+    memcpy(out + 44, &nlink, 4);
+    memcpy(out + 48, &blocks, 8);
 }
 
 static void os_error(int err, const char *rel) {
@@ -449,7 +468,7 @@ static PyObject *build(walk_t *w, node_t *n) {
     PyObject *memo = PyDict_GetItemWithError(w->folders, rel_obj); /* borrowed */
     if (memo == NULL && PyErr_Occurred())
         goto done;
-    int reusable = memo != NULL && PyTuple_Check(memo) && PyTuple_GET_SIZE(memo) == 4 &&
+    int reusable = memo != NULL && PyTuple_Check(memo) && PyTuple_GET_SIZE(memo) == 5 &&
                    PyBytes_Check(PyTuple_GET_ITEM(memo, 0)) &&
                    PyBytes_GET_SIZE(PyTuple_GET_ITEM(memo, 0)) == SIG_LEN &&
                    memcmp(PyBytes_AS_STRING(PyTuple_GET_ITEM(memo, 0)), n->sig, SIG_LEN) == 0;
@@ -470,7 +489,9 @@ static PyObject *build(walk_t *w, node_t *n) {
                 if (!PyTuple_Check(child))
                     reusable = 0; /* the child folder changed */
             }
-        } else if (S_ISREG(it->st.st_mode)) {
+        } else if (S_ISREG(it->st.st_mode) || it->is_link) {
+            if (S_ISREG(it->st.st_mode) && it->st.st_nlink > 1)
+                reusable = 0; /* a hard link may change through a name outside the folder */
             if (reusable) {
                 char *path = join(n->rel, l->buf + it->name);
                 if (path == NULL) {
@@ -483,7 +504,7 @@ static PyObject *build(walk_t *w, node_t *n) {
                     goto done;
                 reusable = m;
             }
-        } else if (!it->is_link) {
+        } else {
             reusable = 0; /* anything but files, folders and symlinks is looked at again */
         }
         PyList_SET_ITEM(children, (Py_ssize_t)i, child ? child : Py_NewRef(Py_None));
@@ -575,7 +596,7 @@ static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     if (root_sig_len != SIG_LEN) {
         Py_XDECREF(prefix);
-        PyErr_SetString(PyExc_ValueError, "the root signature must be 36 bytes");
+        PyErr_SetString(PyExc_ValueError, "the root signature must be 56 bytes");
         return NULL;
     }
     w.mask = mask;

@@ -25,6 +25,8 @@ restore restarts the container's processes).
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import logging
 import os
 import threading
@@ -40,6 +42,26 @@ LABEL_CHECKPOINT = "io.worldline.checkpoint"
 LABEL_ROOT = "io.worldline.root"  # the data root that made it: daemons sharing an engine
                                   # clean up only their own
 DEFAULT_MOUNT = "/workspace"
+# The parts of a container's Config that say how it was created (the rest, such as
+# the attach flags' defaults, the engine fills in the same way again).
+_CONFIG_KEYS = ("Hostname", "Domainname", "User", "Env", "Cmd", "Entrypoint", "WorkingDir",
+                "Labels", "Tty", "OpenStdin", "StdinOnce", "ExposedPorts", "StopSignal",
+                "StopTimeout", "Healthcheck", "Image", "Volumes", "Shell", "NetworkDisabled",
+                "MacAddress", "ArgsEscaped", "OnBuild")
+
+
+def extra_mounts(spec: dict, workspace: str) -> list[str]:
+    """The mounts of a container spec other than the workspace, described for a person."""
+    out = []
+    for mount in spec.get("Mounts") or []:
+        kind, source = mount.get("Type"), mount.get("Source") or ""
+        if kind == "bind" and os.path.realpath(source) == workspace:
+            continue
+        if kind == "tmpfs":
+            continue  # empty at every start: nothing to share
+        what = f"volume {mount.get('Name')}" if kind == "volume" else f"{kind} {source}"
+        out.append(f"{what} at {mount.get('Destination') or mount.get('Target')}")
+    return out
 
 
 class Engine:
@@ -49,6 +71,7 @@ class Engine:
         self.base_url = base_url
         self.timeout = timeout
         self._api = None
+        self._root: str | None = None
         self._lock = threading.Lock()
 
     @property
@@ -89,6 +112,16 @@ class Engine:
         except (Unavailable, FailedPrecondition, NotFound):
             self._api = None
             return False
+
+    def data_root(self) -> str | None:
+        """The engine's data root (``DockerRootDir``), or None when it does not answer."""
+        if self._root is None:
+            try:
+                with self.errors():
+                    self._root = os.path.realpath(self.api.info().get("DockerRootDir") or "")
+            except (Unavailable, FailedPrecondition, NotFound):
+                return None
+        return self._root or None
 
     def inspect(self, container: str) -> dict:
         with self.errors(container):
@@ -155,29 +188,74 @@ class Engine:
                 stdin_open=True, working_dir=mount, host_config=host, detach=True)
             return created["Id"]
 
-    def create_like(self, template: dict, name: str, workspace_from: str, workspace_to: str,
-                    labels: dict[str, str]) -> str:
-        """A container with ``template``'s image and configuration, the bind mount of
-        ``workspace_from`` pointed at ``workspace_to``."""
-        config, host = template["Config"], template["HostConfig"]
+    def creation_spec(self, container: str) -> dict:
+        """What it takes to create this container again, identically: its ``Config`` and
+        ``HostConfig`` as ``docker inspect`` shows them (the engine takes them back as
+        they are), less what the engine fills in for each container, and its mounts."""
+        attrs = self.inspect(container)
+        config = {k: v for k, v in (attrs.get("Config") or {}).items() if k in _CONFIG_KEYS}
+        return {"Config": config, "HostConfig": dict(attrs.get("HostConfig") or {}),
+                "Mounts": attrs.get("Mounts") or []}
+
+    def create_from_spec(self, spec: dict, name: str, workspace_from: str, workspace_to: str,
+                         labels: dict[str, str], volumes: str = "") -> str:
+        """A container made from ``spec`` (``creation_spec``), the bind mount of
+        ``workspace_from`` pointed at ``workspace_to``. Other mounts are not part of the
+        world: with ``volumes`` "share" they are mounted as they were (a named volume is
+        then shared with the original), with "empty" each becomes a new empty anonymous
+        volume at the same place; otherwise a spec that has any is refused, naming them."""
+        foreign = extra_mounts(spec, workspace_from)
+        if foreign and volumes not in ("share", "empty"):
+            raise FailedPrecondition(
+                f"the container mounts {', '.join(foreign)} besides the workspace: they are"
+                " not part of the world; choose --volumes share (mount them as they are) or"
+                " --volumes empty (fresh empty volumes)")
+        config = copy.deepcopy(spec["Config"])
+        host = copy.deepcopy(spec["HostConfig"])
+        empty: dict[str, dict] = {}
         binds = []
         for bind in host.get("Binds") or []:
             src, _, rest = bind.partition(":")
-            binds.append(f"{workspace_to if os.path.realpath(src) == workspace_from else src}"
-                         f":{rest}" if rest else bind)
+            if os.path.isabs(src) and os.path.realpath(src) == workspace_from:
+                binds.append(f"{workspace_to}:{rest}")
+            elif volumes == "share":
+                binds.append(bind)
+            else:
+                empty[rest.partition(":")[0]] = {}
+        host["Binds"] = binds or None
+        mounts = []
+        for mount in host.get("Mounts") or []:
+            source = mount.get("Source") or ""
+            if mount.get("Type") == "bind" and os.path.realpath(source) == workspace_from:
+                mounts.append({**mount, "Source": workspace_to})
+            elif volumes == "share" or mount.get("Type") == "tmpfs":
+                mounts.append(mount)
+            else:
+                empty[mount.get("Target", "")] = {}
+        host["Mounts"] = mounts or None
+        if volumes != "share":
+            # Volumes the image declares get fresh anonymous ones unless shared.
+            config["Volumes"] = {**(config.get("Volumes") or {}), **empty} or None
+        for binding in (host.get("PortBindings") or {}).values():
+            for port in binding or []:
+                port["HostPort"] = ""  # the engine picks a free one: the original holds its own
+        config["Labels"] = {**(config.get("Labels") or {}), **labels}
+        config["HostConfig"] = host
         with self.errors():
-            host_config = self.api.create_host_config(
-                binds=binds or None, network_mode=host.get("NetworkMode") or None,
-                privileged=host.get("Privileged", False), cap_add=host.get("CapAdd"),
-                cap_drop=host.get("CapDrop"))
-            created = self.api.create_container(
-                config["Image"], command=config.get("Cmd"), name=name,
-                entrypoint=config.get("Entrypoint"), environment=config.get("Env"),
-                working_dir=config.get("WorkingDir") or None, user=config.get("User") or None,
-                tty=config.get("Tty", False), stdin_open=config.get("OpenStdin", False),
-                labels={**(config.get("Labels") or {}), **labels}, host_config=host_config,
-                detach=True)
-            return created["Id"]
+            created = self.api.post(self.api._url("/containers/create"),
+                                    params={"name": name},
+                                    data=json.dumps(config),
+                                    headers={"Content-Type": "application/json"})
+            return self.api._result(created, True)["Id"]
+
+    def create_like(self, template: dict, name: str, workspace_from: str, workspace_to: str,
+                    labels: dict[str, str], volumes: str = "share") -> str:
+        """A container with ``template``'s (``docker inspect``'s) configuration."""
+        config = {k: v for k, v in (template.get("Config") or {}).items() if k in _CONFIG_KEYS}
+        spec = {"Config": config, "HostConfig": dict(template.get("HostConfig") or {}),
+                "Mounts": template.get("Mounts") or []}
+        return self.create_from_spec(spec, name, workspace_from, workspace_to, labels,
+                                     volumes)
 
     def commit(self, container: str, repository: str, tag: str, labels: dict[str, str]) -> str:
         changes = [f'LABEL {k}="{v}"' for k, v in labels.items()]

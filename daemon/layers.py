@@ -5,11 +5,14 @@ layer: the container's writable layer, overlay2's upper folder. Each layer pairs
 snapshotter with the change tracker of its folder; the World checkpoints, restores
 and forks layers without caring which is which.
 
-The restore journal makes a restore all-or-nothing across a crash: before the
-first byte of any layer changes, the journal records the session, the target and
-the checkpoint id the restore will append; at the next start, every journal left
-behind is completed (the layers brought to the target, the checkpoint appended)
-or, when its checkpoint was already recorded, simply removed.
+The restore journal makes a restore all-or-nothing across a crash: once the restore
+is planned (and before the first byte of any layer changes), the journal records the
+session, the target, the checkpoint id the restore will append, and every path it
+will change in each layer, as it is and as it will be. At the next start (or the
+session's next operation), an entry left behind is completed only if the layers are
+still as the restore left it; if anything else changed since, or a layer is gone,
+the entry is set aside and the session marked ``needs_attention`` for an operator
+(``World.resolve``). An entry whose checkpoint was already recorded is removed.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class Layer:
         """The capture is recorded: the stat cache learns it, the tracker starts from it."""
         self.snap.commit(capture)
         self.now_equals(capture.root)
+        if self.tracker is not None:
+            self.tracker.linked = set(capture.links)
 
     def now_equals(self, tree: str) -> None:
         """The folder is now ``tree`` plus whatever the tracker has seen since."""
@@ -78,7 +83,8 @@ class RestoreJournal:
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.aside = os.path.join(folder, "set-aside")
+        os.makedirs(self.aside, mode=0o700, exist_ok=True)
 
     def _path(self, session_id: str) -> str:
         return os.path.join(self.folder, f"{session_id}.json")
@@ -110,13 +116,42 @@ class RestoreJournal:
         except FileNotFoundError:
             return None
 
+    def set_aside(self, session_id: str) -> None:
+        """Keep the entry for an operator (``World.resolve``), out of the way of starts."""
+        try:
+            os.replace(self._path(session_id), os.path.join(self.aside, f"{session_id}.json"))
+        except FileNotFoundError:
+            pass
+
+    def get_set_aside(self, session_id: str) -> dict | None:
+        try:
+            with open(os.path.join(self.aside, f"{session_id}.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def drop_set_aside(self, session_id: str) -> None:
+        try:
+            os.unlink(os.path.join(self.aside, f"{session_id}.json"))
+        except FileNotFoundError:
+            pass
+
     def entries(self) -> list[dict]:
+        """Every entry of a restore under way; one that cannot be read is set aside."""
         out = []
         for name in sorted(os.listdir(self.folder)):
             path = os.path.join(self.folder, name)
             if name.endswith(".tmp"):
                 os.unlink(path)  # never completed: the restore had not begun
                 continue
-            with open(path) as f:
-                out.append(json.load(f))
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(path) as f:
+                    entry = json.load(f)
+                if not isinstance(entry, dict) or "session" not in entry:
+                    raise ValueError("not a journal entry")
+                out.append(entry)
+            except (OSError, ValueError):
+                os.replace(path, os.path.join(self.aside, name))
         return out

@@ -36,6 +36,7 @@ from .gates import Gates
 from .graph_server import GraphsServicer
 from .graph_store import SqliteGraphStore
 from .graphs import Graphs
+from .limits import Limits
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
@@ -84,8 +85,9 @@ class Daemon:
                  overlay_forks: bool = True, tls_cert: str | None = None,
                  tls_key: str | None = None, token_file: str | None = None,
                  allow_uids: set[int] | None = None, gc_grace: float = 600.0,
-                 metrics_listen: str | None = None) -> None:
+                 metrics_listen: str | None = None, limits: Limits | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.limits = limits or Limits()
         self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
         self.tls_cert, self.tls_key, self.token_file = tls_cert, tls_key, token_file
@@ -151,7 +153,7 @@ class Daemon:
         if not self.overlay_forks:
             views.enabled = False
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
-                           self.engine, views)
+                           self.engine, views, self.limits)
         for line in views.remount_all():
             log.warning("forks: %s", line)
         self.world.recover()
@@ -295,23 +297,34 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         track: bool = True, max_watches: int = 1 << 20, overlay_forks: bool = True,
         tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
         allow_uids: set[int] | None = None, gc_grace: float = 600.0,
-        metrics_listen: str | None = None, log_format: str = "text") -> int:
+        metrics_listen: str | None = None, log_format: str = "text",
+        limits: Limits | None = None) -> int:
     _configure_logging(log_format == "json")
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
-                    tls_key, token_file, allow_uids, gc_grace, metrics_listen)
+                    tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits)
+    # A signal handler takes no lock: it writes a byte to a pipe the main thread reads.
+    # (Setting a threading.Event from a handler deadlocks when the signal lands while
+    # the main thread holds the Event's lock in wait(): two SIGTERMs in a row did.)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(wake_r, True)
+
+    def on_signal(*_) -> None:
+        try:
+            os.write(wake_w, b"x")
+        except OSError:
+            pass  # the pipe is full: a stop is already under way
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:
         message = exc.message if isinstance(exc, WorldlineError) else str(exc)
         print(f"error: {message}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     print(f"worldline daemon listening on {listen}", file=sys.stderr, flush=True)
-    stop.wait()
-    daemon.stop()
+    os.read(wake_r, 1)
+    daemon.stop(grace=5.0)
     return 0

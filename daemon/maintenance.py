@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 
 from worldline.client.errors import DataLoss, NotFound
 
-from . import ids, progress
+from . import ids, progress, sparse
 from .containers import LABEL_CHECKPOINT, LABEL_ROOT
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
+from .trees import FILE, SPARSE
 from .world import World
 
 GC_GRACE_SECONDS = 600.0
@@ -98,11 +99,22 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
                 raise
             problems.append(f"{where}: tree {digest}: {exc.message}")
             continue
+        links = tree.own.extras().get("links") if tree.own is not None else None
+        if links:
+            seen.add(links)  # the layer's hard-link groups
         for entry in tree.values():
             if entry.is_folder:
                 stack.append(entry.ref)
-            elif entry.kind == "file":
+            elif entry.kind == FILE:
                 seen.add(entry.ref)
+            elif entry.kind == SPARSE:
+                seen.add(entry.ref)  # the extent map, and the pieces it names
+                try:
+                    seen.update(sparse.pieces(world.blobs, entry.ref))
+                except (NotFound, DataLoss) as exc:
+                    if problems is None:
+                        raise
+                    problems.append(f"{where}: extent map {entry.ref}: {exc.message}")
 
 
 def fsck(world: World, repair: bool = False) -> FsckReport:

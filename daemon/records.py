@@ -23,6 +23,10 @@ class Session:
     head: str
     forked_from: str | None
     created_at: str
+    # What the session's world is made of, recorded when it is created (JSON): each
+    # layer root's identity (st_dev, st_ino) and the container's creation spec.
+    spec: str = "{}"
+    needs_attention: str | None = None  # why an operator must look at it, or None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import logging
 
 import grpc
 from worldline.client.errors import InvalidArgument, WorldlineError
+from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
@@ -56,7 +57,19 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
 def session_pb(s: Session) -> pb.Session:
     return pb.Session(id=s.id, name=s.name, workspace=s.workspace, container=s.container or "",
-                      head=s.head, forked_from=s.forked_from or "", created_at=s.created_at)
+                      head=s.head, forked_from=s.forked_from or "", created_at=s.created_at,
+                      needs_attention=s.needs_attention or "")
+
+
+def paths_pb(paths: list[str]) -> list[str]:
+    return [escape(p) for p in paths]
+
+
+def layer_changes_pb(changes) -> pb.LayerChanges | None:
+    if changes is None:
+        return None
+    return pb.LayerChanges(added=paths_pb(changes.added), modified=paths_pb(changes.modified),
+                           deleted=paths_pb(changes.deleted))
 
 
 def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
@@ -122,6 +135,9 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return pb.ListSessionsResponse(
             sessions=[session_pb(s) for s in self.world.store.list_sessions()])
 
+    def ResolveSession(self, r, context):
+        return session_pb(self.world.resolve(r.session_id, r.complete))
+
     # checkpoints
     def CreateCheckpoint(self, r, context):
         return checkpoint_pb(self.world.checkpoint(
@@ -135,7 +151,7 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             checkpoint=checkpoint_pb(view.checkpoint),
             messages_json=json.dumps(view.messages, ensure_ascii=False),
             state_json=json.dumps(view.state, ensure_ascii=False),
-            tasks=[task_pb(t) for t in view.tasks])
+            tasks=[task_pb(t) for t in view.tasks], skipped=paths_pb(view.skipped))
 
     def ListCheckpoints(self, r, context):
         self.world.session(r.session_id)
@@ -143,25 +159,29 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             checkpoint_pb(c) for c in self.world.store.list_checkpoints(r.session_id)])
 
     def Diff(self, r, context):
-        changes, patch = self.world.diff(r.from_id, r.to_id, r.patch)
-        return pb.DiffResponse(added=changes.added, modified=changes.modified,
-                               deleted=changes.deleted, patch=patch)
+        changes, box, patch = self.world.diff(r.from_id, r.to_id, r.patch)
+        return pb.DiffResponse(added=paths_pb(changes.added),
+                               modified=paths_pb(changes.modified),
+                               deleted=paths_pb(changes.deleted), patch=patch,
+                               container=layer_changes_pb(box))
 
     def Restore(self, r, context):
         with self.progress.run(r.operation_id):
             result = self.world.restore(r.session_id, r.checkpoint_id,
                                         acknowledge=r.acknowledge_side_effects,
-                                        dry_run=r.dry_run, expected_head=r.expected_head)
+                                        dry_run=r.dry_run, expected_head=r.expected_head,
+                                        from_other_session=r.from_other_session)
         return pb.RestoreResponse(
             checkpoint=checkpoint_pb(result.checkpoint) if result.checkpoint else None,
-            restored_from=result.restored_from, files_written=result.files_written,
-            files_removed=result.files_removed,
+            restored_from=result.restored_from, files_written=paths_pb(result.files_written),
+            files_removed=paths_pb(result.files_removed),
             side_effects=[side_effect_pb(c) for c in result.side_effects],
-            dry_run=result.dry_run)
+            dry_run=result.dry_run, container=layer_changes_pb(result.container),
+            warnings=[escape(w) for w in result.warnings])
 
     def Fork(self, r, context):
         with self.progress.run(r.operation_id):
-            result = self.world.fork(r.checkpoint_id, r.workspace, r.name)
+            result = self.world.fork(r.checkpoint_id, r.workspace, r.name, r.volumes)
         return pb.ForkResponse(session=session_pb(result.session),
                                side_effects=[side_effect_pb(c) for c in result.side_effects])
 

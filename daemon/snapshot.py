@@ -29,8 +29,8 @@ import concurrent.futures
 import contextlib
 import errno
 import hashlib
+import json
 import logging
-import operator
 import os
 import shutil
 import stat as st_
@@ -39,14 +39,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument
+from worldline.client.errors import FailedPrecondition
 
-from . import progress
+from . import sparse
 from .blobs import CHUNK, BlobStore, digest_of
-from .faults import crash_point
-from .statcache import Memo, Signature, StatCache, is_racy, is_racy_signature
+from .fsmeta import at, entry_of, read_xattrs
+from .limits import Budget, Limits
+from .statcache import Memo, StatCache, is_racy, is_racy_signature
 from .tracker import TEMP_PREFIX, Changes
-from .trees import DIR, FILE, OPAQUE, SYMLINK, WHITEOUT, Entry, TreeReader, check_name, encode
+from .trees import (
+    BLOCK,
+    CHAR,
+    DIR,
+    FIFO,
+    FILE,
+    OPAQUE,
+    SOCKET,
+    SPARSE,
+    SYMLINK,
+    WHITEOUT,
+    Entry,
+    Tree,
+    TreeReader,
+    check_name,
+    encode,
+    make_extra,
+)
 from .walk import OPAQUE_XATTR, SIG, join_path, signature, walk
 
 log = logging.getLogger(__name__)
@@ -61,20 +79,21 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 class Capture:
     root: str
     bytes: int
-    trees: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    trees: dict[str, Tree] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    seen: dict[str, tuple[Signature, str]] = field(default_factory=dict)
+    seen: dict[str, tuple] = field(default_factory=dict)  # stat cache entries learnt
     persisted: bool = True
     full: bool = True  # every file was examined (not just a tracker's changes)
     memos: dict[str, Memo | None] = field(default_factory=dict)  # folder memos (None: drop)
     reused: set[str] = field(default_factory=set)  # folders whose memo held
+    links: dict[str, int] = field(default_factory=dict)  # files with hard links: inode
 
 
 class Snapshotter(Protocol):
     def capture(self, persist: bool = True, changes: Changes | None = None,
                 base: str | None = None) -> Capture: ...
 
-    def apply(self, current: Capture, target_root: str) -> None: ...
+    def apply(self, current: Capture, target_root: str) -> list[str]: ...
 
     def commit(self, capture: Capture) -> None: ...
 
@@ -89,50 +108,70 @@ class Watcher(Protocol):
 
 
 class _Scan:
-    def __init__(self, persist: bool, watcher: Watcher | None = None) -> None:
+    def __init__(self, persist: bool, watcher: Watcher | None, budget: Budget | None,
+                 root_fd: int) -> None:
         self.persist = persist
         self.watcher = watcher  # a full scan watches every folder before listing it
-        self.trees: dict[str, dict[str, Entry]] = {}
+        self.budget = budget
+        self.root_fd = root_fd
+        self.trees: dict[str, Tree] = {}
         self.warnings: list[str] = []
-        self.seen: dict[str, tuple[Signature, str]] = {}
+        self.seen: dict[str, tuple] = {}
         self.deferred: list[bytes] = []  # a full scan's trees, stored together at its end
         self.memos: dict[str, Memo | None] = {}
         self.reused: set[str] = set()
+        self.links: dict[str, int] = {}  # path -> inode of every file with other links
 
 
 class WorkspaceSnapshotter:
-    """A workspace directory, read and written only through folder descriptors."""
+    """A layer's folder, read and written only through folder descriptors."""
 
     def __init__(self, path: str, blobs: BlobStore, trees: TreeReader,
                  stat_cache: StatCache, watcher: Watcher | None = None,
-                 overlay: bool = False) -> None:
+                 overlay: bool = False, limits: Limits | None = None,
+                 data_root: str | None = None) -> None:
         self.path = path
         self.blobs = blobs
         self.trees = trees
         self.stat_cache = stat_cache
         self.watcher = watcher  # a change tracker: full scans watch what they read
         # An overlay upper folder: whiteouts (0/0 character devices) and opaque folders
-        # (trusted.overlay.opaque=y) are recorded and written back, not skipped.
+        # (trusted.overlay.opaque=y) are recorded and written back, device nodes too.
         self.overlay = overlay
+        self.limits = limits
+        self.data_root = data_root
+        self.opener: Callable[[], int] | None = None  # opens the root (World: by identity)
 
     # -- capture ---------------------------------------------------------------
     def capture(self, persist: bool = True, changes: Changes | None = None,
                 base: str | None = None) -> Capture:
         full = changes is None or changes.full or base is None
-        scan = _Scan(persist, self.watcher if full else None)
+        budget = (self.limits.budget(self.data_root if persist else None)
+                  if self.limits is not None else None)
         root_fd = self._open_root()
         try:
-            if full:
-                root, size, _ = self._scan_tree(root_fd, "", scan, self._caches())
-            else:
-                root, size = self._update_dir(root_fd, "", base, _trie(changes), scan,
-                                              self.stat_cache.entries(self.path))
+            scan = self._capture(root_fd, persist, changes, base, full, budget)
+            if not full and any(p not in changes.linked for p in scan.links):
+                # A new hard link: its other names may be anywhere, only a full scan
+                # finds them all.
+                full = True
+                scan = self._capture(root_fd, persist, None, None, True, budget)
         finally:
             os.close(root_fd)
         if scan.deferred:
             self.blobs.put_many(scan.deferred)
-        return Capture(root, size, scan.trees, scan.warnings, scan.seen, persist, full,
-                       scan.memos, scan.reused)
+        return Capture(scan.root, scan.size, scan.trees, scan.warnings, scan.seen, persist,
+                       full, scan.memos, scan.reused, scan.links)
+
+    def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
+                 base: str | None, full: bool, budget: Budget | None) -> _Scan:
+        scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
+        if full:
+            scan.root, scan.size, _, _ = self._scan_tree(root_fd, "", scan, self._caches())
+        else:
+            scan.root, scan.size = self._update_dir(root_fd, "", base, _trie(changes), scan,
+                                                    self.stat_cache.entries(self.path))
+        return scan
 
     def commit(self, capture: Capture) -> None:
         if not capture.persisted:
@@ -156,6 +195,8 @@ class WorkspaceSnapshotter:
             log.warning("stat cache of %s not updated: %s", self.path, exc)
 
     def _open_root(self) -> int:
+        if self.opener is not None:
+            return self.opener()
         try:
             return os.open(self.path, _DIR_FLAGS)
         except FileNotFoundError:
@@ -186,11 +227,11 @@ class WorkspaceSnapshotter:
         return loading.result
 
     def _scan_tree(self, dfd: int, prefix: str, scan: _Scan,
-                   caches: Callable[[], tuple[dict, dict]]) -> tuple[str, int, str]:
+                   caches: Callable[[], tuple[dict, dict]]) -> tuple[str, int, str, str]:
         """A full scan of the folder open at ``dfd`` (``prefix`` is its path, "" for the
         root): one walk (walk.py) lists, stats and watches everything, skipping the
         folders whose memo holds; the rest are rebuilt here, children first. Returns
-        the folder's tree digest, its size and its kind."""
+        the folder's tree digest, its size, its kind and its extras (xattrs)."""
         depth = prefix.count("/") + 1 if prefix else 0
         root_sig = signature(os.fstat(dfd))
         watching = (scan.watcher.scanning() if scan.watcher is not None
@@ -205,62 +246,64 @@ class WorkspaceSnapshotter:
                 register([(r[0], r[1]) for r in records] + reused)
         scan.reused.update(rel for rel, _ in reused)
         cache = caches()[0]
-        built: list[tuple[str, int, str, bool]] = []
+        built: list[tuple[str, int, str, bool, str]] = []
         with _FolderOpener(dfd, prefix) as opener:
             for record in records:
                 built.append(self._build_folder(record, built, opener, scan, cache))
         if not isinstance(root, int):
-            return root[1], root[2], root[3]
-        digest, size, kind, clean = built[root]
+            return root[1], root[2], root[3], root[4]
+        digest, size, kind, clean, extra = built[root]
         if scan.persist:
-            scan.memos[prefix] = ((root_sig, digest, size, kind)
+            scan.memos[prefix] = ((root_sig, digest, size, kind, extra)
                                   if clean and not is_racy_signature(root_sig) else None)
-        return digest, size, kind
+        return digest, size, kind, extra
 
     def _build_folder(self, record, built: list, opener: "_FolderOpener", scan: _Scan,
-                      cache) -> tuple[str, int, str, bool]:
-        """One folder of a walk whose memo did not hold: its tree, size, kind, and whether
-        a memo may be written for it (everything in it was cached, nothing racy)."""
+                      cache) -> tuple[str, int, str, bool, str]:
+        """One folder of a walk whose memo did not hold: its tree, size, kind, whether a
+        memo may be written for it (everything in it was cached, nothing racy), and its
+        own extras (the folder's xattrs, for its parent's entry)."""
         rel, _wd, opaque, entries = record
-        tree: dict[str, Entry] = {}
+        folder = opener.open(rel)
+        if folder is None:  # gone since the walk listed it: the tracker saw that
+            return self._store_tree(Tree(), scan, rel=rel), 0, DIR, False, ""
+        tree = Tree()
         total = 0
         clean = True
         for name, sig, extra in entries:
             if name.startswith(TEMP_PREFIX):
                 continue
             path = join_path(rel, name)
-            size, _, _, _, mode = SIG.unpack(sig)
+            fields = SIG.unpack(sig)
+            mode = fields[4]
             if st_.S_ISDIR(mode):
                 if isinstance(extra, int):
-                    digest, sub_size, kind, sub_clean = built[extra]
-                    memo = (sig, digest, sub_size, kind)
+                    digest, sub_size, kind, sub_clean, sub_extra = built[extra]
+                    memo = (sig, digest, sub_size, kind, sub_extra)
                     if not sub_clean or is_racy_signature(sig):
                         memo, clean = None, False
                     if scan.persist:
                         scan.memos[path] = memo
                 else:
-                    _, digest, sub_size, kind = extra
-                tree[name] = Entry(kind, st_.S_IMODE(mode), digest, sub_size)
-                total += sub_size
-            elif st_.S_ISLNK(mode):
-                tree[name] = Entry(SYMLINK, 0, extra)
-            elif st_.S_ISREG(mode):
-                entry = _cached_file(path, sig, scan, cache)
-                if entry is None:  # changed: open its folder (only now) and read it
-                    folder = opener.open(rel)
-                    entry = None if folder is None else self._read_file(
-                        folder, name, path, scan, cache)
+                    _, digest, sub_size, kind, sub_extra = extra
+                entry = Entry(kind, st_.S_IMODE(mode), digest, sub_size, fields[5],
+                              fields[6], fields[1], sub_extra)
+            elif st_.S_ISREG(mode) or st_.S_ISLNK(mode):
+                entry = _cached_file(path, sig, fields, scan, cache)
+                if entry is None:  # changed, or never seen: read it
+                    entry = (self._read_file(folder, name, path, scan, cache)
+                             if st_.S_ISREG(mode) else
+                             self._read_symlink(folder, name, path, extra, fields, scan))
                     clean = clean and path in scan.seen
-                if entry is not None:
-                    tree[name] = entry
-                    total += entry.size
-            elif self._is_whiteout(mode, extra):
-                tree[name] = Entry(WHITEOUT, 0, "")
-                clean = False
             else:
-                scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+                entry = self._special(folder, name, path, fields, extra, scan)
                 clean = False
-        return self._store_tree(tree, scan), total, OPAQUE if opaque else DIR, clean
+            if entry is not None:
+                tree[name] = entry
+                total += entry.size if entry.kind != SOCKET else 0
+        own_extra = make_extra(read_xattrs(folder)) if rel else ""
+        return (self._store_tree(tree, scan, rel=rel), total, OPAQUE if opaque else DIR,
+                clean, own_extra)
 
     def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
                     cache) -> tuple[str, int]:
@@ -269,7 +312,7 @@ class WorkspaceSnapshotter:
         _check_depth(prefix)
         if scan.persist:
             scan.memos[prefix.rstrip("/")] = None
-        tree = dict(self.trees.read(base))
+        tree = Tree(self.trees.read(base))
         for name, child in node.items():
             if name == _RESCAN or name.startswith(TEMP_PREFIX):
                 continue
@@ -281,37 +324,65 @@ class WorkspaceSnapshotter:
                 if st_.S_ISDIR(mode):
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
+                        st = os.fstat(sub)  # the folder opened, not the name stat'ed
                         if child.get(_RESCAN) or old is None or not old.is_folder:
-                            digest, size, kind = self._scan_tree(
+                            digest, size, kind, extra = self._scan_tree(
                                 sub, path, scan,
                                 lambda: (cache, self.stat_cache.folders(self.path)))
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)
                             kind = self._folder_kind(sub)
+                            extra = make_extra(read_xattrs(sub))
                     finally:
                         os.close(sub)
-                    tree[name] = Entry(kind, st_.S_IMODE(mode), digest, size)
-                elif st_.S_ISLNK(mode):
-                    tree[name] = Entry(SYMLINK, 0, os.readlink(name, dir_fd=dfd))
-                elif st_.S_ISREG(mode):
-                    entry = self._scan_file(dfd, name, path, signature(st), scan, cache)
+                    tree[name] = Entry(kind, st_.S_IMODE(st.st_mode), digest, size,
+                                       st.st_uid, st.st_gid, st.st_mtime_ns, extra)
+                    continue
+                sig = signature(st)
+                fields = SIG.unpack(sig)
+                if st_.S_ISREG(mode) or st_.S_ISLNK(mode):
+                    entry = _cached_file(path, sig, fields, scan, cache)
                     if entry is None:
-                        tree.pop(name, None)
-                    else:
-                        tree[name] = entry
-                elif self._is_whiteout(mode, st.st_rdev):
-                    tree[name] = Entry(WHITEOUT, 0, "")
+                        entry = (self._read_file(dfd, name, path, scan, cache)
+                                 if st_.S_ISREG(mode) else self._read_symlink(
+                                     dfd, name, path, os.readlink(name, dir_fd=dfd), fields,
+                                     scan))
                 else:
-                    scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
+                    entry = self._special(dfd, name, path, fields, st.st_rdev, scan)
+                if entry is None:
                     tree.pop(name, None)
+                else:
+                    tree[name] = entry
             except (FileNotFoundError, NotADirectoryError):
                 tree.pop(name, None)  # gone, or replaced while we looked
-        total = sum(map(_SIZE, tree.values()))
-        return self._store_tree(tree, scan, base), total
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                tree.pop(name, None)  # a folder swapped for a symlink while we looked
+        total = sum(e.size for e in tree.values() if e.kind != SOCKET)
+        return self._store_tree(tree, scan, base, rel=prefix.rstrip("/")), total
 
-    def _is_whiteout(self, mode: int, rdev) -> bool:
-        return self.overlay and st_.S_ISCHR(mode) and rdev == 0
+    def _special(self, dfd: int, name: str, path: str, fields: tuple, rdev, scan: _Scan
+                 ) -> Entry | None:
+        """A FIFO, device node, whiteout or socket (never opened: opening acts on them)."""
+        mode = fields[4]
+        if self.overlay and st_.S_ISCHR(mode) and rdev == 0:
+            return Entry(WHITEOUT, 0, "")
+        xattrs = read_xattrs(at(dfd, name))
+        if st_.S_ISFIFO(mode):
+            return entry_of(FIFO, fields, xattrs=xattrs)
+        if st_.S_ISCHR(mode) or st_.S_ISBLK(mode):
+            if not self.overlay:
+                scan.warnings.append(f"{path}: a device node in a workspace is recorded,"
+                                     " never recreated")
+            return entry_of(CHAR if st_.S_ISCHR(mode) else BLOCK, fields, xattrs=xattrs,
+                            rdev=int(rdev or 0))
+        if st_.S_ISSOCK(mode):
+            scan.warnings.append(f"skipped {path}: a socket is recorded, never recreated")
+            return entry_of(SOCKET, fields)
+        scan.warnings.append(f"skipped {path}: not a kind of file worldline knows")
+        return None
 
     def _folder_kind(self, fd: int) -> str:
         if not self.overlay:
@@ -321,11 +392,13 @@ class WorkspaceSnapshotter:
         except OSError:
             return DIR
 
-    def _scan_file(self, dfd: int, name: str, path: str, sig: Signature, scan: _Scan,
-                   cache) -> Entry | None:
-        """A file whose signature (taken by the caller) may not be the cached one."""
-        return _cached_file(path, sig, scan, cache) or self._read_file(dfd, name, path, scan,
-                                                                         cache)
+    def _read_symlink(self, dfd: int, name: str, path: str, target: str, fields: tuple,
+                      scan: _Scan) -> Entry:
+        entry = entry_of(SYMLINK, fields, target, xattrs=read_xattrs(at(dfd, name)))
+        sig = SIG.pack(*fields)
+        if not is_racy_signature(sig):
+            scan.seen[path] = (sig, target, entry.extra, SYMLINK)
+        return entry
 
     def _read_file(self, dfd: int, name: str, path: str, scan: _Scan, cache) -> Entry | None:
         """Read and store a file the stat cache could not vouch for."""
@@ -334,19 +407,38 @@ class WorkspaceSnapshotter:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except FileNotFoundError:
             return None  # removed since it was listed
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None  # swapped for a symlink: its event brings it to the next one
+            raise
         try:
             before = os.fstat(fd)
             if not st_.S_ISREG(before.st_mode):
                 scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
                 return None
-            digest, size = self._read_content(fd, before.st_size, scan.persist,
-                                              known[1] if known is not None else None)
+            holey = sparse.is_sparse(before)
+            if scan.budget is not None:
+                scan.budget.check_file(path, before, min(before.st_blocks * 512,
+                                                         before.st_size)
+                                       if holey else before.st_size)
+            if holey:
+                kind = SPARSE
+                ref, _ = sparse.capture(fd, before.st_size, self.blobs, scan.persist)
+                size = before.st_size
+            else:
+                kind = FILE
+                ref, size = self._read_content(fd, before.st_size, scan.persist,
+                                               known[1] if known is not None else None)
+            xattrs = read_xattrs(fd)
             after = os.fstat(fd)
         finally:
             os.close(fd)
+        entry = entry_of(kind, after, ref, size, xattrs)
+        if after.st_nlink > 1:
+            scan.links[path] = after.st_ino
         if signature(before) == signature(after) and not is_racy(after):
-            scan.seen[path] = (signature(after), digest)
-        return Entry(FILE, st_.S_IMODE(after.st_mode), digest, size)
+            scan.seen[path] = (signature(after), ref, entry.extra, kind)
+        return entry
 
     def _read_content(self, fd: int, size_hint: int, persist: bool,
                       previous: str | None) -> tuple[str, int]:
@@ -367,10 +459,15 @@ class WorkspaceSnapshotter:
             size += len(chunk)
         return hasher.hexdigest(), size
 
-    def _store_tree(self, tree: dict[str, Entry], scan: _Scan, base: str | None = None) -> str:
+    def _store_tree(self, tree: Tree, scan: _Scan, base: str | None = None,
+                    rel: str | None = None) -> str:
         """Store a folder's tree; ``base``, its previous tree, may serve as a delta base.
-        A full scan's trees (no base) are stored together when it ends: nearly all are
-        stored already, and one question for many is cheaper than one each."""
+        The layer's root tree (``rel == ""``) carries the root folder's own entry and the
+        layer's hard-link groups. A full scan's trees (no base) are stored together
+        when it ends: nearly all are stored already, and one question for many is
+        cheaper than one each."""
+        if rel == "":
+            tree.own = self._root_entry(scan)
         data = encode(tree)
         if scan.persist and base is None:
             digest = digest_of(data)
@@ -384,6 +481,16 @@ class WorkspaceSnapshotter:
             scan.trees[digest] = tree
         return digest
 
+    def _root_entry(self, scan: _Scan) -> Entry:
+        """The root folder's own entry; its extras name the layer's hard-link groups."""
+        groups = link_groups(scan.links)
+        links = ""
+        if groups:
+            body = json.dumps(groups, separators=(",", ":")).encode()
+            links = self.blobs.put_bytes(body) if scan.persist else digest_of(body)
+        st = os.fstat(scan.root_fd)
+        return entry_of(DIR, st, xattrs=read_xattrs(scan.root_fd), links=links)
+
     def remove_leftovers(self) -> list[str]:
         """Remove the temporary files a write aside left behind when the daemon died
         between writing and renaming (captures never see them, so a restore would not
@@ -391,112 +498,67 @@ class WorkspaceSnapshotter:
         removed: list[str] = []
         root_fd = self._open_root()
         try:
-            self._remove_leftovers(root_fd, "", removed)
+            stack = [(root_fd, "")]
+            while stack:  # no recursion on a tree the agent shapes
+                dfd, prefix = stack.pop()
+                try:
+                    _check_depth(prefix)
+                    for de in list(os.scandir(dfd)):
+                        if de.name.startswith(TEMP_PREFIX):
+                            _remove(dfd, de.name)
+                            removed.append(prefix + de.name)
+                        elif de.is_dir(follow_symlinks=False):
+                            try:
+                                stack.append((os.open(de.name, _DIR_FLAGS, dir_fd=dfd),
+                                              f"{prefix}{de.name}/"))
+                            except (FileNotFoundError, NotADirectoryError):
+                                continue
+                finally:
+                    if dfd != root_fd:
+                        os.close(dfd)
         finally:
+            for dfd, _ in stack:
+                os.close(dfd)
             os.close(root_fd)
         return removed
 
-    def _remove_leftovers(self, dfd: int, prefix: str, removed: list[str]) -> None:
-        _check_depth(prefix)
-        for de in list(os.scandir(dfd)):
-            if de.name.startswith(TEMP_PREFIX):
-                _remove(dfd, de.name)
-                removed.append(prefix + de.name)
-            elif de.is_dir(follow_symlinks=False):
-                sub = os.open(de.name, _DIR_FLAGS, dir_fd=dfd)
-                try:
-                    self._remove_leftovers(sub, f"{prefix}{de.name}/", removed)
-                finally:
-                    os.close(sub)
-
     # -- apply -----------------------------------------------------------------
-    def apply(self, current: Capture, target_root: str, watch_new: bool = False) -> None:
-        """With ``watch_new`` (a fork into a fresh folder), every folder is handed to the
+    def apply(self, current: Capture, target_root: str, watch_new: bool = False) -> list[str]:
+        """Make the layer equal to ``target_root`` (apply.py); returns the warnings.
+        With ``watch_new`` (a fork into a fresh folder), every folder is handed to the
         watch hook once its contents are written, so the tracker starts from the target
         tree without a scan and never sees the fork's own writes."""
-        root_fd = self._open_root()
-        mode = os.fstat(root_fd).st_mode & 0o7777
+        from .apply import TreeWriter
         watch = self.watcher.watch_folder if watch_new and self.watcher is not None else None
+        root_fd = self._open_root()
         try:
-            self._sync_dir(root_fd, current.root, target_root, current.trees, watch, "")
-            if watch is not None:
-                watch("", root_fd)
+            return TreeWriter(self.blobs, self.trees, self.overlay, watch).write(
+                root_fd, current, target_root)
         finally:
-            os.fchmod(root_fd, mode)  # the workspace folder's own mode is not in the tree
             os.close(root_fd)
 
-    def _sync_dir(self, dfd: int, cur_digest: str | None, tgt_digest: str, pending,
-                  watch=None, prefix: str = "") -> None:
-        if cur_digest == tgt_digest:
-            return
-        cur = self.trees.read(cur_digest, pending) if cur_digest else {}
-        tgt = self.trees.read(tgt_digest)
-        os.fchmod(dfd, os.fstat(dfd).st_mode & 0o7777 | 0o700)  # writable while we work
-        for name in cur:
-            if name not in tgt:
-                _remove(dfd, name)
-        for name, want in sorted(tgt.items()):
-            check_name(name)
-            have = cur.get(name)
-            if have == want:
-                continue
-            if have is not None and have.is_folder != want.is_folder:
-                _remove(dfd, name)
-                have = None
-            if want.is_folder:
-                if have is None:
-                    os.mkdir(name, 0o700, dir_fd=dfd)
-                sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-                try:
-                    self._sync_dir(sub, have.ref if have else None, want.ref, pending, watch,
-                                   f"{prefix}{name}/")
-                    os.fchmod(sub, want.mode)
-                    if (have is None and want.kind == OPAQUE) or (
-                            have is not None and have.kind != want.kind):
-                        _set_opaque(sub, want.kind == OPAQUE)
-                    if watch is not None:
-                        watch(prefix + name, sub)
-                finally:
-                    os.close(sub)
-            elif want.kind == FILE:
-                if have is not None and have.kind == FILE and have.ref == want.ref:
-                    _chmod_file(dfd, name, want.mode)
-                else:
-                    self._write_file(dfd, name, want)
-            elif want.kind == WHITEOUT:
-                if not self.overlay:
-                    raise InvalidArgument("a whiteout belongs to a container layer, not here")
-                _write_whiteout(dfd, name)
-            else:
-                _write_symlink(dfd, name, want.ref)
-                progress.advance(0, files=1)
 
-    def _write_file(self, dfd: int, name: str, entry: Entry) -> None:
-        crash_point("restore.between_files")
-        tmp = TEMP_PREFIX + os.urandom(8).hex()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
-        try:
-            self.blobs.copy_to_fd(entry.ref, fd)
-            os.fchmod(fd, entry.mode)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.close(fd)
-        crash_point("restore.before_rename")  # the file written aside, not yet in place
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        progress.advance(entry.size, files=1)
+def link_groups(links: dict[str, int]) -> list[list[str]]:
+    """Hard-link groups (paths sharing an inode, two or more), each sorted, in order."""
+    by_inode: dict[int, list[str]] = {}
+    for path, inode in links.items():
+        by_inode.setdefault(inode, []).append(path)
+    return sorted(sorted(g) for g in by_inode.values() if len(g) > 1)
 
 
-def _cached_file(path: str, sig: Signature, scan: _Scan, cache) -> Entry | None:
-    """The file's entry from the stat cache if its signature is the cached one."""
+def _cached_file(path: str, sig: bytes, fields: tuple, scan: _Scan, cache) -> Entry | None:
+    """The entry of a file or symlink from the stat cache, if its signature is cached."""
     known = cache.get(path)
-    if known is None or known[0] != sig:
+    if known is None or known[0] != sig or len(known) != 4:
         return None
     scan.seen[path] = known
-    size, _, _, _, mode = SIG.unpack(sig)
-    return Entry(FILE, st_.S_IMODE(mode), known[1], size)
+    _, ref, extra, kind = known
+    size, mtime, _, ino, mode, uid, gid, nlink, _ = fields
+    if nlink > 1 and kind != SYMLINK:
+        scan.links[path] = ino
+    if kind == SYMLINK:
+        return Entry(SYMLINK, 0, ref, 0, uid, gid, mtime, extra)
+    return Entry(kind, st_.S_IMODE(mode), ref, size, uid, gid, mtime, extra)
 
 
 class _FolderOpener:
@@ -516,19 +578,8 @@ class _FolderOpener:
             return self.fd
         self.close()
         below = rel[len(self.prefix):].lstrip("/")
-        fd: int | None = os.dup(self.dfd)
-        try:
-            for part in below.split("/") if below else ():
-                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = sub
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                raise
-            fd = None  # gone, or replaced by a file or a symlink since the walk
-        self.rel, self.fd = rel, fd
-        return fd
+        self.rel, self.fd = rel, open_below(self.dfd, below)
+        return self.fd
 
     def close(self) -> None:
         if self.fd is not None:
@@ -540,6 +591,24 @@ class _FolderOpener:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_below(dfd: int, below: str) -> int | None:
+    """A new descriptor of the folder ``below`` (a relative path, "" for ``dfd`` itself),
+    opened one component at a time with O_NOFOLLOW; None if it is gone or not a folder
+    (a symlink included)."""
+    fd = os.dup(dfd)
+    try:
+        for part in below.split("/") if below else ():
+            sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+        return None
+    return fd
 
 
 def _check_depth(prefix: str) -> None:
@@ -565,56 +634,33 @@ def _remove(dfd: int, name: str) -> None:
 
 
 def _make_tree_writable(dfd: int, name: str) -> None:
-    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it."""
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    try:
-        os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
-        for de in os.scandir(fd):
-            if de.is_dir(follow_symlinks=False):
-                _make_tree_writable(fd, de.name)
-    finally:
-        os.close(fd)
-
-
-def _chmod_file(dfd: int, name: str, mode: int) -> None:
-    fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _set_opaque(fd: int, opaque: bool) -> None:
-    if opaque:
-        os.setxattr(fd, OPAQUE_XATTR, b"y")
-    else:
+    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it
+    (iteratively: the tree is the agent's to shape)."""
+    stack = [os.open(name, _DIR_FLAGS, dir_fd=dfd)]
+    while stack:
+        fd = stack.pop()
         try:
-            os.removexattr(fd, OPAQUE_XATTR)
-        except OSError:
-            pass
+            os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
+            for de in os.scandir(fd):
+                if de.is_dir(follow_symlinks=False):
+                    try:
+                        stack.append(os.open(de.name, _DIR_FLAGS, dir_fd=fd))
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+        finally:
+            os.close(fd)
 
 
-def _write_whiteout(dfd: int, name: str) -> None:
-    """An overlay whiteout: a 0/0 character device (needs CAP_MKNOD, as the engine has)."""
-    tmp = TEMP_PREFIX + os.urandom(8).hex()
-    os.mknod(tmp, st_.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=dfd)
-    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-
-
-def _write_symlink(dfd: int, name: str, target: str) -> None:
-    tmp = TEMP_PREFIX + os.urandom(8).hex()
-    os.symlink(target, tmp, dir_fd=dfd)
-    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-
-
-_SIZE = operator.attrgetter("size")
 _RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
 
 
 def _trie(changes: Changes) -> dict:
-    """Nested dicts of the changed paths; a rescan path's node is marked ``_RESCAN``."""
+    """Nested dicts of the changed paths (and of every file with other hard links: a
+    write through one name gives no event for the others); a rescan path's node is
+    marked ``_RESCAN``."""
     root: dict = {}
-    for paths, rescan in ((changes.dirty, False), (changes.rescan, True)):
+    for paths, rescan in ((changes.dirty, False), (changes.linked, False),
+                          (changes.rescan, True)):
         for path in paths:
             node = root
             for part in path.split("/"):
@@ -658,12 +704,12 @@ class MemorySnapshotter:
                 node[parts[-1]] = (node[parts[-1]][0], f.mode)
             else:
                 node[parts[-1]] = f
-        scan = _Scan(persist)
+        scan = _Scan(persist, None, None, -1)
         root, size = self._build(nested, scan)
         return Capture(root, size, scan.trees, [], {}, persist)
 
     def _build(self, nested: dict, scan: _Scan) -> tuple[str, int]:
-        tree, total = {}, 0
+        tree, total = Tree(), 0
         for name, node in nested.items():
             if isinstance(node, MemoryFile):
                 if node.kind == FILE:

@@ -37,12 +37,13 @@ from .records import (
     chain_hash,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
-    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL);
+    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -72,6 +73,9 @@ CREATE TABLE IF NOT EXISTS audit (
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
 """
 
+_SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
+                 " needs_attention")
+_MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention"}
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
             " reasoning, trace_id, restored_from, container, acknowledged, pruned")
@@ -181,14 +185,32 @@ class SqliteStore(SqliteDatabase):
         super().__init__(path, SCHEMA)
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                          (str(SCHEMA_VERSION),))
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a data root made by an earlier version to this schema, once."""
+        (version,) = self._db.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        with self._tx() as db:
+            if int(version) < 2:  # 0.4: a session's spec and needs_attention
+                columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+                if "spec" not in columns:
+                    db.execute("ALTER TABLE sessions ADD COLUMN spec TEXT NOT NULL"
+                               " DEFAULT '{}'")
+                if "needs_attention" not in columns:
+                    db.execute("ALTER TABLE sessions ADD COLUMN needs_attention TEXT")
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                       (str(SCHEMA_VERSION),))
 
     # -- sessions ------------------------------------------------------------------
     def create_session(self, session, first, tasks, events):
         with self._tx() as db:
             try:
-                db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                db.execute(f"INSERT INTO sessions ({_SESSION_COLS}) VALUES"
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (session.id, session.name, session.workspace, session.container,
-                            first.id, session.forked_from, session.created_at))
+                            first.id, session.forked_from, session.created_at, session.spec,
+                            session.needs_attention))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 20)})", _cp_row(first))
             except sqlite3.IntegrityError:
@@ -197,13 +219,24 @@ class SqliteStore(SqliteDatabase):
             self._append_audit(db, events)
 
     def get_session(self, session_id):
-        row = self._one("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        row = self._one(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,))
         if row is None:
             raise NotFound(f"session {session_id} does not exist")
         return Session(*row)
 
     def list_sessions(self):
-        return [Session(*r) for r in self._all("SELECT * FROM sessions ORDER BY id")]
+        return [Session(*r) for r in self._all(
+            f"SELECT {_SESSION_COLS} FROM sessions ORDER BY id")]
+
+    def update_session(self, session_id, **fields):
+        unknown = set(fields) - _MUTABLE_SESSION_FIELDS
+        if unknown:
+            raise ValueError(f"session fields {sorted(unknown)} cannot change")
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)}"
+                             " WHERE id = ?", (*fields.values(), session_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"session {session_id} does not exist")
 
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events):

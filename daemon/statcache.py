@@ -2,10 +2,12 @@
 
 Host-local, like git's index. For each workspace it keeps
 
-- *files*: relative path -> (signature, content digest), where the signature is the
-  file's (size, mtime_ns, ctime_ns, inode, mode) packed in 36 bytes (walk.SIG), so
-  an unchanged file is never read again;
-- *folders* (memos): relative path -> (signature, tree digest, size, kind), so a full
+- *files*: relative path -> (signature, ref, extra, kind) for files and symlinks,
+  where the signature is the entry's (size, mtime_ns, ctime_ns, inode, mode, uid, gid,
+  nlink, blocks) packed in 56 bytes (walk.SIG), ref its content digest (a sparse
+  file's extent map, a symlink's target) and extra its xattrs (trees.make_extra), so
+  an unchanged file is never read again, nor its xattrs;
+- *folders* (memos): relative path -> (signature, tree digest, size, kind, extra), so a full
   scan that finds a folder, every file in it and every folder below it as they were
   reuses the folder's tree without rebuilding it (walk.py says exactly when a memo
   holds).
@@ -42,8 +44,8 @@ RACY_NS = 100_000_000
 # and one that stops, compacts whatever was logged.
 COMPACT_AT = 16384
 
-Signature = bytes  # walk.SIG: size, mtime_ns, ctime_ns, inode, mode
-Memo = tuple[bytes, str, int, str]  # folder signature, tree digest, size, kind
+Signature = bytes  # walk.SIG: size, mtime_ns, ctime_ns, inode, mode, uid, gid, nlink, blocks
+Memo = tuple[bytes, str, int, str, str]  # folder signature, tree digest, size, kind, extra
 FILE, FOLDER = 0, 1
 
 
@@ -53,7 +55,7 @@ def is_racy(st: os.stat_result, now_ns: int | None = None) -> bool:
 
 
 def is_racy_signature(sig: bytes, now_ns: int | None = None) -> bool:
-    _, mtime_ns, ctime_ns, _, _ = SIG.unpack(sig)
+    _, mtime_ns, ctime_ns, *_ = SIG.unpack(sig)
     now_ns = time.time_ns() if now_ns is None else now_ns
     return now_ns - max(mtime_ns, ctime_ns) < RACY_NS
 
@@ -62,7 +64,7 @@ class _Workspace:
     __slots__ = ("files", "folders", "logged")
 
     def __init__(self, files: dict, folders: dict, logged: int) -> None:
-        self.files: dict[str, tuple[Signature, str]] = files
+        self.files: dict[str, tuple] = files
         self.folders: dict[str, Memo] = folders
         self.logged = logged  # entries in the log, not yet in the snapshot
 
@@ -86,7 +88,7 @@ class StatCache:
         self._last_write = time.monotonic()
 
     # -- reading -----------------------------------------------------------------------
-    def entries(self, workspace: str) -> dict[str, tuple[Signature, str]]:
+    def entries(self, workspace: str) -> dict[str, tuple]:
         """The live file map of one workspace (callers hold the session's lock)."""
         return self._workspace(workspace).files
 
@@ -117,7 +119,7 @@ class StatCache:
         return _Workspace(files, folders, logged)
 
     # -- writing -----------------------------------------------------------------------
-    def update(self, workspace: str, changed: dict[str, tuple[Signature, str]],
+    def update(self, workspace: str, changed: dict[str, tuple],
                removed: set[str], folders: dict[str, Memo | None] | None = None) -> None:
         """Record files that changed, files that are gone, and folder memos (None: drop)."""
         folders = folders or {}
@@ -176,7 +178,7 @@ class StatCache:
         for workspace in names:
             ws = self._workspace(workspace)
             with self._lock:
-                out.update(d for _, d in ws.files.values())
+                out.update(v[1] for v in ws.files.values() if v[-1] != "symlink")
                 out.update(m[1] for m in ws.folders.values())
         return out
 

@@ -50,6 +50,10 @@ class Store(Protocol):
     def get_session(self, session_id: str) -> Session: ...
     def list_sessions(self) -> list[Session]: ...
 
+    def update_session(self, session_id: str, **fields) -> None:
+        """Change a session's mutable fields (``container``, ``spec``,
+        ``needs_attention``); its head moves only by ``append_checkpoint``."""
+
     def append_checkpoint(self, cp: Checkpoint, messages: list[str], expected_head: str,
                           tasks: list[Task] | None, events: list[AuditEvent]) -> Checkpoint:
         """Insert ``cp`` (its ``seq`` assigned here) and move its session's head to it,
@@ -157,6 +161,13 @@ class MemoryStore:
     def list_sessions(self):
         with self._lock:
             return sorted(self._sessions.values(), key=lambda s: s.id)
+
+    def update_session(self, session_id, **fields):
+        unknown = set(fields) - {"container", "spec", "needs_attention"}
+        if unknown:
+            raise ValueError(f"session fields {sorted(unknown)} cannot change")
+        with self._lock:
+            self._sessions[session_id] = replace(self.get_session(session_id), **fields)
 
     def append_checkpoint(self, cp, messages, expected_head, tasks, events):
         with self._lock:

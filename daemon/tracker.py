@@ -70,6 +70,9 @@ class Changes:
     full: bool
     dirty: set[str] = field(default_factory=set)
     rescan: set[str] = field(default_factory=set)
+    # Files with other hard links at the last capture: re-examined every time, since a
+    # write through another name gives no event for theirs.
+    linked: set[str] = field(default_factory=set)
 
 
 class WorkspaceTracker:
@@ -86,6 +89,7 @@ class WorkspaceTracker:
         self._wds: dict[str, int] = {}  # relative folder path -> wd (the latest watched there)
         self._degraded = False  # past the watch limit: every capture scans
         self.fallbacks = 0
+        self.linked: set[str] = set()  # files with other hard links (set by the World)
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
@@ -146,7 +150,7 @@ class WorkspaceTracker:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
         self._barrier(timeout)
         with self._lock:
-            changes = Changes(self._full, self._dirty, self._rescan)
+            changes = Changes(self._full, self._dirty, self._rescan, set(self.linked))
             self._full, self._dirty, self._rescan = self._degraded, set(), set()
         # A full scan re-adds every folder's watch as it goes: the kernel hands back the
         # same watch for a folder already watched, so nothing is removed (removing
@@ -157,7 +161,7 @@ class WorkspaceTracker:
         """As ``prepare`` but the changes stay for the next capture."""
         self._barrier(timeout)
         with self._lock:
-            return Changes(self._full, set(self._dirty), set(self._rescan))
+            return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked))
 
     def give_back(self, changes: Changes) -> None:
         """A capture that was not committed returns what it took."""
@@ -216,21 +220,36 @@ class WorkspaceTracker:
             self.invalidate(f"the sync cookie was not seen within {timeout}s")
 
     def _watch_new_folder(self, rel: str) -> None:
-        """Watch a folder that appeared, and every folder below it (it is rescanned)."""
+        """Watch a folder that appeared, and every folder below it (it is rescanned).
+        Iterative: the agent shapes the tree, and may make it thousands deep."""
         try:
-            fd = os.open(os.path.join(self.path, rel),
-                         os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            root = os.open(os.path.join(self.path, rel),
+                           os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return  # gone again, or a symlink now: the rescan will see what is there
+        stack = [(root, rel)]
         try:
-            self.watch_folder(rel, fd)
-            for de in os.scandir(fd):
-                if de.is_dir(follow_symlinks=False):
-                    self._watch_new_folder(f"{rel}/{de.name}")
-        except OSError:
-            pass
+            while stack:
+                fd, folder = stack.pop()
+                try:
+                    self.watch_folder(folder, fd)
+                    if self._degraded:
+                        break
+                    for de in os.scandir(fd):
+                        if de.is_dir(follow_symlinks=False):
+                            try:
+                                sub = os.open(de.name, os.O_RDONLY | os.O_DIRECTORY
+                                              | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                            except OSError:
+                                continue  # gone, or swapped: the rescan will see it
+                            stack.append((sub, f"{folder}/{de.name}"))
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
         finally:
-            os.close(fd)
+            for fd, _ in stack:
+                os.close(fd)
 
     def _unwatch_below(self, rel: str) -> None:
         prefix = rel + "/"
@@ -343,12 +362,18 @@ class ChangeMonitor:
         poller.register(self.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         while not self._stopping:
-            poller.poll()
-            # Let a barrier that just made its cookie drain the queue itself: reading
-            # here at once would take the interpreter lock from it, mid-request.
-            time.sleep(READER_DELAY)
-            if self._stopping or not self._drain():
-                break
+            try:
+                poller.poll()
+                # Let a barrier that just made its cookie drain the queue itself: reading
+                # here at once would take the interpreter lock from it, mid-request.
+                time.sleep(READER_DELAY)
+                if self._stopping or not self._drain():
+                    break
+            except Exception:  # the reader must not die while trackers trust it
+                log.exception("the change monitor failed; every workspace falls back to"
+                              " full scans")
+                self._overflow()
+                time.sleep(0.1)
 
     def _drain(self) -> bool:
         """Read and dispatch every queued event, in order (the reader thread and barriers
@@ -389,7 +414,11 @@ class ChangeMonitor:
             if mask & IN_IGNORED:
                 self._owners.pop(wd, None)
         if owner is not None:
-            owner.on_event(wd, mask, name)
+            try:
+                owner.on_event(wd, mask, name)
+            except Exception as exc:  # never leave a tracker trusted after a failure
+                log.exception("change tracking of %s failed", owner.path)
+                owner.invalidate(f"its change tracking failed: {exc!r}")
 
     def _overflow(self) -> None:
         with self._lock:

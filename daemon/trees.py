@@ -28,24 +28,83 @@ from .blobs import BlobStore, digest_of
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only
-_CODES = {FILE: "f", SYMLINK: "l", DIR: "d", WHITEOUT: "w", OPAQUE: "o"}
+FIFO, CHAR, BLOCK = "fifo", "char", "block"  # device nodes: container layers only
+SOCKET = "socket"  # recorded (so a checkpoint lists it as skipped), never recreated
+SPARSE = "sparse"  # a file with holes: ref names its extent map (sparse.py)
+_CODES = {FILE: "f", SYMLINK: "l", DIR: "d", WHITEOUT: "w", OPAQUE: "o", FIFO: "p",
+          CHAR: "c", BLOCK: "b", SOCKET: "s", SPARSE: "z"}
 FOLDERS = (DIR, OPAQUE)
+FILES = (FILE, SPARSE)  # kinds with content
+DEVICES = (CHAR, BLOCK)
 _KINDS = {v: k for k, v in _CODES.items()}
+NO_OWNER = -1  # uid/gid of an entry recorded before 0.4: no owner, times or xattrs
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    kind: str  # FILE | SYMLINK | DIR | WHITEOUT | OPAQUE
-    mode: int  # permission bits, st_mode & 0o7777 (0 for symlinks)
-    ref: str  # content digest (FILE), tree digest (DIR, OPAQUE), link target (SYMLINK)
+    """One name in a folder, with everything ``rsync -aHAXS`` would keep of it.
+
+    ``mode`` is ``st_mode & 0o7777`` (setuid, setgid and sticky included; 0 for
+    symlinks), ``mtime`` nanoseconds, ``extra`` the canonical JSON of what only some
+    entries have (``make_extra``): xattrs (ACLs included), device numbers, and on a root
+    tree's own entry its hard-link groups. Entries read from trees written before 0.4
+    have ``uid == NO_OWNER`` and are restored as 0.3 restored them."""
+
+    kind: str  # FILE | SPARSE | SYMLINK | DIR | OPAQUE | WHITEOUT | FIFO | CHAR | BLOCK | SOCKET
+    mode: int
+    ref: str  # content (FILE), extent map (SPARSE), tree (DIR, OPAQUE), target (SYMLINK)
+    size: int = 0  # bytes of a FILE or SPARSE (logical); for a folder, of every file below
+    uid: int = NO_OWNER
+    gid: int = NO_OWNER
+    mtime: int = 0
+    extra: str = ""
 
     @property
     def is_folder(self) -> bool:
         return self.kind in FOLDERS
-    size: int = 0  # bytes of a FILE; for a DIR, bytes of every file below it
+
+    @property
+    def has_content(self) -> bool:
+        return self.kind in FILES
+
+    @property
+    def has_meta(self) -> bool:
+        return self.uid != NO_OWNER
+
+    def extras(self) -> dict:
+        return json.loads(self.extra) if self.extra else {}
+
+    def xattrs(self) -> dict[str, bytes]:
+        return {name: bytes.fromhex(value) for name, value in self.extras().get("x", ())}
+
+    def same_object(self, other: "Entry") -> bool:
+        """Whether only the modification time differs (a folder whose contents changed)."""
+        return (self.kind, self.mode, self.uid, self.gid, self.extra) == (
+            other.kind, other.mode, other.uid, other.gid, other.extra)
 
 
-Tree = Mapping[str, Entry]
+def make_extra(xattrs: dict[str, bytes] | None = None, rdev: int | None = None,
+               links: str = "") -> str:
+    """The canonical text of an entry's extras ("" when it has none)."""
+    out: dict = {}
+    if xattrs:
+        out["x"] = sorted([name, value.hex()] for name, value in xattrs.items())
+    if rdev is not None:
+        out["dev"] = rdev
+    if links:
+        out["links"] = links
+    return json.dumps(out, sort_keys=True, separators=(",", ":")) if out else ""
+
+
+class Tree(dict):
+    """A folder's entries by name, and (on a layer's root tree) ``own``: the entry of the
+    folder itself (its owner, mode, times, xattrs; and the layer's hard-link groups)."""
+
+    __slots__ = ("own",)
+
+    def __init__(self, *args, own: Entry | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.own = own
 
 
 def check_name(name: str) -> str:
@@ -54,26 +113,54 @@ def check_name(name: str) -> str:
     return name
 
 
-def encode_python(tree: Tree) -> bytes:
-    rows = [[name, _CODES[e.kind], e.mode, e.ref, e.size] for name, e in sorted(tree.items())]
+def _row(name: str, e: Entry) -> list:
+    row = [name, _CODES[e.kind], e.mode, e.ref, e.size]
+    if e.uid != NO_OWNER:
+        row += [e.uid, e.gid, e.mtime, e.extra]
+    return row
+
+
+def _items(tree: Mapping[str, Entry]) -> list[tuple[str, Entry]]:
+    own = getattr(tree, "own", None)
+    items = sorted(tree.items())
+    return [("", own)] + items if own is not None else items
+
+
+def encode_python(tree: Mapping[str, Entry]) -> bytes:
+    """Canonical JSON: a row per entry, sorted by name; the folder's own entry first under
+    the empty name. A row is [name, code, mode, ref, size] for an entry without owner
+    (written by 0.3), else [name, code, mode, ref, size, uid, gid, mtime_ns, extra]."""
+    rows = [_row(name, e) for name, e in _items(tree)]
     return json.dumps(rows, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 try:  # the same encoding in C (daemon/_codec.c), byte for byte
     from ._codec import encode_tree as _encode_tree
 
-    def encode(tree: Tree) -> bytes:
-        return _encode_tree(sorted(tree.items()), _CODES)
+    def encode(tree: Mapping[str, Entry]) -> bytes:
+        return _encode_tree(_items(tree), _CODES)
 except ImportError:
     encode = encode_python
 
 
-def decode(data: bytes, digest: str = "?") -> dict[str, Entry]:
+def decode(data: bytes, digest: str = "?") -> Tree:
     try:
         rows = json.loads(data)
-        tree = {}
-        for name, code, mode, ref, size in rows:
-            tree[check_name(name)] = Entry(_KINDS[code], int(mode), str(ref), int(size))
+        tree = Tree()
+        for row in rows:
+            name, code, mode, ref, size = row[:5]
+            if len(row) == 9:
+                uid, gid, mtime, extra = row[5:]
+                entry = Entry(_KINDS[code], int(mode), str(ref), int(size), int(uid),
+                              int(gid), int(mtime), str(extra))
+            elif len(row) == 5:
+                entry = Entry(_KINDS[code], int(mode), str(ref), int(size))
+            else:
+                raise ValueError(f"a row of {len(row)} fields")
+            if name == "" and entry.is_folder:
+                tree.own = entry
+            else:
+                tree[check_name(name)] = entry
         return tree
     except (ValueError, KeyError, TypeError, InvalidArgument) as exc:
         raise DataLoss(f"tree {digest} is malformed: {exc}") from None
@@ -88,7 +175,7 @@ class TreeReader:
 
     def __init__(self, blobs: BlobStore, capacity: int = 8192) -> None:
         self.blobs = blobs
-        self._cache: OrderedDict[str, dict[str, Entry]] = OrderedDict()
+        self._cache: OrderedDict[str, Tree] = OrderedDict()
         self._capacity = capacity
         self._lock = threading.Lock()
 
@@ -111,6 +198,20 @@ class TreeReader:
             while len(self._cache) > self._capacity:
                 self._cache.popitem(last=False)
 
+    def link_groups(self, digest: str) -> list[list[str]]:
+        """The hard-link groups a root tree's own entry names ([] for none)."""
+        if not digest:
+            return []
+        try:
+            groups = json.loads(self.blobs.read_bytes(digest))
+            for group in groups:
+                for path in group:
+                    for part in path.split("/"):
+                        check_name(part)
+            return groups
+        except (ValueError, TypeError, InvalidArgument) as exc:
+            raise DataLoss(f"hard-link groups {digest} are malformed: {exc}") from None
+
     def walk(self, root: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
         """Every entry below ``root`` as (relative path, entry), folders before their contents."""
         for name, entry in sorted(self.read(root).items()):
@@ -118,6 +219,25 @@ class TreeReader:
             yield path, entry
             if entry.is_folder:
                 yield from self.walk(entry.ref, path + "/")
+
+
+def entry_at(reader: TreeReader, root: str, path: str,
+             pending: Mapping[str, Tree] | None = None) -> Entry | None:
+    """The entry at ``path`` (slash-separated) below the tree ``root``, or None."""
+    tree = reader.read(root, pending)
+    *folders, name = path.split("/")
+    for part in folders:
+        entry = tree.get(part)
+        if entry is None or not entry.is_folder:
+            return None
+        tree = reader.read(entry.ref, pending)
+    return tree.get(name)
+
+
+def entry_key(entry: Entry | None) -> list | None:
+    """An entry as JSON (for journals): None for no entry."""
+    return None if entry is None else [entry.kind, entry.mode, entry.ref, entry.size,
+                                       entry.uid, entry.gid, entry.mtime, entry.extra]
 
 
 @dataclass
@@ -133,10 +253,16 @@ def diff(reader: TreeReader, old: str, new: str,
 
     Files and symlinks are reported by path; a folder is reported itself only when
     it is empty on the side where it exists (so empty folders are never lost from a
-    diff) or when only its mode changed.
+    diff) or when its owner, mode, xattrs or kind changed (a folder's time follows its
+    contents and is not reported). A file that joined or left a hard-link group is
+    modified.
     """
     result = Diff([], [], [])
     _diff_into(reader, old, new, "", result, pending)
+    relinked = _link_changes(reader, old, new, pending)
+    if relinked:
+        gone = set(result.added) | set(result.deleted) | set(result.modified)
+        result.modified.extend(p for p in relinked if p not in gone)
     result.added.sort()
     result.modified.sort()
     result.deleted.sort()
@@ -169,7 +295,7 @@ def _diff_into(reader: TreeReader, old: str, new: str, prefix: str, out: Diff, p
         elif ea is None:
             out.added.extend(_leaves(reader, eb, path, pending))
         elif ea.is_folder and eb.is_folder:
-            if ea.mode != eb.mode or ea.kind != eb.kind:
+            if not ea.same_object(eb):
                 out.modified.append(path)
             _diff_into(reader, ea.ref, eb.ref, path + "/", out, pending)
         elif not ea.is_folder and not eb.is_folder:
@@ -180,3 +306,16 @@ def _diff_into(reader: TreeReader, old: str, new: str, prefix: str, out: Diff, p
             out.modified.extend(old_leaves & new_leaves)
             out.deleted.extend(old_leaves - new_leaves)
             out.added.extend(new_leaves - old_leaves)
+
+
+def _link_changes(reader: TreeReader, old: str, new: str, pending) -> set[str]:
+    """Paths whose hard-link group differs between two root trees."""
+    a = getattr(reader.read(old, pending), "own", None)
+    b = getattr(reader.read(new, pending), "own", None)
+    la = a.extras().get("links", "") if a is not None else ""
+    lb = b.extras().get("links", "") if b is not None else ""
+    if la == lb:
+        return set()
+    groups = [{p: frozenset(g) for g in reader.link_groups(d) for p in g} for d in (la, lb)]
+    return {p for p in groups[0].keys() | groups[1].keys()
+            if groups[0].get(p) != groups[1].get(p)}

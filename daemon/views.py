@@ -22,12 +22,14 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import replace
 
 from . import progress
 from .blobs import BlobStore
+from .fsmeta import Applier
 from .snapshot import Capture, WorkspaceSnapshotter
-from .statcache import Signature, StatCache, signature
-from .trees import DIR, FILE, WHITEOUT, Entry, TreeReader, diff, encode
+from .statcache import StatCache, signature
+from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +94,19 @@ class Views:
         self.stat_cache.update(final, self._signatures(final, tree), set())
         return final
 
-    def _signatures(self, folder: str, tree: str) -> dict[str, tuple[Signature, str]]:
+    def _signatures(self, folder: str, tree: str) -> dict[str, tuple]:
         out = {}
         for path, entry in self.trees.walk(tree):
-            if entry.kind == FILE:
-                out[path] = (signature(os.lstat(os.path.join(folder, path))), entry.ref)
+            if entry.has_content or entry.kind == SYMLINK:
+                out[path] = (signature(os.lstat(os.path.join(folder, path))), entry.ref,
+                             entry.extra, entry.kind)
         return out
 
     def _delta_tree(self, base: str, target: str) -> tuple[str, int]:
         """A tree that, laid over ``base`` as an overlay upper layer, shows ``target``;
         with the bytes of the files it holds."""
         b, t = self.trees.read(base), self.trees.read(target)
-        out: dict[str, Entry] = {}
+        out = Tree(own=t.own)  # a folder's owner, mode, xattrs and time: the target's
         for name in b.keys() | t.keys():
             eb, et = b.get(name), t.get(name)
             if eb == et:
@@ -111,7 +114,8 @@ class Views:
             if et is None:
                 out[name] = Entry(WHITEOUT, 0, "")
             elif et.is_folder and eb is not None and eb.is_folder:
-                out[name] = Entry(DIR, et.mode, *self._delta_tree(eb.ref, et.ref))
+                ref, size = self._delta_tree(eb.ref, et.ref)
+                out[name] = replace(et, kind=DIR, ref=ref, size=size)
             else:
                 out[name] = et
         digest = self.blobs.put_bytes(encode(out))
@@ -123,7 +127,10 @@ class Views:
         what is missing."""
         if os.path.isdir(self._view_path(tree)):
             return [self._view_path(tree)]
-        for base in self._built()[:4]:
+        own = self.trees.read(tree).own
+        # Hard links cannot span two layers: a tree with link groups gets a view of its own.
+        bases = [] if own is not None and own.extras().get("links") else self._built()[:4]
+        for base in bases:
             changes = diff(self.trees, base, tree)
             if len(changes.added) + len(changes.modified) + len(changes.deleted) \
                     <= MAX_DELTA_PATHS:
@@ -143,6 +150,13 @@ class Views:
         os.makedirs(spec["upper"], mode=0o755, exist_ok=True)
         os.makedirs(spec["work"], mode=0o700, exist_ok=True)
         self._mount(spec)
+        own = self.trees.read(tree).own
+        if own is not None:  # the fork's folder: the owner, mode and time of the source's
+            fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                Applier().apply_fd(fd, own, ".", folder=True)
+            finally:
+                os.close(fd)
         with open(os.path.join(state, "mount.json"), "w") as f:
             json.dump(spec, f)
         self._seed_stat_cache(workspace, lowers, tree)
@@ -158,10 +172,11 @@ class Views:
     def _seed_stat_cache(self, workspace: str, lowers: list[str], tree: str) -> None:
         """Files not yet written by the fork show their lower file's stat through the
         overlay (same inode on one file system), so the lowers' entries hold for them."""
-        merged: dict[str, tuple[Signature, str]] = {}
+        merged: dict[str, tuple] = {}
         for lower in reversed(lowers):
             merged.update(self.stat_cache.entries(lower))
-        wanted = {path: e.ref for path, e in self.trees.walk(tree) if e.kind == FILE}
+        wanted = {path: e.ref for path, e in self.trees.walk(tree)
+                  if e.has_content or e.kind == SYMLINK}
         self.stat_cache.update(workspace, {p: v for p, v in merged.items()
                                            if wanted.get(p) == v[1]}, set())
 

@@ -9,13 +9,15 @@ returns ``(records, reused, root)``:
   symlinks; one that vanishes while it is read is left out; any other failure raises
   ``OSError``; a folder more than ``max_depth`` below the root raises
   ``RecursionError`` naming it.
-- ``caches()`` returns ``(files, folders)``: the stat cache (path -> (signature,
-  digest)) and the folder memos (path -> (signature, tree digest, size, kind)). The C
-  walk calls it after its system calls, so the stat cache may load meanwhile. A
-  folder's memo *holds* when the folder's own signature is the memo's (so no entry was
-  added, removed, renamed or re-permissioned in it), every file in it matches the stat
-  cache, every folder in it holds, and it holds nothing but files, folders and
-  symlinks (a symlink cannot change without its folder changing). A folder that holds
+- ``caches()`` returns ``(files, folders)``: the stat cache (path -> (signature, ref,
+  extra, kind), for files and symlinks) and the folder memos (path -> (signature, tree
+  digest, size, kind, extra)). The C walk calls it after its system calls, so the stat
+  cache may load meanwhile. A folder's memo *holds* when the folder's own signature is
+  the memo's (so no entry was added, removed, renamed or re-permissioned in it), every
+  file and symlink in it matches the stat cache (a change of owner, mode or xattrs
+  moves an entry's ctime), no file in it has another hard link (a write through a name
+  elsewhere changes it without an event here), every folder in it holds, and it holds
+  nothing but files, folders and symlinks. A folder that holds
   gives no record: it is listed in ``reused`` as ``(relpath, wd)`` and its parent's
   entry carries the memo.
 - A record is ``(relpath, wd, opaque, entries)``, children before their parent. An
@@ -39,7 +41,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-SIG = struct.Struct("=qqqQI")  # size, mtime_ns, ctime_ns, inode, mode: 36 bytes
+# size, mtime_ns, ctime_ns, inode, mode, uid, gid, nlink, blocks: 56 bytes
+SIG = struct.Struct("=qqqQIIIIq")
 OPAQUE_XATTR = "trusted.overlay.opaque"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -50,7 +53,8 @@ Record = tuple[str, int, bool, list[tuple[str, bytes, Any]]]
 
 
 def signature(st: os.stat_result) -> bytes:
-    return SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
+    return SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode,
+                    st.st_uid, st.st_gid, st.st_nlink, st.st_blocks)
 
 
 def join_path(rel: str, name: str) -> str:
@@ -90,7 +94,7 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                     continue  # removed while we looked
                 listing.append((de.name, st, target))
         memo = folders.get(rel)
-        reusable = memo is not None and memo[0] == sig
+        reusable = memo is not None and len(memo) == 5 and memo[0] == sig
         entries = []
         for name, st, target in listing:
             entry_sig = signature(st)
@@ -107,11 +111,12 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                     os.close(sub)
                 if not isinstance(extra, tuple):
                     reusable = False
-            elif st_.S_ISREG(st.st_mode):
+            elif st_.S_ISREG(st.st_mode) or target is not None:
+                if st_.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    reusable = False  # may change through a name outside this folder
                 if reusable:
                     known = files.get(join_path(rel, name))
                     reusable = known is not None and known[0] == entry_sig
-            elif target is not None:
                 extra = target
             else:
                 reusable = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import json
 import logging
 import os
@@ -22,13 +23,14 @@ from typing import Iterator
 
 from worldline.client.errors import (
     Aborted,
-    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    WorldlineError,
 )
+from worldline.client.paths import escape
 
-from . import ids, progress
+from . import ids, progress, sparse
 from .admission import FairGate
 from .blobs import BlobStore
 from .containers import (
@@ -38,9 +40,11 @@ from .containers import (
     LABEL_ROOT,
     LABEL_SESSION,
     Engine,
+    extra_mounts,
 )
 from .faults import crash_point
 from .layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
+from .limits import Limits
 from .records import (
     AuditEvent,
     Checkpoint,
@@ -54,7 +58,20 @@ from .snapshot import Capture, WorkspaceSnapshotter
 from .statcache import StatCache
 from .store import Store, calls_on_path
 from .tracker import ChangeMonitor
-from .trees import EMPTY_TREE, FILE, Diff, Entry, TreeReader, diff
+from .trees import (
+    BLOCK,
+    CHAR,
+    EMPTY_TREE,
+    FILE,
+    SOCKET,
+    SPARSE,
+    Diff,
+    Entry,
+    TreeReader,
+    diff,
+    entry_at,
+    entry_key,
+)
 from .validate import EMPTY_STATE, check_id, check_text, parse_messages, parse_state
 from .views import Views
 
@@ -69,6 +86,30 @@ class RestoreResult:
     files_removed: list[str]
     side_effects: list[ToolCall]
     dry_run: bool = False
+    container: Diff | None = None  # the container layer's changes, when it has one
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LayerPlan:
+    """What a restore will do to one layer (``World._plan``)."""
+
+    layer: Layer
+    current: Capture
+    seen: object  # the tracker's changes the capture looked at (None without a tracker)
+    want: str
+    changes: Diff
+    size: int
+
+    def journal(self) -> dict:
+        """Each path to change, as it is and as it will be (entry_key), for the journal."""
+        paths = {}
+        trees = self.layer.snap.trees
+        for path in self.changes.added + self.changes.modified + self.changes.deleted:
+            paths[path] = [entry_key(entry_at(trees, self.current.root, path,
+                                              self.current.trees)),
+                           entry_key(entry_at(trees, self.want, path))]
+        return {"kind": self.layer.kind, "path": self.layer.path, "paths": paths}
 
 
 @dataclass
@@ -83,13 +124,15 @@ class CheckpointView:
     messages: list
     state: dict
     tasks: list[Task]
+    skipped: list[str] = field(default_factory=list)  # recorded, never recreated
 
 
 class World:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
                  monitor: ChangeMonitor | None = None, engine: Engine | None = None,
-                 views: Views | None = None) -> None:
+                 views: Views | None = None, limits: Limits | None = None) -> None:
         self.root = os.path.realpath(root)
+        self.limits = limits or Limits()
         self.admission = FairGate(1)  # incremental captures take turns (admission.py)
         self.store = store
         self.blobs = blobs
@@ -144,18 +187,37 @@ class World:
             raise FailedPrecondition("this daemon runs without a Docker engine")
         return self.engine
 
-    def _layer(self, kind: str, path: str) -> Layer:
+    def _layer(self, kind: str, path: str, identity: list | None = None) -> Layer:
         tracker = self.monitor.tracker(path) if self.monitor is not None else None
         snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache, tracker,
-                                    overlay=kind == CONTAINER)
+                                    overlay=kind == CONTAINER, limits=self.limits,
+                                    data_root=self.root)
+        snap.opener = lambda: open_layer_root(kind, path, identity)
         return Layer(kind, path, snap, tracker)
 
     def layers(self, session: Session) -> list[Layer]:
-        """The session's layers: its workspace, then its container's writable layer."""
-        out = [self._layer(WORKSPACE, session.workspace)]
+        """The session's layers: its workspace, then its container's writable layer. Each
+        root is opened only if it is still the folder the session was created on (the
+        identity recorded in its spec), so a moved folder or a parent swapped for a
+        symlink is refused, never followed."""
+        roots = json.loads(session.spec or "{}").get("roots", {})
+        out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE))]
         if session.container:
-            out.append(self._layer(CONTAINER, self._engine().upper_dir(session.container)))
+            upper = self._engine().upper_dir(session.container)
+            out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER)))
         return out
+
+    def _spec(self, session: Session, layers: list[Layer], container_spec=None) -> str:
+        """The session's spec: each layer root's identity, the container's creation spec."""
+        spec = json.loads(session.spec or "{}")
+        roots = {}
+        for layer in layers:
+            st = os.lstat(layer.path)
+            roots[layer.kind] = [st.st_dev, st.st_ino]
+        spec["roots"] = roots
+        if container_spec is not None:
+            spec["container"] = container_spec
+        return json.dumps(spec, sort_keys=True)
 
     @contextlib.contextmanager
     def _paused(self, session: Session) -> Iterator[None]:
@@ -183,11 +245,27 @@ class World:
         inside_forks = real.startswith(self.fork_root + os.sep)
         if not inside_forks and (_contains(real, self.root) or _contains(self.root, real)):
             raise InvalidArgument(f"workspace {real} overlaps the data root {self.root}")
+        self._check_overlap(real)
         if must_be_empty and os.path.isdir(real) and os.listdir(real):
             raise FailedPrecondition(f"workspace {real} is not empty")
         if not must_be_empty and not os.path.isdir(real):
             raise NotFound(f"workspace {real} does not exist")
         return real
+
+    def _check_overlap(self, real: str) -> None:
+        """One folder belongs to one session: a workspace may not equal, contain or lie
+        inside another session's workspace (one inotify watch has one owner, and two
+        sessions restoring one folder would destroy each other's work), nor the engine's
+        data root."""
+        for other in self.store.list_sessions():
+            if _contains(other.workspace, real) or _contains(real, other.workspace):
+                raise FailedPrecondition(
+                    f"workspace {real} overlaps the workspace {other.workspace} of session"
+                    f" {other.id}")
+        engine_root = self.engine.data_root() if self.engine is not None else None
+        if engine_root and (_contains(real, engine_root) or _contains(engine_root, real)):
+            raise InvalidArgument(f"workspace {real} overlaps the Docker engine's data root"
+                                  f" {engine_root}")
 
     # -- sessions ------------------------------------------------------------------------
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
@@ -208,6 +286,8 @@ class World:
             container_name = self._engine().inspect(container)["Name"].lstrip("/")
         else:
             container_name = None
+        container_spec = (self._engine().creation_spec(container_name) if container_name
+                          else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
                           ids.now())
         try:
@@ -221,7 +301,8 @@ class World:
                                    captures[0].root, captures[0].bytes, self.empty_state,
                                    tasks_digest, None, 0, 0, label="session created",
                                    container=captures[1].root if len(captures) > 1 else None)
-                session = replace(session, head=first.id)
+                session = replace(session, head=first.id,
+                                  spec=self._spec(session, layers, container_spec))
                 self.store.create_session(session, first, [], [
                     AuditEvent("session.create", sid, sid,
                                {"workspace": path, "container": container_name}, ids.now()),
@@ -313,7 +394,17 @@ class World:
         messages = [json.loads(m) for m in self.store.conversation(cp.id)]
         state = json.loads(self.blobs.read_bytes(cp.state_digest))
         tasks = tasks_from_json(self.blobs.read_bytes(cp.tasks_digest))
-        return CheckpointView(cp, messages, state, tasks)
+        skipped = []
+        if not cp.pruned:
+            skipped = self._skipped(cp.tree, WORKSPACE) + (
+                [f"container:{p}" for p in self._skipped(cp.container, CONTAINER)]
+                if cp.container else [])
+        return CheckpointView(cp, messages, state, tasks, skipped)
+
+    def _skipped(self, root: str, kind: str) -> list[str]:
+        """Entries a restore does not recreate: sockets; device nodes outside a container."""
+        never = (SOCKET,) if kind == CONTAINER else (SOCKET, CHAR, BLOCK)
+        return [path for path, e in self.trees.walk(root) if e.kind in never]
 
     # -- side effects --------------------------------------------------------------------
     def side_effects_since(self, head_id: str, target_id: str) -> list[ToolCall]:
@@ -323,9 +414,11 @@ class World:
 
     # -- restore -------------------------------------------------------------------------
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
-                dry_run: bool = False, expected_head: str = "") -> RestoreResult:
+                dry_run: bool = False, expected_head: str = "",
+                from_other_session: bool = False) -> RestoreResult:
         target = self.usable(checkpoint_id)
         with self._session_locked(session_id, expected_head) as session:
+            self._check_lineage(session, target, from_other_session)
             if session.container and target.container is None:
                 raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
                                          f" restore into container {session.container}")
@@ -333,76 +426,107 @@ class World:
             head = self.store.get_checkpoint(session.head)
             if dry_run:
                 with self._paused(session):
-                    current, _ = self.layers(session)[0].capture(head.tree, persist=False,
-                                                                 consume=False)
-                changes = diff(self.trees, current.root, target.tree, current.trees)
-                return RestoreResult(None, target.id, sorted(changes.added + changes.modified),
-                                     changes.deleted, effects, True)
+                    plans = self._plan(session, head, target)
+                return self._result(None, target, plans, effects, [], dry_run=True)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
                 raise FailedPrecondition(
                     f"restoring to {target.id} passes {len(effects)} non-idempotent side"
-                    f" effect(s) no restore can undo: {names}; acknowledge them to proceed")
+                    f" effect(s) no restore can undo: {names}; acknowledge them to proceed"
+                    " (--yes)")
             cp = Checkpoint(ids.new_id(), session_id, 0, session.head, "restore", ids.now(),
                             target.tree, target.bytes, target.state_digest, target.tasks_digest,
                             target.id, 0, target.message_count, label=f"restore of {target.id}",
                             restored_from=target.id, acknowledged=tuple(c.id for c in effects),
                             container=target.container if session.container else None)
-            self.journal.write({"session": session_id, "target": target.id,
-                                "head": session.head, "checkpoint": cp.__dict__ | {
-                                    "acknowledged": list(cp.acknowledged)}})
-            crash_point("restore.after_journal")
-            try:
-                changes = self._apply(session, head, target)
-            except DataLoss:
-                self.journal.remove(session_id)  # refused before anything changed
-                raise
+            entry = {"session": session_id, "target": target.id, "head": session.head,
+                     "checkpoint": cp.__dict__ | {"acknowledged": list(cp.acknowledged)}}
+            plans, warnings = self._apply(session, head, target, entry)
             crash_point("restore.before_commit")
             tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
+            written = sum(len(p.changes.added) + len(p.changes.modified) for p in plans)
             events = [AuditEvent("restore", session_id, cp.id,
-                                 {"target": target.id, "written": len(changes.added)
-                                  + len(changes.modified), "removed": len(changes.deleted)},
+                                 {"target": target.id, "written": written,
+                                  "removed": sum(len(p.changes.deleted) for p in plans)},
                                  ids.now())]
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
             cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
             self.journal.remove(session_id)
-        return RestoreResult(cp, target.id, sorted(changes.added + changes.modified),
-                             changes.deleted, effects)
+        return self._result(cp, target, plans, effects, warnings)
 
-    def _apply(self, session: Session, head: Checkpoint, target: Checkpoint) -> Diff:
+    def _check_lineage(self, session: Session, target: Checkpoint, explicit: bool) -> None:
+        """A checkpoint of another session's history restores here only when asked."""
+        if explicit or target.session_id == session.id:
+            return
+        if target.id in {cid for cid, _ in self.store.lineage(session.head)}:
+            return  # a fork's ancestry is its own
+        raise FailedPrecondition(
+            f"checkpoint {target.id} belongs to session {target.session_id}, outside the"
+            f" lineage of session {session.id}; restore it here only on purpose"
+            " (--from-other-session)")
+
+    @staticmethod
+    def _result(cp, target: Checkpoint, plans: list[LayerPlan], effects, warnings,
+                dry_run: bool = False) -> RestoreResult:
+        work = plans[0].changes
+        box = next((p.changes for p in plans if p.layer.kind == CONTAINER), None)
+        return RestoreResult(cp, target.id, sorted(work.added + work.modified), work.deleted,
+                             effects, dry_run, box, warnings)
+
+    def _plan(self, session: Session, head: Checkpoint, target: Checkpoint) -> list[LayerPlan]:
+        """What a restore will change in each layer, checked before anything changes:
+        every layer opened by identity, every blob it will write verified (a corrupt one
+        fails the restore with DATA_LOSS), the current state captured."""
+        plans = []
+        for layer, base, want in zip(self.layers(session), self._bases(head),
+                                     self._bases(target), strict=False):
+            current, seen = layer.capture(base, persist=False, consume=False)
+            changes = diff(self.trees, current.root, want, current.trees)
+            size = 0
+            for path in changes.added + changes.modified:
+                entry = entry_at(self.trees, want, path)
+                if entry is not None and entry.has_content:
+                    self.blobs.verify(entry.ref)
+                    if entry.kind == SPARSE:
+                        for piece in sparse.pieces(self.blobs, entry.ref):
+                            self.blobs.verify(piece)
+                    size += entry.size if entry.kind == FILE else 0
+            plans.append(LayerPlan(layer, current, seen, want, changes, size))
+        return plans
+
+    def _apply(self, session: Session, head: Checkpoint, target: Checkpoint,
+               entry: dict) -> tuple[list[LayerPlan], list[str]]:
         """Bring every layer to the target: the container stopped meanwhile, then started
-        again if it was running. Every blob the restore will write is verified before
-        the first byte changes, so a corrupt blob fails the restore (DATA_LOSS) with
-        the world untouched. Returns the workspace's changes."""
+        again if it was running. The plan is made (and may fail) before the journal is
+        written, so a restore refused up front leaves no journal; the journal names
+        every path the restore will change, in each layer, as it was and as it will be,
+        so a restart can tell whether the layers are still as the restore left them."""
         was_running = self._engine().stop(session.container) if session.container else False
         try:
-            plans = []
-            for layer, base, want in zip(self.layers(session), self._bases(head),
-                                         self._bases(target), strict=False):
-                current, seen = layer.capture(base, persist=False, consume=False)
-                changes = diff(self.trees, current.root, want, current.trees)
-                size = 0
-                for path in changes.added + changes.modified:
-                    entry = self._entry(want, path)
-                    if entry is not None and entry.kind == FILE:
-                        self.blobs.verify(entry.ref)
-                        size += entry.size
-                plans.append((layer, current, seen, want, changes, size))
-            for layer, current, seen, want, _, size in plans:
-                progress.begin(f"restore: {layer.kind}", size)
-                layer.snap.apply(current, want)
-                if seen is not None and not seen.full:
-                    layer.now_equals(want)
+            plans = self._plan(session, head, target)
+            self.journal.write(entry | {"layers": [p.journal() for p in plans]})
+            crash_point("restore.after_journal")
+            warnings: list[str] = []
+            for plan in plans:
+                progress.begin(f"restore: {plan.layer.kind}", plan.size)
+                warnings += [f"{plan.layer.kind}: {w}" if plan.layer.kind == CONTAINER else w
+                             for w in plan.layer.snap.apply(plan.current, plan.want)]
+                if plan.seen is not None and not plan.seen.full:
+                    plan.layer.now_equals(plan.want)
                 crash_point("restore.between_layers")
-            return plans[0][4]
+            return plans, warnings
         finally:
             if was_running:
                 self._engine().start(session.container)
 
     def _finish_restore(self, entry: dict) -> str:
-        """Complete a restore its journal says was begun (the caller holds the lock)."""
+        """Complete a restore its journal says was begun (the caller holds the lock), but
+        only if every layer is still as the restore left it: each path it was to change
+        either as it was or as it was to be, and nothing else changed. Otherwise the
+        entry is set aside and the session marked as needing attention: a journal is
+        never applied over work written after it."""
         sid, fields = entry["session"], entry["checkpoint"]
         try:
             self.store.get_checkpoint(fields["id"])
@@ -413,11 +537,18 @@ class World:
         session = self.store.get_session(sid)
         head = self.store.get_checkpoint(entry["head"])
         target = self.store.get_checkpoint(entry["target"])
+        try:
+            with self._paused(session):
+                problem = self._changed_since(session, head, entry)
+        except WorldlineError as exc:
+            problem = exc.message
+        if problem:
+            return self._set_aside(session, entry, problem)
         for layer in self.layers(session):  # a file written aside, never renamed
             for path in layer.snap.remove_leftovers():
                 log.warning("session %s: removed %s, left by the interrupted restore",
                             sid, os.path.join(layer.path, path))
-        self._apply(session, head, target)
+        self._apply(session, head, target, entry)
         tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
         cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
         self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
@@ -425,18 +556,98 @@ class World:
         self.journal.remove(sid)
         return f"completed the interrupted restore of session {sid} to {target.id}"
 
+    def _changed_since(self, session: Session, head: Checkpoint, entry: dict) -> str:
+        """Why the layers are not as the interrupted restore left them ("" if they are)."""
+        planned = {p["kind"]: p for p in entry.get("layers", [])}
+        layers = self.layers(session)
+        if len(planned) != len(layers) or any(x.kind not in planned for x in layers):
+            return "the session's layers are not the ones the restore began with"
+        target = self.store.get_checkpoint(entry["target"])
+        for layer, base, want in zip(layers, self._bases(head), self._bases(target),
+                                     strict=False):
+            paths = planned[layer.kind]["paths"]
+            current, _ = layer.capture(base, persist=False, consume=False)
+            left = diff(self.trees, current.root, want, current.trees)
+            for path in left.added + left.modified + left.deleted:
+                have = entry_at(self.trees, current.root, path, current.trees)
+                if have is not None and have.is_folder:
+                    continue  # folders take their times and modes last: any is fine
+                if path not in paths or entry_key(have) != paths[path][0]:
+                    return (f"{layer.kind} path {path} changed after the restore was"
+                            " interrupted")
+        return ""
+
+    def _set_aside(self, session: Session, entry: dict, reason: str) -> str:
+        why = (f"an interrupted restore to {entry['target']} was not completed: {reason};"
+               " resolve with `worldline session resolve`")
+        self.journal.set_aside(session.id)
+        self.store.update_session(session.id, needs_attention=why)
+        self.store.append_audit([AuditEvent("restore.set_aside", session.id, entry["target"],
+                                            {"reason": reason}, ids.now())])
+        return f"session {session.id} needs attention: {why}"
+
+    def resolve(self, session_id: str, complete: bool) -> Session:
+        """An operator's decision on a session that needs attention: complete the restore
+        that was set aside (the layers brought to its target, whatever they hold now), or
+        abandon it (the layers stay as they are; the next checkpoint records them)."""
+        session = self.session(session_id)
+        with self.lock(session.workspace):
+            entry = self.journal.get_set_aside(session_id)
+            if entry is None or not session.needs_attention:
+                raise FailedPrecondition(f"session {session_id} does not need attention")
+            if complete:
+                try:
+                    self.store.get_checkpoint(entry["checkpoint"]["id"])
+                except NotFound:
+                    head = self.store.get_checkpoint(entry["head"])
+                    target = self.store.get_checkpoint(entry["target"])
+                    self._apply(session, head, target, entry)
+                    tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
+                    fields = entry["checkpoint"]
+                    cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
+                    self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
+                        "restore.completed", session_id, cp.id, {"target": target.id},
+                        ids.now())])
+                self.journal.remove(session_id)
+            for layer in self.layers(session):
+                if layer.tracker is not None:
+                    layer.tracker.invalidate("an operator resolved the session")
+            self.journal.drop_set_aside(session_id)
+            self.store.update_session(session_id, needs_attention=None)
+            self.store.append_audit([AuditEvent(
+                "session.resolve", session_id, session_id,
+                {"action": "complete" if complete else "abandon"}, ids.now())])
+        return self.session(session_id)
+
     def _pending_restore(self, session_id: str) -> None:
         """A restore of this session that failed midway is completed before anything else
-        happens to the session (the caller holds the lock)."""
+        happens to the session, if nothing changed since (the caller holds the lock);
+        a session that needs attention takes no operation that changes its world."""
         entry = self.journal.get(session_id)
         if entry is not None:
             log.warning("session %s: %s", session_id, self._finish_restore(entry))
+        session = self.session(session_id)
+        if session.needs_attention:
+            raise FailedPrecondition(f"session {session_id} needs attention:"
+                                     f" {session.needs_attention}")
 
     # -- fork ----------------------------------------------------------------------------
-    def fork(self, checkpoint_id: str, workspace: str = "", name: str = "") -> ForkResult:
+    def fork(self, checkpoint_id: str, workspace: str = "", name: str = "",
+             volumes: str = "") -> ForkResult:
         source = self.usable(checkpoint_id)
         parent = self.store.get_session(source.session_id)
         check_text("name", name)
+        if volumes not in ("", "share", "empty"):
+            raise InvalidArgument(f"--volumes is share or empty, not {volumes!r}")
+        if source.container is not None:
+            spec = self._container_spec(parent)
+            foreign = extra_mounts(spec, parent.workspace)
+            if foreign and not volumes:
+                raise FailedPrecondition(
+                    f"the container of session {parent.id} mounts {', '.join(foreign)}"
+                    " besides the workspace: they are not part of the world; fork with"
+                    " --volumes share (mount them as they are) or --volumes empty (fresh"
+                    " empty volumes)")
         sid = ids.new_id()
         path = self._check_workspace(workspace or os.path.join(self.fork_root, sid),
                                      must_be_empty=True)
@@ -445,7 +656,7 @@ class World:
         container = None
         try:
             if source.container is not None:
-                container = self._fork_container(parent, sid, path)
+                container = self._fork_container(parent, sid, path, volumes)
             session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
                               source.id, ids.now())
             with self.lock(path):
@@ -469,7 +680,9 @@ class World:
                                    source.tree, source.bytes, source.state_digest,
                                    source.tasks_digest, source.id, 0, source.message_count,
                                    label=f"fork of {source.id}", container=source.container)
-                session = replace(session, head=first.id)
+                session = replace(session, head=first.id, spec=self._spec(
+                    session, layers,
+                    self._engine().creation_spec(container) if container else None))
                 tasks = tasks_from_json(self.blobs.read_bytes(source.tasks_digest))
                 self.store.create_session(session, first, tasks, [
                     AuditEvent("fork", sid, first.id, {"source": source.id, "workspace": path,
@@ -504,13 +717,23 @@ class World:
             shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             return False
 
-    def _fork_container(self, parent: Session, sid: str, workspace: str) -> str:
+    def _container_spec(self, session: Session) -> dict:
+        """The container's creation spec: as recorded with the session (so a container
+        removed since can be made again), else as the engine shows it now."""
+        spec = json.loads(session.spec or "{}").get("container")
+        if spec:
+            return spec
+        if not session.container:
+            raise FailedPrecondition(f"session {session.id} has no container")
+        return self._engine().creation_spec(session.container)
+
+    def _fork_container(self, parent: Session, sid: str, workspace: str, volumes: str) -> str:
         engine = self._engine()
-        if not parent.container:
-            raise FailedPrecondition(f"session {parent.id} has no container to fork")
-        template = engine.inspect(parent.container)
-        name = f"{parent.container}-fork-{sid[-8:].lower()}"
-        engine.create_like(template, name, parent.workspace, workspace, self._labels(sid))
+        spec = self._container_spec(parent)
+        base = parent.container or f"worldline-{parent.id.lower()}"
+        name = f"{base}-fork-{sid[-8:].lower()}"
+        engine.create_from_spec(spec, name, parent.workspace, workspace, self._labels(sid),
+                                volumes)
         return name
 
     # -- images --------------------------------------------------------------------------
@@ -551,9 +774,18 @@ class World:
         that worldline made for sessions that were never recorded. Returns a report."""
         report = []
         for entry in self.journal.entries():
-            session = self.store.get_session(entry["session"])
-            with self.lock(session.workspace):
-                report.append(self._finish_restore(entry))
+            try:  # nothing a journal holds may stop the daemon from serving the others
+                session = self.store.get_session(entry["session"])
+                with self.lock(session.workspace):
+                    report.append(self._finish_restore(entry))
+            except Exception as exc:
+                log.exception("recovery of session %s", entry.get("session"))
+                try:
+                    session = self.store.get_session(entry["session"])
+                    report.append(self._set_aside(session, entry, f"{exc}"))
+                except Exception:
+                    self.journal.set_aside(str(entry.get("session")))
+                    report.append(f"set aside the journal of {entry.get('session')}: {exc}")
         known = {s.id for s in self.store.list_sessions()}
         for folder in (self.fork_root, self.views.forks if self.views else None):
             if folder is None or not os.path.isdir(folder):
@@ -580,27 +812,25 @@ class World:
         return report
 
     # -- diff ----------------------------------------------------------------------------
-    def diff(self, from_id: str, to_id: str, patch: bool = False) -> tuple[Diff, str]:
+    def diff(self, from_id: str, to_id: str, patch: bool = False
+             ) -> tuple[Diff, Diff | None, str]:
+        """The workspace's changes, the container layer's (None when neither checkpoint has
+        one; an absent layer counts as empty), and a patch of the workspace's text files."""
         a, b = self.usable(from_id), self.usable(to_id)
         changes = diff(self.trees, a.tree, b.tree)
+        box = None
+        if a.container is not None or b.container is not None:
+            box = diff(self.trees, a.container or self.empty_tree, b.container or self.empty_tree)
         if not patch:
-            return changes, ""
+            return changes, box, ""
         parts = []
         for path in sorted(changes.added + changes.modified + changes.deleted):
-            parts.append(self._patch(path, self._entry(a.tree, path), self._entry(b.tree, path)))
-        return changes, "".join(parts)
-
-    def _entry(self, root: str, path: str) -> Entry | None:
-        tree = self.trees.read(root)
-        *folders, name = path.split("/")
-        for part in folders:
-            entry = tree.get(part)
-            if entry is None or not entry.is_folder:
-                return None
-            tree = self.trees.read(entry.ref)
-        return tree.get(name)
+            parts.append(self._patch(path, entry_at(self.trees, a.tree, path),
+                                     entry_at(self.trees, b.tree, path)))
+        return changes, box, "".join(parts)
 
     def _patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
+        path = escape(path)
         texts = []
         for entry in (old, new):
             if entry is None or entry.kind != FILE:
@@ -634,6 +864,32 @@ def _root_id(root: str) -> str:
             os.fsync(f.fileno())
         os.rename(path + ".tmp", path)
         return value
+
+
+def open_layer_root(kind: str, path: str, identity: list | None) -> int:
+    """A descriptor of a layer's root folder, refused (FAILED_PRECONDITION, nothing read
+    or written) when the path no longer leads to the folder whose identity
+    (st_dev, st_ino) was recorded: moved, deleted, or a parent swapped for a symlink."""
+    what = "workspace" if kind == WORKSPACE else "container layer"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FailedPrecondition(f"{what} {path} does not exist") from None
+    except NotADirectoryError:
+        raise FailedPrecondition(f"{what} {path} is not a folder") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FailedPrecondition(f"{what} {path} has been replaced by a symlink") from None
+        raise
+    if identity is not None:
+        st = os.fstat(fd)
+        if [st.st_dev, st.st_ino] != list(identity):
+            os.close(fd)
+            raise FailedPrecondition(
+                f"{what} {path} is no longer the folder this session was created on (it was"
+                " moved or replaced, or a folder above it was swapped for a symlink):"
+                " nothing was read or written")
+    return fd
 
 
 def _contains(outer: str, inner: str) -> bool:

@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"patch of the better approach, {best_name}:")
         print(client.diff(base.id, best_cp.id, patch=True).patch.rstrip())
 
-        # Bring the better approach into the original session's world.
-        session.restore(best_cp.id)
+        # Bring the better approach into the original session's world (a checkpoint of
+        # the fork's history, outside this session's: said so explicitly).
+        session.restore(best_cp.id, from_other_session=True)
         session.set_task("fix", "completed")
         assert run_tests(repo), "the restored fix should pass"
 

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from worldline.client.errors import FailedPrecondition
 
 from .conftest import DaemonProcess, tree_state
 
@@ -102,8 +103,8 @@ def test_burst_past_the_inotify_queue(tmp_path):
                 _write(ws / f"b{i % 30}" / f"f{i}", b"%d" % i)
             cp = s.checkpoint()
             state = tree_state(ws)
-            shutil.rmtree(ws)
-            ws.mkdir()
+            for child in ws.iterdir():  # the folder itself is the session's: emptied
+                shutil.rmtree(child)
             s.checkpoint()
             s.restore(cp.id)
             assert tree_state(ws) == state
@@ -154,14 +155,23 @@ def test_changes_while_the_daemon_was_down(fresh_daemon, workspace):
         assert d.modified == ["a"] and d.added == ["new/b"]
 
 
-def test_two_sessions_on_one_workspace(client, workspace):
-    _write(workspace / "f", b"1")
+def test_one_folder_belongs_to_one_session(client, workspace, tmp_path):
+    """Overlapping workspaces would share one inotify watch and miss each other's
+    changes (0.3 accepted them): the same folder (spelt with a trailing slash too), a
+    folder inside it and one that contains it are refused, naming the owner."""
+    (workspace / "inner").mkdir()
     a = client.create_session(str(workspace))
-    b = client.create_session(str(workspace))
-    _write(workspace / "f", b"2")
-    a.checkpoint()  # consumes the tracker's changes
-    cp = b.checkpoint()  # must still see f changed relative to b's own head
-    assert client.diff(client.log(b.id)[0].id, cp.id).modified == ["f"]
+    for path in (str(workspace), str(workspace) + "/", str(workspace / "inner"),
+                 str(tmp_path)):
+        with pytest.raises(FailedPrecondition) as err:
+            client.create_session(path)
+        assert a.id in err.value.message
+    fork = client.fork(a.head)
+    with pytest.raises(FailedPrecondition):
+        client.create_session(fork.workspace)
+    other = tmp_path.parent / (tmp_path.name + "-beside")
+    other.mkdir()
+    assert client.create_session(str(other)).id != a.id
 
 
 def test_cookies_never_touch_the_workspace(client, workspace):

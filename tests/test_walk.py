@@ -60,15 +60,17 @@ def _memos(root, result):
     records, _, _ = result
     files, folders = {}, {}
     for rel, _wd, _opaque, entries in records:
-        for name, sig, _extra in entries:
+        for name, sig, extra in entries:
             path = f"{rel}/{name}" if rel else name
             mode = SIG.unpack(sig)[4]
             if mode & 0o170000 == 0o100000:
-                files[path] = (sig, "d" * 64)
+                files[path] = (sig, "d" * 64, "", "file")
+            elif mode & 0o170000 == 0o120000:
+                files[path] = (sig, extra, "", "symlink")
             elif mode & 0o170000 == 0o040000:
-                folders[path] = (sig, "t" * 64 + path, 0, "dir")
+                folders[path] = (sig, "t" * 64 + path, 0, "dir", "")
     fd = os.open(root, _DIR)
-    folders[""] = (signature(os.fstat(fd)), "root", 0, "dir")
+    folders[""] = (signature(os.fstat(fd)), "root", 0, "dir", "")
     os.close(fd)
     return files, folders
 
@@ -86,9 +88,10 @@ def test_lists_every_kind_without_following_links(tmp_path, impl):
     assert by_rel["a"]["fifo"][1] is None
     assert os.fsdecode(b"bad\xffname") in by_rel[""]
     st = os.lstat(tmp_path / "a" / "b" / "two.py")
-    size, mtime, ctime, ino, mode = by_rel["a/b"]["two.py"][0]
-    assert (size, mtime, ctime, ino, mode) == (2, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                                st.st_mode)
+    size, mtime, ctime, ino, mode, uid, gid, nlink, blocks = by_rel["a/b"]["two.py"][0]
+    assert (size, mtime, ctime, ino, mode, uid, gid, nlink, blocks) == (
+        2, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, st.st_uid, st.st_gid,
+        st.st_nlink, st.st_blocks)
     # children come before their parent, and a folder's entry names its record
     index = {rel: i for i, (rel, *_rest) in enumerate(records)}
     assert records[by_rel[""]["a"][1]][0] == "a"

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Session(_message.Message):
-    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at")
+    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Session(_message.Message):
     HEAD_FIELD_NUMBER: _ClassVar[int]
     FORKED_FROM_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace: str
@@ -22,7 +23,16 @@ class Session(_message.Message):
     head: str
     forked_from: str
     created_at: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+    needs_attention: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ...) -> None: ...
+
+class ResolveSessionRequest(_message.Message):
+    __slots__ = ("session_id", "complete")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    complete: bool
+    def __init__(self, session_id: _Optional[str] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("workspace", "container", "name", "image", "mount")
@@ -117,16 +127,18 @@ class GetCheckpointRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class CheckpointDetail(_message.Message):
-    __slots__ = ("checkpoint", "messages_json", "state_json", "tasks")
+    __slots__ = ("checkpoint", "messages_json", "state_json", "tasks", "skipped")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
     checkpoint: Checkpoint
     messages_json: str
     state_json: str
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
-    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+    skipped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., skipped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -150,17 +162,29 @@ class DiffRequest(_message.Message):
     patch: bool
     def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., patch: _Optional[bool] = ...) -> None: ...
 
+class LayerChanges(_message.Message):
+    __slots__ = ("added", "modified", "deleted")
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    MODIFIED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    added: _containers.RepeatedScalarFieldContainer[str]
+    modified: _containers.RepeatedScalarFieldContainer[str]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., modified: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class DiffResponse(_message.Message):
-    __slots__ = ("added", "modified", "deleted", "patch")
+    __slots__ = ("added", "modified", "deleted", "patch", "container")
     ADDED_FIELD_NUMBER: _ClassVar[int]
     MODIFIED_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
     PATCH_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     added: _containers.RepeatedScalarFieldContainer[str]
     modified: _containers.RepeatedScalarFieldContainer[str]
     deleted: _containers.RepeatedScalarFieldContainer[str]
     patch: str
-    def __init__(self, added: _Optional[_Iterable[str]] = ..., modified: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ..., patch: _Optional[str] = ...) -> None: ...
+    container: LayerChanges
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., modified: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ..., patch: _Optional[str] = ..., container: _Optional[_Union[LayerChanges, _Mapping]] = ...) -> None: ...
 
 class SideEffect(_message.Message):
     __slots__ = ("tool_call_id", "tool", "args_summary", "created_at", "checkpoint_id", "effect")
@@ -179,48 +203,56 @@ class SideEffect(_message.Message):
     def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id")
+    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id", "from_other_session")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGE_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_OTHER_SESSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     checkpoint_id: str
     acknowledge_side_effects: bool
     dry_run: bool
     expected_head: str
     operation_id: str
-    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ..., operation_id: _Optional[str] = ...) -> None: ...
+    from_other_session: bool
+    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ..., operation_id: _Optional[str] = ..., from_other_session: _Optional[bool] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
-    __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run")
+    __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run", "container", "warnings")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     FILES_REMOVED_FIELD_NUMBER: _ClassVar[int]
     SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     checkpoint: Checkpoint
     restored_from: str
     files_written: _containers.RepeatedScalarFieldContainer[str]
     files_removed: _containers.RepeatedScalarFieldContainer[str]
     side_effects: _containers.RepeatedCompositeFieldContainer[SideEffect]
     dry_run: bool
-    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    container: LayerChanges
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ..., container: _Optional[_Union[LayerChanges, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForkRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "workspace", "name", "operation_id")
+    __slots__ = ("checkpoint_id", "workspace", "name", "operation_id", "volumes")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     workspace: str
     name: str
     operation_id: str
-    def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ..., operation_id: _Optional[str] = ...) -> None: ...
+    volumes: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., workspace: _Optional[str] = ..., name: _Optional[str] = ..., operation_id: _Optional[str] = ..., volumes: _Optional[str] = ...) -> None: ...
 
 class ExportImageRequest(_message.Message):
     __slots__ = ("checkpoint_id",)

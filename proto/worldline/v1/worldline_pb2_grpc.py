@@ -49,6 +49,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.ResolveSession = channel.unary_unary(
+                '/worldline.v1.Worldline/ResolveSession',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.Session.FromString,
+                _registered_method=True)
         self.CreateCheckpoint = channel.unary_unary(
                 '/worldline.v1.Worldline/CreateCheckpoint',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.CheckpointRequest.SerializeToString,
@@ -177,6 +182,12 @@ class WorldlineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -336,6 +347,11 @@ def add_WorldlineServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.ListSessionsRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ResolveSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveSession,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.Session.SerializeToString,
             ),
             'CreateCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateCheckpoint,
@@ -529,6 +545,33 @@ class Worldline:
             '/worldline.v1.Worldline/ListSessions',
             worldline_dot_v1_dot_worldline__pb2.ListSessionsRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/ResolveSession',
+            worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,153 @@
+"""File metadata: what a capture reads of each entry besides its content, and how a
+restore gives it back.
+
+Everything here works on descriptors the caller opened with ``O_NOFOLLOW`` (or on a
+single name inside such a folder, never following it), so no path an agent controls is
+ever resolved through a symlink.
+
+Applying an entry's metadata goes in the one order that cannot lose any of it:
+owner (``fchown`` clears setuid, setgid and file capabilities), then mode, then xattrs
+(ACLs are the ``system.posix_acl_*`` xattrs; setting the access ACL sets the mode's
+group bits, as it did when it was captured), then the modification time (nothing after
+it may touch the entry). When the owner cannot be set (the daemon is not root, or the
+id is not mapped in this namespace) the setuid and setgid bits of a non-folder are
+dropped: a restore never makes a privileged file on anyone's behalf.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as st_
+
+from .trees import Entry, make_extra
+
+# The overlay's own markers are recorded as entry kinds (whiteout, opaque), never as
+# xattrs: copying them would corrupt the engine's view of a layer.
+_PRIVATE_PREFIXES = ("trusted.overlay.", "user.overlay.")
+PRIVILEGE_BITS = st_.S_ISUID | st_.S_ISGID
+
+
+def _keep(name: str) -> bool:
+    return not name.startswith(_PRIVATE_PREFIXES)
+
+
+def read_xattrs(target: int | str) -> dict[str, bytes]:
+    """Every xattr of an open descriptor (or of a ``/proc/self/fd/N/name`` path, read
+    without following its last component) except the overlay's markers."""
+    follow = isinstance(target, int)
+    try:
+        names = os.listxattr(target, follow_symlinks=follow)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.ENOENT, errno.EPERM, errno.EACCES):
+            return {}
+        raise
+    out = {}
+    for name in names:
+        if not _keep(name):
+            continue
+        try:
+            out[name] = os.getxattr(target, name, follow_symlinks=follow)
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+                raise
+    return out
+
+
+def at(dfd: int, name: str) -> str:
+    """A path naming ``name`` inside the open folder ``dfd``, for the calls that take no
+    ``dir_fd`` (xattrs of symlinks and special files): the folder is reached through its
+    descriptor and the last component is never followed."""
+    return f"/proc/self/fd/{dfd}/{name}"
+
+
+def entry_of(kind: str, st: os.stat_result | tuple, ref: str = "", size: int = 0,
+             xattrs: dict[str, bytes] | None = None, rdev: int | None = None,
+             links: str = "") -> Entry:
+    """The entry of a stat result (or of a signature's unpacked fields: size, mtime_ns,
+    ctime_ns, ino, mode, uid, gid, nlink, blocks)."""
+    if isinstance(st, os.stat_result):
+        mtime, mode, uid, gid = st.st_mtime_ns, st.st_mode, st.st_uid, st.st_gid
+    else:
+        _, mtime, _, _, mode, uid, gid, _, _ = st
+    return Entry(kind, st_.S_IMODE(mode) if kind != "symlink" else 0, ref, size, uid, gid,
+                 mtime, make_extra(xattrs, rdev, links))
+
+
+class Applier:
+    """Gives entries their metadata; collects the warnings a restore reports."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+        self._can_chown = True
+
+    def apply_fd(self, fd: int, entry: Entry, path: str, folder: bool = False) -> None:
+        """Owner, mode, xattrs and time of the entry open at ``fd`` (a file or folder)."""
+        if not entry.has_meta:  # recorded by 0.3: the mode alone, never a privilege
+            mode = entry.mode if folder else self._unprivileged(entry.mode, path,
+                                                                 "it has no recorded owner")
+            os.fchmod(fd, mode)
+            return
+        owned = self._chown(lambda: os.fchown(fd, entry.uid, entry.gid), entry, path)
+        mode = entry.mode if owned or folder else self._unprivileged(
+            entry.mode, path, f"its owner {entry.uid}:{entry.gid} could not be set")
+        os.fchmod(fd, mode)
+        self._set_xattrs(fd, entry.xattrs(), path, follow=True)
+        os.utime(fd, ns=(entry.mtime, entry.mtime))
+
+    def apply_at(self, dfd: int, name: str, entry: Entry, path: str) -> None:
+        """The same for a symlink, FIFO or device node ``name`` inside folder ``dfd``,
+        never following it and never opening it (opening a device can act on it)."""
+        if not entry.has_meta:
+            return
+        self._chown(lambda: os.chown(name, entry.uid, entry.gid, dir_fd=dfd,
+                                     follow_symlinks=False), entry, path)
+        if entry.kind != "symlink":
+            owned = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            mode = entry.mode
+            if (owned.st_uid, owned.st_gid) != (entry.uid, entry.gid):
+                mode = self._unprivileged(mode, path, "its owner could not be set")
+            os.chmod(name, mode, dir_fd=dfd, follow_symlinks=False)
+        self._set_xattrs(at(dfd, name), entry.xattrs(), path, follow=False)
+        os.utime(name, ns=(entry.mtime, entry.mtime), dir_fd=dfd, follow_symlinks=False)
+
+    def touch(self, fd: int, entry: Entry) -> None:
+        """Only the modification time again (a folder whose contents were just written)."""
+        if entry.has_meta:
+            os.utime(fd, ns=(entry.mtime, entry.mtime))
+
+    # -- internals -----------------------------------------------------------------
+    def _chown(self, chown, entry: Entry, path: str) -> bool:
+        try:
+            chown()
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EINVAL):
+                raise
+            self.warnings.append(f"{path}: owner {entry.uid}:{entry.gid} not restored"
+                                 f" ({os.strerror(exc.errno)})")
+            return False
+
+    def _unprivileged(self, mode: int, path: str, why: str) -> int:
+        if mode & PRIVILEGE_BITS:
+            self.warnings.append(f"{path}: setuid/setgid bits dropped because {why}")
+        return mode & ~PRIVILEGE_BITS
+
+    def _set_xattrs(self, target, want: dict[str, bytes], path: str, follow: bool) -> None:
+        have = read_xattrs(target)
+        for name in have.keys() - want.keys():
+            try:
+                os.removexattr(target, name, follow_symlinks=follow)
+            except OSError as exc:
+                if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
+                    raise
+        for name, value in sorted(want.items()):
+            if have.get(name) == value:
+                continue
+            try:
+                os.setxattr(target, name, value, follow_symlinks=follow)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EACCES, errno.EINVAL):
+                    raise
+                self.warnings.append(f"{path}: xattr {name} not restored"
+                                     f" ({os.strerror(exc.errno)})")

@@ -1,0 +1,81 @@
+"""Resource limits: what one agent may make a checkpoint store.
+
+A checkpoint past any limit fails with RESOURCE_EXHAUSTED naming the file or the
+limit, before the file is read (sizes are known from ``fstat``), and nothing it
+stored is referenced by any record (garbage collection takes it back). Defaults suit
+a coding agent's workspace; an operator sets them with ``worldline daemon`` options.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from worldline.client.errors import ResourceExhausted
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_file_bytes: int = 8 * GiB  # data of one file (allocated bytes for a sparse one)
+    max_file_size: int = 1 << 40  # logical size of one file (a sparse file's holes count)
+    max_checkpoint_bytes: int = 16 * GiB  # bytes read from changed files in one checkpoint
+    min_free_bytes: int = 1 * GiB  # free space the data root keeps
+
+    def budget(self, data_root: str | None) -> "Budget":
+        return Budget(self, data_root)
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+class Budget:
+    """What one capture may still read and store."""
+
+    def __init__(self, limits: Limits, data_root: str | None) -> None:
+        self.limits = limits
+        self.used = 0
+        self.left = limits.max_checkpoint_bytes
+        self.floor_reason = ""
+        if data_root is not None:
+            spare = free_bytes(data_root) - limits.min_free_bytes
+            if spare <= 0:
+                raise ResourceExhausted(
+                    f"the data root {data_root} has {_human(free_bytes(data_root))} free,"
+                    f" below its floor of {_human(limits.min_free_bytes)}"
+                    " (--min-free-bytes): free space or run gc")
+            if spare < self.left:
+                self.left = spare
+                self.floor_reason = (f"the data root's free space above its floor of"
+                                     f" {_human(limits.min_free_bytes)}")
+
+    def check_file(self, path: str, st: os.stat_result, data_bytes: int) -> None:
+        """Before a changed file is read: its logical size and its data bytes."""
+        if st.st_size > self.limits.max_file_size:
+            raise ResourceExhausted(
+                f"{path} is {_human(st.st_size)}, past the largest file size captured,"
+                f" {_human(self.limits.max_file_size)} (--max-file-size)")
+        if data_bytes > self.limits.max_file_bytes:
+            raise ResourceExhausted(
+                f"{path} holds {_human(data_bytes)} of data, past the largest file"
+                f" captured, {_human(self.limits.max_file_bytes)} (--max-file-bytes)")
+        self.take(data_bytes, path)
+
+    def take(self, n: int, path: str) -> None:
+        self.used += n
+        if self.used > self.left:
+            why = self.floor_reason or (f"the most new bytes per checkpoint,"
+                                        f" {_human(self.limits.max_checkpoint_bytes)}"
+                                        " (--max-checkpoint-bytes)")
+            raise ResourceExhausted(f"the changed files reach {_human(self.used)} at {path},"
+                                    f" past {why}")

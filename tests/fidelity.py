@@ -1,0 +1,161 @@
+"""What `rsync -aHAXS` keeps of a tree, as one comparable value; and the agent's hands.
+
+``fingerprint(root)`` maps every path below ``root`` (``"."`` for the root itself) to
+its kind, permission bits (setuid, setgid, sticky included), owner, group, mtime in
+nanoseconds, xattrs (ACLs and file capabilities included; the overlay's own markers
+left out), content digest and size, symlink target, device numbers, hard-link group
+(the other paths sharing its inode) and, for a sparse file, its allocated blocks.
+
+The agent's actions run as uid 1000 on the host (``as_agent``) and as ``nobody``
+(65534) in containers, by number: a fresh CI machine has no such users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+AGENT_UID = 1000
+NOBODY = 65534
+
+
+def _xattrs(path: str) -> dict[str, bytes]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if name.startswith("trusted.overlay."):
+            continue
+        out[name] = os.getxattr(path, name, follow_symlinks=False)
+    return out
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(root: Path | str, skip_sockets: bool = True) -> dict[str, tuple]:
+    root = os.fspath(root)
+    records: dict[str, dict] = {}
+    inodes: dict[int, list[str]] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        full = os.path.join(root, rel) if rel else root
+        st = os.lstat(full)
+        kind = stat.S_IFMT(st.st_mode)
+        if kind == stat.S_IFSOCK and skip_sockets:
+            continue
+        rec = {"kind": kind, "uid": st.st_uid, "gid": st.st_gid,
+               "mtime": st.st_mtime_ns, "xattrs": _xattrs(full)}
+        if kind != stat.S_IFLNK:
+            rec["mode"] = stat.S_IMODE(st.st_mode)
+        if kind == stat.S_IFREG:
+            rec["size"] = st.st_size
+            rec["sha"] = _digest(full)
+            if st.st_blocks * 512 < st.st_size:
+                rec["blocks"] = st.st_blocks  # a sparse file stays as sparse
+            if st.st_nlink > 1:
+                inodes.setdefault(st.st_ino, []).append(rel)
+        elif kind == stat.S_IFLNK:
+            rec["target"] = os.readlink(full)
+        elif kind in (stat.S_IFCHR, stat.S_IFBLK):
+            rec["rdev"] = st.st_rdev
+        elif kind == stat.S_IFDIR:
+            stack.extend(os.path.join(rel, n) if rel else n for n in os.listdir(full))
+        records[rel or "."] = rec
+    for group in inodes.values():
+        if len(group) > 1:
+            for path in group:
+                records[path]["links"] = tuple(sorted(group))
+    return {path: tuple(sorted(rec.items())) for path, rec in records.items()}
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """A readable list of what differs between two fingerprints (empty when equal)."""
+    out = []
+    for path in sorted(a.keys() | b.keys()):
+        if a.get(path) != b.get(path):
+            out.append(f"{path}: {dict(a[path]) if path in a else None}"
+                       f" != {dict(b[path]) if path in b else None}")
+    return out
+
+
+def as_agent(script: str, cwd: Path | str, uid: int = AGENT_UID, check: bool = True
+             ) -> subprocess.CompletedProcess:
+    """Run a shell script as the agent: uid and gid ``uid``, no supplementary groups."""
+    res = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                          "sh", "-ec", script], cwd=cwd, capture_output=True, text=True,
+                         timeout=60)
+    if check and res.returncode != 0:
+        raise AssertionError(f"as uid {uid}: {script!r}: {res.stderr}")
+    return res
+
+
+# The agent's part of a host workspace: its own files with every kind of metadata an
+# unprivileged user can give them.
+AGENT_TREE = r"""
+mkdir -p src/deep/er bin shared sticky empty
+printf 'print(1)\n' > src/main.py
+printf 'leaf' > src/deep/er/leaf.txt
+cp /bin/true bin/tool && chmod 4755 bin/tool
+cp /bin/true bin/grouptool && chmod 2711 bin/grouptool
+chmod 2775 shared
+chmod 1777 sticky
+chmod 700 empty
+setfattr -n user.note -v hello src/main.py
+setfattr -n user.bin -v 0x00ff10 src/deep
+setfacl -m u:65534:r-x src/main.py
+setfacl -d -m u:65534:rwx shared
+setfacl -m g:65534:rwx shared
+ln src/main.py src/hard.py
+ln src/main.py bin/also.py
+ln -s ../src/main.py bin/link.py
+ln -s /nowhere/at/all dangling
+mkfifo pipe
+truncate -s 100M sparse.img
+printf 'data' | dd of=sparse.img bs=1 seek=50000000 conv=notrunc status=none
+printf 'x' > "$(printf 'bad\377name')"
+touch -h -d '2001-02-03 04:05:06.123456789' bin/link.py
+touch -d '1999-12-31 23:59:59.5' src/deep/er/leaf.txt
+touch -d '2002-02-02 02:02:02.25' src/deep/er
+python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind("agent.sock")'
+"""
+
+
+def build_host_tree(ws: Path) -> None:
+    """A workspace owned by the agent (uid 1000), with files of another user and a
+    file capability that only root could have given (as a container's root would)."""
+    os.chown(ws, AGENT_UID, AGENT_UID)
+    os.chmod(ws, 0o750)
+    as_agent(AGENT_TREE, ws)
+    others = ws / "others"
+    others.mkdir()
+    (others / "nobody.txt").write_text("not the agent's\n")
+    os.chmod(others / "nobody.txt", 0o640)
+    for p in (others, others / "nobody.txt"):
+        os.chown(p, NOBODY, NOBODY)
+    captool = ws / "bin" / "captool"
+    captool.write_bytes(Path("/bin/true").read_bytes())
+    os.chown(captool, AGENT_UID, AGENT_UID)
+    os.chmod(captool, 0o755)
+    subprocess.run(["setcap", "cap_net_bind_service+ep", str(captool)], check=True)
+    os.utime(others, ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+
+
+def empty_folder(path: Path) -> None:
+    """Remove everything inside ``path`` (as root: the agent's and everyone's files)."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            subprocess.run(["rm", "-rf", str(child)], check=True)
+        else:
+            child.unlink()
