@@ -212,6 +212,11 @@ class Client:
         return [Approval.from_pb(a) for a in self._call("ListApprovals", pb.ListApprovalsRequest(
             session_id=session_id or "", status=status or "")).approvals]
 
+    def cancel_approval(self, approval_id: str, reason: str = "") -> Approval:
+        """Withdraw a pending approval this agent requested (it becomes denied)."""
+        return Approval.from_pb(self._call("CancelApproval", pb.CancelApprovalRequest(
+            approval_id=approval_id, reason=reason)))
+
     def decide_approval(self, approval_id: str, approve: bool = True, reason: str = "") -> Approval:
         return Approval.from_pb(self._call("DecideApproval", pb.DecideApprovalRequest(
             approval_id=approval_id, approve=approve, reason=reason)))

@@ -267,6 +267,10 @@ def cmd_approval(c: Client, a, out: Output) -> int:
 
 
 def cmd_approvals(c: Client, a, out: Output) -> int:
+    if a.approvals_cmd == "cancel":
+        d = c.cancel_approval(a.id, reason=a.reason or "").to_dict()
+        out.emit(d, lambda: f"approval {d['id']}: {d['status']} ({d['reason']})")
+        return 0
     aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
     out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
                                    x["created_at"][:19]] for x in aps],
@@ -489,6 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     all_ = als.add_parser("list", parents=[common], help="list approvals")
     all_.add_argument("--session")
     all_.add_argument("--status")
+    alc = als.add_parser("cancel", parents=[common],
+                         help="withdraw a pending approval you requested")
+    alc.add_argument("id")
+    alc.add_argument("--reason")
     a1 = add("approve", cmd_decide, "approve a pending approval")
     a1.add_argument("id")
     a1.add_argument("--reason")

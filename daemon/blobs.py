@@ -220,18 +220,28 @@ class LocalBlobStore:
         return digests
 
     def put_fd(self, src: int) -> tuple[str, int]:
-        hasher = hashlib.sha256()
-        size = 0
+        """Store the file open at ``src`` (read from offset 0). Its digest is computed
+        first, so content that is already stored is recognised before a copy of it is
+        written anywhere; only new content is read again and copied aside."""
+        hasher, size = hashlib.sha256(), 0
+        for chunk in _chunks(src):
+            hasher.update(chunk)
+            size += len(chunk)
+        digest = hasher.hexdigest()
+        if self._reuse(digest):
+            BLOB_REUSED.inc(size)
+            return digest, size
+        hasher, size = hashlib.sha256(), 0
 
-        def chunks():
+        def copied():
             nonlocal size
-            while chunk := os.read(src, CHUNK):
+            for chunk in _chunks(src):
                 hasher.update(chunk)
                 size += len(chunk)
                 yield chunk
 
-        tmp = self._write_temp(chunks())
-        digest = hasher.hexdigest()
+        tmp = self._write_temp(copied())
+        digest = hasher.hexdigest()  # what was copied (the file may have changed between)
         if self._reuse(digest):
             BLOB_REUSED.inc(size)
             os.unlink(tmp)
@@ -479,6 +489,14 @@ class LocalBlobStore:
         return renamed, removed
 
 
+def _chunks(fd: int) -> Iterator[bytes]:
+    """The file open at ``fd`` from its start, in chunks (pread: its offset is untouched)."""
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        offset += len(chunk)
+        yield chunk
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written (a write may take fewer)."""
     view = memoryview(data)
@@ -551,10 +569,7 @@ class MemoryBlobStore:
         return [self.put_bytes(data) for data in blobs]
 
     def put_fd(self, fd: int) -> tuple[str, int]:
-        chunks = []
-        while chunk := os.read(fd, CHUNK):
-            chunks.append(chunk)
-        data = b"".join(chunks)
+        data = b"".join(_chunks(fd))
         return self.put_bytes(data), len(data)
 
     def read_bytes(self, digest: str) -> bytes:

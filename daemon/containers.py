@@ -123,6 +123,16 @@ class Engine:
                 return None
         return self._root or None
 
+    def exists(self, container: str) -> bool:
+        """Whether the engine knows the container (Unavailable when it does not answer)."""
+        import docker
+        with self.errors():
+            try:
+                self.api.inspect_container(container)
+                return True
+            except docker.errors.NotFound:
+                return False
+
     def inspect(self, container: str) -> dict:
         with self.errors(container):
             return self.api.inspect_container(container)

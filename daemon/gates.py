@@ -74,10 +74,8 @@ class Gates:
                         "tool_call.replay", session_id, call.id,
                         {"idempotency_key": idempotency_key}, ids.now())])
                     return replace(call, replayed=True)
-        if decision.requires_approval:
+        if decision.requires_approval or approval_id:
             self._check_approved(session_id, name, approval_id)
-        elif approval_id:
-            check_id("approval", approval_id)
         call = ToolCall(ids.new_id(), session_id, name,
                         json.dumps(args, ensure_ascii=False, sort_keys=True),
                         result_json or None, effect, idempotency_key or None, session.head,
@@ -97,6 +95,8 @@ class Gates:
             raise FailedPrecondition(f"approval {approval_id} is not for {tool!r} in this session")
         if approval.status != "approved":
             raise FailedPrecondition(f"approval {approval_id} is {approval.status}, not approved")
+        # It is used up when the call is recorded: the store refuses a second call citing
+        # it, in the same transaction (two calls racing with one approval: one wins).
 
     # -- tasks ---------------------------------------------------------------------------
     def set_task(self, session_id: str, task_id: str, status: str, title: str = "",
@@ -157,6 +157,12 @@ class Gates:
         for approval in self.store.list_approvals(session_id or None, "pending"):
             self._expire_if_due(approval)
         return self.store.list_approvals(session_id or None, status or None)
+
+    def cancel(self, approval_id: str, reason: str = "") -> Approval:
+        """The requester withdraws a pending approval: it is denied, saying so."""
+        check_text("reason", reason)
+        return self.decide(approval_id, False,
+                           f"cancelled by its requester{': ' + reason if reason else ''}")
 
     def decide(self, approval_id: str, approve: bool, reason: str = "") -> Approval:
         check_text("reason", reason)

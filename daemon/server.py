@@ -235,6 +235,9 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def DecideApproval(self, r, context):
         return approval_pb(self.gates.decide(r.approval_id, r.approve, r.reason))
 
+    def CancelApproval(self, r, context):
+        return approval_pb(self.gates.cancel(r.approval_id, r.reason))
+
     # audit and maintenance
     def ListAudit(self, r, context):
         events = self.world.store.list_audit(r.session_id or None, r.kind or None, r.limit)

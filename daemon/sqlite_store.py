@@ -309,6 +309,12 @@ class SqliteStore(SqliteDatabase):
     # -- tool calls -------------------------------------------------------------------
     def add_tool_call(self, call, events):
         with self._tx() as db:
+            if call.approval_id:
+                used = db.execute("SELECT id FROM tool_calls WHERE approval_id = ?",
+                                  (call.approval_id,)).fetchone()
+                if used is not None:
+                    raise FailedPrecondition(f"approval {call.approval_id} was already used"
+                                             f" by tool call {used[0]}")
             db.execute("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (call.id, call.session_id, call.name, call.args_json, call.result_json,
                         call.effect, call.idempotency_key, call.checkpoint_id, call.created_at,

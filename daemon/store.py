@@ -71,7 +71,9 @@ class Store(Protocol):
     def lineage(self, checkpoint_id: str) -> list[tuple[str, str]]:
         """(checkpoint id, session id) from this one back through its parents, newest first."""
 
-    def add_tool_call(self, call: ToolCall, events: list[AuditEvent]) -> None: ...
+    def add_tool_call(self, call: ToolCall, events: list[AuditEvent]) -> None:
+        """Record a tool call; one citing an approval another call already cited is
+        FAILED_PRECONDITION (an approval is used up by the call it allowed)."""
     def list_tool_calls(self, session_id: str | None = None,
                         checkpoint_ids: Collection[str] | None = None) -> list[ToolCall]: ...
 
@@ -233,6 +235,11 @@ class MemoryStore:
     def add_tool_call(self, call, events):
         with self._lock:
             self.get_session(call.session_id)
+            used = [c.id for c in self._tool_calls.values()
+                    if call.approval_id and c.approval_id == call.approval_id]
+            if used:
+                raise FailedPrecondition(f"approval {call.approval_id} was already used by"
+                                         f" tool call {used[0]}")
             self._tool_calls[call.id] = call
             self.append_audit(events)
 

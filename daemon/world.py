@@ -219,10 +219,34 @@ class World:
             spec["container"] = container_spec
         return json.dumps(spec, sort_keys=True)
 
+    def _container_gone(self, session: Session) -> bool:
+        """Whether the session's container was removed behind worldline's back."""
+        return bool(session.container) and not self._engine().exists(session.container)
+
+    def _revive(self, session: Session) -> bool:
+        """Make a removed container again, identically, from the spec recorded with the
+        session (its name, configuration and mounts); its layer is then restored like
+        any other. Returns whether it had to."""
+        if not self._container_gone(session):
+            return False
+        spec = json.loads(session.spec or "{}").get("container")
+        if not spec:
+            raise FailedPrecondition(
+                f"container {session.container} of session {session.id} is gone, and the"
+                " session (made before 0.4) has no recorded spec to make it again")
+        self._engine().create_from_spec(spec, session.container, session.workspace,
+                                        session.workspace, self._labels(session.id),
+                                        volumes="share")
+        layers = self.layers(replace(session, spec="{}"))
+        self.store.update_session(session.id, spec=self._spec(session, layers))
+        self.store.append_audit([AuditEvent("container.recreate", session.id,
+                                            session.container, {}, ids.now())])
+        return True
+
     @contextlib.contextmanager
     def _paused(self, session: Session) -> Iterator[None]:
         """The container paused (if it runs) while its world is read."""
-        if not session.container:
+        if not session.container or self._container_gone(session):
             yield
             return
         with self._engine().frozen(session.container):
@@ -338,6 +362,12 @@ class World:
             check_text(what, text)
         with self._session_locked(session_id, expected_head) as session:
             head = self.store.get_checkpoint(session.head)
+            if self._container_gone(session):
+                # The workspace goes on being checkpointed; the container layer last
+                # captured is carried forward, so a restore or fork can make it again.
+                session = replace(session, container=None)
+                log.warning("session %s: container gone; checkpointing the workspace and"
+                            " carrying its last layer forward", session.id)
             layers = self.layers(session)
             return self._checkpoint(session, head, layers, messages, state, label,
                                     reasoning, trace_id)
@@ -373,7 +403,8 @@ class World:
                             captures[0].root, captures[0].bytes, state_digest, tasks_digest,
                             head.id, len(messages), head.message_count + len(messages),
                             label=label, reasoning=reasoning, trace_id=trace_id,
-                            container=captures[1].root if len(captures) > 1 else None)
+                            container=captures[1].root if len(captures) > 1
+                            else head.container)  # a container gone: its last layer
             cp = self.store.append_checkpoint(cp, messages, head.id, None, [
                 AuditEvent("checkpoint", session.id, cp.id,
                            {"tree": cp.tree, "container": cp.container, "label": label,
@@ -425,8 +456,10 @@ class World:
             effects = self.side_effects_since(session.head, target.id)
             head = self.store.get_checkpoint(session.head)
             if dry_run:
-                with self._paused(session):
-                    plans = self._plan(session, head, target)
+                shown = replace(session, container=None) if self._container_gone(
+                    session) else session
+                with self._paused(shown):
+                    plans = self._plan(shown, head, target)
                 return self._result(None, target, plans, effects, [], dry_run=True)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
@@ -441,7 +474,14 @@ class World:
                             container=target.container if session.container else None)
             entry = {"session": session_id, "target": target.id, "head": session.head,
                      "checkpoint": cp.__dict__ | {"acknowledged": list(cp.acknowledged)}}
+            revived = self._revive(session)
+            if revived:
+                session = self.session(session_id)
             plans, warnings = self._apply(session, head, target, entry)
+            if revived:
+                self._engine().start(session.container)
+                warnings.append(f"container {session.container} was gone: made again from"
+                                " its recorded spec")
             crash_point("restore.before_commit")
             tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
             written = sum(len(p.changes.added) + len(p.changes.modified) for p in plans)

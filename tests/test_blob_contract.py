@@ -133,6 +133,26 @@ def test_local_blobs_are_read_only_and_leave_no_temporaries(tmp_path):
     assert os.listdir(blobs.tmp) == []
 
 
+def test_put_fd_of_stored_content_copies_nothing(tmp_path, monkeypatch):
+    """A large file that is already stored is recognised by its digest before any copy
+    of it is written (0.3 copied a 20 GiB blob into blobs/tmp first)."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    data = os.urandom(BIG)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    with open(src, "rb") as f:
+        first, _ = blobs.put_fd(f.fileno())
+    blobs.sync()
+
+    def no_copy(*args, **kwargs):  # the fault forced: any copy aside fails the test
+        raise AssertionError("a copy was written")
+    monkeypatch.setattr(blobs, "_write_temp", no_copy)
+    with open(src, "rb") as f:
+        f.read(1000)  # the descriptor's offset does not matter: it reads from the start
+        again, size = blobs.put_fd(f.fileno())
+    assert (again, size) == (first, len(data))
+
+
 def test_concurrent_puts_and_syncs_lose_nothing(blobs):
     """Regression: overlapping syncs once renamed each other's temporaries, and a sync
     could return before another thread's sync had made its blobs durable."""

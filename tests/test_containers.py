@@ -160,14 +160,29 @@ def test_attach_existing_container(client, workspace, containers):
     assert sh(name, "cat /tmp/attached") == "x\n"
 
 
-def test_container_removed_behind_our_back(client, workspace):
+def test_session_survives_its_container(client, workspace, tmp_path, containers):
+    """0.3 froze a session whose container was removed (`docker rm -f`): checkpoint,
+    restore and fork failed for good. Now the workspace goes on being checkpointed (the
+    last container layer carried forward), and restore and fork make the container
+    again from the spec recorded with the session, with its layer."""
     s = client.create_session(str(workspace), image=IMAGE)
+    containers.append(s.container)
+    sh(s.container, "mkdir -p /srv && echo kept > /srv/state")
+    with_layer = s.checkpoint()
     docker("rm", "-f", s.container)
-    with pytest.raises(FailedPrecondition) as err:
-        s.checkpoint()
-    assert "no longer exists" in str(err.value)
-    with pytest.raises(FailedPrecondition):
-        s.restore(s.head)
+    (workspace / "after.txt").write_text("written after the container went\n")
+    cp = s.checkpoint()
+    assert cp.container == with_layer.container
+    assert "after.txt" in client.diff(with_layer.id, cp.id).added
+    fork = client.fork(cp.id, workspace=str(tmp_path / "fork"))
+    containers.append(fork.container)
+    assert sh(fork.container, "cat /srv/state").strip() == "kept"
+    result = s.restore(with_layer.id)
+    assert any("made again" in w for w in result.warnings)
+    assert sh(s.container, "cat /srv/state").strip() == "kept"
+    assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+    assert not (workspace / "after.txt").exists()
+    s.checkpoint()  # and the remade container is captured as before
 
 
 def test_unknown_container_is_refused(client, workspace):

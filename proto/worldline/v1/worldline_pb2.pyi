@@ -462,6 +462,14 @@ class ListApprovalsResponse(_message.Message):
     approvals: _containers.RepeatedCompositeFieldContainer[Approval]
     def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ...) -> None: ...
 
+class CancelApprovalRequest(_message.Message):
+    __slots__ = ("approval_id", "reason")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    reason: str
+    def __init__(self, approval_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class DecideApprovalRequest(_message.Message):
     __slots__ = ("approval_id", "approve", "reason")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]

@@ -139,6 +139,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.DecideApprovalRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.Approval.FromString,
                 _registered_method=True)
+        self.CancelApproval = channel.unary_unary(
+                '/worldline.v1.Worldline/CancelApproval',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.CancelApprovalRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.Approval.FromString,
+                _registered_method=True)
         self.ListAudit = channel.unary_unary(
                 '/worldline.v1.Worldline/ListAudit',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.ListAuditRequest.SerializeToString,
@@ -299,6 +304,13 @@ class WorldlineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelApproval(self, request, context):
+        """The requester withdraws a pending approval (it becomes denied, saying so).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAudit(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -436,6 +448,11 @@ def add_WorldlineServicer_to_server(servicer, server):
             'DecideApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.DecideApproval,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.DecideApprovalRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.Approval.SerializeToString,
+            ),
+            'CancelApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelApproval,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.CancelApprovalRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.Approval.SerializeToString,
             ),
             'ListAudit': grpc.unary_unary_rpc_method_handler(
@@ -1030,6 +1047,33 @@ class Worldline:
             target,
             '/worldline.v1.Worldline/DecideApproval',
             worldline_dot_v1_dot_worldline__pb2.DecideApprovalRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.Approval.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/CancelApproval',
+            worldline_dot_v1_dot_worldline__pb2.CancelApprovalRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.Approval.FromString,
             options,
             channel_credentials,
