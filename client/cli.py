@@ -586,6 +586,21 @@ def _size(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script. A reader that closes the pipe early (``| head``) ends the
+    command quietly, as it does for any Unix tool."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Nothing more can be written; point stdout at /dev/null so the interpreter's
+        # own flush at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "completion":

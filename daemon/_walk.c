@@ -362,8 +362,8 @@ static void process(walk_t *w, node_t *n) {
         pthread_mutex_lock(&w->mu);
         release_parent_locked(n->parent);
         pthread_mutex_unlock(&w->mu);
-        if (err == ENOENT) {
-            n->vanished = 1; /* removed while we looked */
+        if (err == ENOENT || err == ENOTDIR || err == ELOOP) {
+            n->vanished = 1; /* removed, or swapped for a file or symlink, while we looked */
             return;
         }
     } else {

@@ -22,10 +22,11 @@ capture of it). Rules, in order of importance:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as st_
 
-from worldline.client.errors import InvalidArgument
+from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import progress, sparse
 from .blobs import BlobStore
@@ -129,7 +130,21 @@ class TreeWriter:
                      path: str) -> None:
         if have is None:
             os.mkdir(name, 0o700, dir_fd=dfd)
-        sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                raise
+            # Swapped for a symlink or a file (or removed) since the capture: whatever
+            # stands there now is not the folder; the folder is made again, empty.
+            _remove(dfd, name)
+            os.mkdir(name, 0o700, dir_fd=dfd)
+            have = None
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                raise FailedPrecondition(f"{path} kept changing while it was restored:"
+                                         " try again once the agent is still") from None
         try:
             self._sync_dir(sub, have.ref if have else None, want.ref, path + "/")
             if (have is None and want.kind == OPAQUE) or (

@@ -627,7 +627,13 @@ def _remove(dfd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if st_.S_ISDIR(st.st_mode):
-        _make_tree_writable(dfd, name)
+        try:
+            _make_tree_writable(dfd, name)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            os.unlink(name, dir_fd=dfd)  # swapped for a symlink or file since the stat
+            return
         shutil.rmtree(name, dir_fd=dfd)
     else:
         os.unlink(name, dir_fd=dfd)

@@ -35,6 +35,7 @@ package) and ``walk_python`` below; tests/test_walk.py holds them to the same ou
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat as st_
 import struct
@@ -102,8 +103,13 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
             if st_.S_ISDIR(st.st_mode):
                 try:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-                except FileNotFoundError:
-                    reusable = False  # removed while we looked
+                except (FileNotFoundError, NotADirectoryError):
+                    reusable = False  # removed, or swapped for a file, while we looked
+                    continue
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    reusable = False  # swapped for a symlink while we looked
                     continue
                 try:
                     extra = visit(sub, join_path(rel, name), entry_sig, depth + 1)

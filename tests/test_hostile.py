@@ -1,0 +1,448 @@
+"""The hostile-agent suite: what a buggy or hostile agent tried against worldline 0.3.0
+(issue 12's findings, one test each), and a race loop swapping folders and parents for
+symlinks while checkpoints and restores run. The daemon runs as root; the agent's
+actions run as uid 1000 (``as_agent``); a canary folder outside every session must stay
+byte for byte untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from worldline.client import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
+from worldline.client.errors import Aborted
+from worldline.client.paths import to_bytes
+
+from .conftest import WORLDLINE, DaemonProcess
+from .fidelity import AGENT_UID, as_agent, differences, fingerprint
+
+
+@pytest.fixture
+def canary(tmp_path) -> Path:
+    """A folder outside every session, with a root-only secret, that nothing may touch."""
+    path = tmp_path / "canary"
+    (path / "ws").mkdir(parents=True)
+    (path / "ws" / "secret").write_text("root only\n")
+    os.chmod(path / "ws" / "secret", 0o600)
+    (path / "ws" / "keep.txt").write_text("keep\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+@pytest.fixture
+def agent_home(tmp_path) -> Path:
+    """agent/proj/ws: the agent owns everything from agent/ down."""
+    home = tmp_path / "agent"
+    ws = home / "proj" / "ws"
+    ws.mkdir(parents=True)
+    for p in (home, home / "proj", ws):
+        os.chown(p, AGENT_UID, AGENT_UID)
+    os.chmod(tmp_path, 0o755)
+    return home
+
+
+def test_1_setuid_file_comes_back_owned_by_the_agent(client, agent_home):
+    ws = agent_home / "proj" / "ws"
+    as_agent("cp /bin/bash tool && chmod 4755 tool && mkdir grp && chmod 2775 grp", ws)
+    s = client.create_session(str(ws))
+    cp = s.checkpoint()
+    as_agent("rm -rf tool grp", ws)
+    s.restore(cp.id)
+    st = os.stat(ws / "tool")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (AGENT_UID, AGENT_UID, 0o4755)
+    assert os.stat(ws / "grp").st_gid == AGENT_UID
+    # run as the agent, the setuid tool gives the agent's euid, not root's
+    euid = as_agent("./tool -p -c 'id -u'", ws).stdout.strip()
+    assert euid == str(AGENT_UID)
+
+
+def test_2_parent_swapped_for_a_symlink_is_refused(fresh_daemon, agent_home, canary):
+    before = fingerprint(canary)
+    ws = agent_home / "proj" / "ws"
+    as_agent("echo mine > a.txt && cp /bin/true tool && chmod 4755 tool", ws)
+    fresh_daemon.start()
+    with fresh_daemon.client() as c:
+        s = c.create_session(str(ws))
+        cp = s.checkpoint()
+        as_agent(f"mv proj proj.real && ln -s {canary} proj", agent_home)
+        for attempt in (lambda: s.checkpoint(), lambda: s.restore(cp.id),
+                        lambda: s.restore(cp.id, dry_run=True)):
+            with pytest.raises(FailedPrecondition) as err:
+                attempt()
+            assert str(ws) in err.value.message
+    fresh_daemon.stop()
+    fresh_daemon.start()  # a restart's full scan must not read through the swap either
+    with fresh_daemon.client() as c:
+        with pytest.raises(FailedPrecondition):
+            c.checkpoint(s.id)
+        assert c.get_session(s.id).head == s.head
+    assert differences(before, fingerprint(canary)) == []
+    # put back, the session goes on
+    as_agent("rm proj && mv proj.real proj", agent_home)
+    with fresh_daemon.client() as c:
+        c.checkpoint(s.id)
+
+
+def test_3_engine_data_root_is_never_a_workspace(client):
+    root = Path("/var/lib/docker")
+    if not root.is_dir():
+        pytest.skip("no engine data root here")
+    for path in (root, root / "overlay2"):
+        if path.is_dir():
+            with pytest.raises((InvalidArgument, FailedPrecondition)):
+                client.create_session(str(path))
+
+
+def _deep_tree(base: Path, depth: int) -> None:
+    """A chain of ``depth`` folders below ``base`` (made through descriptors: the path
+    is longer than PATH_MAX)."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+
+
+def test_4_one_sessions_deep_folder_never_blinds_another(client, tmp_path):
+    a_ws, b_ws, outside = tmp_path / "a", tmp_path / "b", tmp_path / "outside"
+    for p in (a_ws, b_ws, outside):
+        p.mkdir()
+    a = client.create_session(str(a_ws))
+    b = client.create_session(str(b_ws))
+    (b_ws / "f.txt").write_text("1")
+    b.checkpoint()
+    _deep_tree(outside, 3000)
+    try:
+        os.rename(outside / "d", a_ws / "deep")  # 0.3's monitor died of recursion here
+        time.sleep(0.5)
+        (b_ws / "f.txt").write_text("2")
+        (b_ws / "new.txt").write_text("new")
+        cp = b.checkpoint()
+        d = client.diff(client.log(b.id)[-2].id, cp.id)
+        assert d.modified == ["f.txt"] and d.added == ["new.txt"]
+        with pytest.raises(FailedPrecondition):
+            a.checkpoint()  # too deep to capture: said clearly, nothing recorded
+    finally:
+        subprocess.run(["rm", "-rf", str(a_ws / "deep"), str(outside)], check=True)
+
+
+def test_5a_a_restore_refused_up_front_leaves_no_journal(fresh_daemon, tmp_path):
+    ws = tmp_path / "gone"
+    ws.mkdir()
+    fresh_daemon.start()
+    with fresh_daemon.client() as c:
+        s = c.create_session(str(ws))
+        other_ws = tmp_path / "other"
+        other_ws.mkdir()
+        other = c.create_session(str(other_ws))
+        cp = s.checkpoint()
+        ws.rmdir()
+        with pytest.raises(FailedPrecondition):
+            s.restore(cp.id)
+    assert not list((fresh_daemon.root / "journal").glob("*.json"))
+    fresh_daemon.stop()
+    fresh_daemon.start()  # 0.3 exited at once here ("workspace ... does not exist")
+    with fresh_daemon.client() as c:
+        c.checkpoint(other.id)
+
+
+def test_5b_an_interrupted_restore_never_overwrites_later_work(tmp_path):
+    ws, other_ws = tmp_path / "ws", tmp_path / "other"
+    ws.mkdir()
+    other_ws.mkdir()
+    for i in range(10):
+        (ws / f"f{i}.txt").write_text(f"v1 {i}\n")
+    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": "restore.between_files:3"})
+    d.start()
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        other = c.create_session(str(other_ws))
+        cp = s.checkpoint()
+        for i in range(10):
+            (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
+        s.checkpoint()
+        with pytest.raises(Unavailable):
+            s.restore(cp.id)  # killed on the third file
+    d.proc.wait(15)
+    d.proc = None
+    (ws / "later.txt").write_text("written after the crash\n")  # work the journal predates
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()  # starts, and serves every other session
+    with d.client() as c:
+        c.checkpoint(other.id)
+        session = c.get_session(s.id)
+        assert session.needs_attention and "later.txt" in session.needs_attention
+        assert (ws / "later.txt").read_text() == "written after the crash\n"
+        with pytest.raises(FailedPrecondition):
+            c.checkpoint(s.id)  # no checkpoint of a half-restored world
+        listed = d.cli_json("session", "list")
+        assert [x for x in listed if x["id"] == s.id][0]["needs_attention"]
+        resolved = c.resolve_session(s.id, complete=False)
+        assert resolved.needs_attention is None
+        cp3 = c.checkpoint(s.id)
+        assert "later.txt" in c.diff(cp.id, cp3.id).added
+        assert (ws / "later.txt").exists()
+        with pytest.raises(FailedPrecondition):
+            c.resolve_session(s.id, complete=True)  # nothing left to resolve
+
+
+def test_5c_a_set_aside_restore_can_be_completed(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(6):
+        (ws / f"f{i}.txt").write_text(f"v1 {i}\n")
+    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": "restore.between_files:2"})
+    d.start()
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        cp = s.checkpoint()
+        for i in range(6):
+            (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
+        s.checkpoint()
+        with pytest.raises(Unavailable):
+            s.restore(cp.id)
+    d.proc.wait(15)
+    d.proc = None
+    (ws / "f5.txt").write_text("edited after the crash\n")
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()
+    with d.client() as c:
+        assert c.get_session(s.id).needs_attention
+        done = c.resolve_session(s.id, complete=True)
+        assert done.needs_attention is None and c.log(s.id)[-1].kind == "restore"
+        assert all((ws / f"f{i}.txt").read_text() == f"v1 {i}\n" for i in range(6))
+
+
+def test_7_another_sessions_checkpoint_restores_only_on_purpose(client, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "mine.txt").write_text("one\n")
+    (two / "theirs.txt").write_text("two\n")
+    a = client.create_session(str(one))
+    b = client.create_session(str(two))
+    theirs = b.checkpoint()
+    with pytest.raises(FailedPrecondition) as err:
+        a.restore(theirs.id)
+    assert b.id in err.value.message
+    assert (one / "mine.txt").exists() and not (one / "theirs.txt").exists()
+    a.restore(theirs.id, from_other_session=True)
+    assert (one / "theirs.txt").exists()
+    # a fork's own ancestry is its lineage: no flag needed
+    base = a.checkpoint()
+    fork = client.fork(base.id, workspace=str(tmp_path / "fork"))
+    fork.restore(base.id)
+
+
+def test_8_approvals_mean_something(client, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    s = client.create_session(str(ws))
+    denied = s.request_approval("deploy")
+    client.decide_approval(denied.id, approve=False, reason="no")
+    for tool in ("bash", "deploy"):
+        with pytest.raises(FailedPrecondition):
+            client.record_tool_call_raw(s.id, tool, approval_id=denied.id)
+    ok = s.request_approval("deploy")
+    client.decide_approval(ok.id, approve=True)
+    with pytest.raises(FailedPrecondition):
+        client.record_tool_call_raw(s.id, "push", approval_id=ok.id)  # another tool
+    client.record_tool_call_raw(s.id, "deploy", approval_id=ok.id)
+    with pytest.raises(FailedPrecondition) as err:
+        client.record_tool_call_raw(s.id, "deploy", approval_id=ok.id)  # used up
+    assert "already used" in err.value.message
+    pending = s.request_approval("deploy")
+    cancelled = client.cancel_approval(pending.id, reason="changed my mind")
+    assert cancelled.status == "denied" and "cancelled" in cancelled.reason
+    with pytest.raises(FailedPrecondition):
+        client.decide_approval(pending.id, approve=True)
+
+
+def test_8b_an_approval_belongs_to_its_session(client, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    a = client.create_session(str(one))
+    b = client.create_session(str(two))
+    approval = a.request_approval("deploy")
+    client.decide_approval(approval.id, approve=True)
+    with pytest.raises(FailedPrecondition):
+        client.record_tool_call_raw(b.id, "deploy", approval_id=approval.id)
+
+
+def test_9_limits(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    d = DaemonProcess(tmp_path / "root", ["--max-file-bytes", "1M", "--max-file-size", "10G",
+                                          "--max-checkpoint-bytes", "3M"]).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            head = s.head
+            (ws / "big.bin").write_bytes(os.urandom(2 << 20))
+            started = time.monotonic()
+            with pytest.raises(ResourceExhausted) as err:
+                s.checkpoint()
+            assert time.monotonic() - started < 1.0
+            assert "big.bin" in err.value.message and "--max-file-bytes" in err.value.message
+            (ws / "big.bin").unlink()
+            with open(ws / "huge.img", "wb") as f:
+                f.truncate(20 << 30)  # 20 GiB of holes: past the logical size limit
+            with pytest.raises(ResourceExhausted) as err:
+                s.checkpoint()
+            assert "huge.img" in err.value.message
+            (ws / "huge.img").unlink()
+            for i in range(4):
+                (ws / f"part{i}.bin").write_bytes(os.urandom(900 << 10))
+            with pytest.raises(ResourceExhausted) as err:
+                s.checkpoint()
+            assert "--max-checkpoint-bytes" in err.value.message
+            assert [x.id for x in c.log(s.id)] == [head]  # nothing partial recorded
+            (ws / "part3.bin").unlink()
+            s.checkpoint()
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+
+
+def test_9b_free_space_floor(tmp_path):
+    root = tmp_path / "small"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(root)], check=True)
+    try:
+        d = DaemonProcess(root / "data", ["--min-free-bytes", "60M"]).start()
+        try:
+            ws = tmp_path / "ws"
+            ws.mkdir()
+            with d.client() as c:
+                s = c.create_session(str(ws))
+                (ws / "f.bin").write_bytes(os.urandom(8 << 20))
+                with pytest.raises(ResourceExhausted) as err:
+                    s.checkpoint()
+                assert "floor" in err.value.message
+        finally:
+            d.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+def test_10_names_that_are_not_utf8(client, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    raw = [b"bad\xffname", b"back\\slash", b"caf\xc3\xa9"]
+    for name in raw:
+        (ws / os.fsdecode(name)).write_bytes(b"1")
+    s = client.create_session(str(ws))
+    for name in raw:
+        (ws / os.fsdecode(name)).write_bytes(b"2")
+    cp = s.checkpoint()
+    d = client.diff(client.log(s.id)[0].id, cp.id, patch=True)
+    assert sorted(to_bytes(p) for p in d.modified) == sorted(raw)
+    assert "bad\\xffname" in d.patch
+    for name in raw:
+        os.unlink(ws / os.fsdecode(name))
+    result = s.restore(cp.id)
+    assert sorted(to_bytes(p) for p in result.files_written) == sorted(raw)
+    assert sorted(os.listdir(os.fsencode(ws))) == sorted(raw)
+
+
+def test_11_repeated_sigterm_stops_the_daemon(tmp_path):
+    d = DaemonProcess(tmp_path / "root").start()
+    for _ in range(3):
+        d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(15) == 0
+    d.proc = None
+
+
+def test_11b_the_cli_is_quiet_on_a_closed_pipe(client, daemon, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    s = client.create_session(str(ws))
+    cp = s.checkpoint(messages=[{"role": "user", "content": "x" * 300_000}])
+    proc = subprocess.Popen(WORLDLINE + ["--address", daemon.address, "show", cp.id, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    proc.wait(30)
+    assert proc.stderr.read() == b""
+
+
+RACER = r"""
+import os, sys, time
+proj, canary, ws = sys.argv[1], sys.argv[2], sys.argv[3]
+deadline = time.monotonic() + float(sys.argv[4])
+i = 0
+while time.monotonic() < deadline:
+    i += 1
+    try:
+        if i % 2:  # a folder inside the workspace becomes a symlink out, then comes back
+            os.rename(f"{ws}/sub", f"{ws}/sub.real")
+            os.symlink(f"{canary}/ws", f"{ws}/sub")
+            time.sleep(0.002)
+            os.unlink(f"{ws}/sub")
+            os.rename(f"{ws}/sub.real", f"{ws}/sub")
+        else:  # the workspace's parent becomes a symlink to the canary, then comes back
+            os.rename(proj, proj + ".real")
+            os.symlink(canary, proj)
+            time.sleep(0.002)
+            os.unlink(proj)
+            os.rename(proj + ".real", proj)
+    except OSError:
+        pass
+"""
+
+
+def test_race_swapping_folders_and_parents_for_symlinks(client, agent_home, canary):
+    before = fingerprint(canary)
+    proj = agent_home / "proj"
+    ws = proj / "ws"
+    as_agent("mkdir -p sub/deeper && echo one > sub/a.txt && echo two > sub/deeper/b.txt"
+             " && cp /bin/true sub/tool && chmod 4755 sub/tool && echo top > top.txt", ws)
+    s = client.create_session(str(ws))
+    good = s.checkpoint()
+    racer = subprocess.Popen(
+        ["setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}", "--clear-groups",
+         sys.executable, "-c", RACER, str(proj), str(canary), str(ws), "6"],
+        cwd=agent_home, stderr=subprocess.PIPE)
+    done = refused = 0
+    deadline = time.monotonic() + 6
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if done % 3 == 2:
+                    s.restore(good.id, acknowledge_side_effects=True)
+                else:
+                    s.checkpoint()
+                done += 1
+            except (FailedPrecondition, Aborted):
+                refused += 1
+                if client.get_session(s.id).needs_attention:
+                    try:
+                        client.resolve_session(s.id, complete=False)
+                    except FailedPrecondition:
+                        pass
+    finally:
+        racer.wait(30)
+    assert done > 0, f"every operation was refused ({refused})"
+    assert differences(before, fingerprint(canary)) == [], "the canary was touched"
+    leaked = [p for p in fingerprint(canary) if p not in before]
+    assert leaked == []
+    # nothing the agent owned became root's, nothing gained a privilege
+    for path, rec in fingerprint(proj).items():
+        info = dict(rec)
+        if info.get("mode", 0) & 0o6000:
+            assert info["uid"] == AGENT_UID, path
+    assert client.get_session(s.id).id == s.id  # the daemon answered throughout
