@@ -57,6 +57,32 @@ def test_session_round_trip(store):
         store.create_session(s, first, [], [])
 
 
+def test_session_spec_and_attention_change_and_nothing_else(store):
+    s, first = new_session(store)
+    store.update_session(s.id, spec='{"roots": {}}', needs_attention="an interrupted restore")
+    got = store.get_session(s.id)
+    assert (got.spec, got.needs_attention, got.head) == ('{"roots": {}}',
+                                                         "an interrupted restore", first.id)
+    store.update_session(s.id, needs_attention=None)
+    assert store.get_session(s.id).needs_attention is None
+    with pytest.raises(ValueError):
+        store.update_session(s.id, head="elsewhere")  # the head moves by compare-and-set
+    with pytest.raises(NotFound):
+        store.update_session(ids.new_id(), needs_attention="x")
+
+
+def test_an_approval_is_used_up_by_one_tool_call(store):
+    s, first = new_session(store)
+    call = ToolCall(ids.new_id(), s.id, "deploy", "{}", None, "external_non_idempotent",
+                    None, first.id, ids.now(), "", "01J0000000000000000000APPR")
+    store.add_tool_call(call, [])
+    again = ToolCall(ids.new_id(), s.id, "deploy", "{}", None, "external_non_idempotent",
+                     None, first.id, ids.now(), "", "01J0000000000000000000APPR")
+    with pytest.raises(FailedPrecondition):
+        store.add_tool_call(again, [])
+    assert store.list_tool_calls(session_id=s.id) == [call]
+
+
 def test_append_moves_head_and_assigns_seq(store):
     s, first = new_session(store)
     a = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])

@@ -277,6 +277,50 @@ class Bench:
                     rate >= 150 and result["p99"] <= 0.050 and listing.p90 <= 100)
         return self.add(case)
 
+    # -- checkpoint-sparse ---------------------------------------------------------------
+    def sparse_case(self) -> Case:
+        """A 20 GiB sparse file with 4 KiB of data added to the django workspace: the
+        checkpoint's time beyond checkpoint-small's, the bytes it stores, and a restore
+        that gives it back sparse."""
+        s, ws = self.session_small, self.ws_small
+        rounds = max(3, ROUNDS // 6)
+        times, stored = [], []
+        rng = random.Random(20)
+        for i in range(rounds):
+            settle()
+            before = du_bytes(self.daemon.root)
+            path = ws / f"disk-{i}.img"
+            with open(path, "wb") as f:
+                f.truncate(20 << 30)
+                f.seek(rng.randrange(0, (20 << 30) - 4096))
+                f.write(os.urandom(4096))
+            times.append(timed(s.checkpoint))
+            settle()
+            stored.append(du_bytes(self.daemon.root) - before)
+        cp = s.checkpoint()
+        for i in range(rounds):
+            os.unlink(ws / f"disk-{i}.img")
+        s.restore(cp.id)
+        st = os.stat(ws / "disk-0.img")
+        sparse = st.st_size == 20 << 30 and st.st_blocks * 512 <= 1 << 20
+        for i in range(rounds):
+            os.unlink(ws / f"disk-{i}.img")
+        s.checkpoint()
+        wl_s = stat(times)
+        base = self.by_name["checkpoint-small"].worldline
+        extra_ms = wl_s.median - base.median
+        worst = max(stored)
+        ok = extra_ms <= 1000 and worst <= 1 << 20 and sparse
+        return self.add(Case("checkpoint-sparse", "checkpoint after adding a 20 GiB sparse file"
+                             " holding 4 KiB of data", wl_s,
+                             {"checkpoint-small": base,
+                              "bytes stored (most of any round)": Stat(worst, worst,
+                                                                       len(stored), "bytes")},
+                             round(extra_ms, 3), "extra ms over checkpoint-small",
+                             "≤ 1 s extra; ≤ 1 MiB stored; restored sparse", ok,
+                             f"restored: {st.st_blocks * 512} bytes allocated of"
+                             f" {st.st_size >> 30} GiB"))
+
     # -- container-checkpoint ------------------------------------------------------------
     def container_case(self) -> Case:
         from . import container
@@ -359,6 +403,7 @@ def main() -> int:
         ("checkpoint-rescan", bench.rescan_case),
         ("restore-small", bench.restore_case),
         ("fork", bench.fork_case),
+        ("checkpoint-sparse", bench.sparse_case),
         ("container-checkpoint", bench.container_case),
         ("storage-100", bench.storage_case),
         ("throughput", bench.throughput_case),
@@ -366,7 +411,7 @@ def main() -> int:
     ]
     needs = {"checkpoint-flat": "checkpoint-small", "checkpoint-rescan": "checkpoint-small",
              "restore-small": "checkpoint-small", "fork": "checkpoint-small",
-             "context": "checkpoint-small"}
+             "checkpoint-sparse": "checkpoint-small", "context": "checkpoint-small"}
     try:
         for name, fn in plan:
             if only and name not in only and not any(needs.get(o) == name for o in only):
