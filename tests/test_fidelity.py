@@ -126,12 +126,11 @@ def test_sparse_file_stays_sparse_and_small(fresh_daemon, tmp_path):
 
 
 def test_owner_that_cannot_be_set_never_leaves_a_privilege(tmp_path):
-    """A daemon that cannot chown (here, the applier run as uid 1000) restores what it
-    can, drops setuid/setgid where the owner could not be given back, and says so."""
-    os.chmod(tmp_path, 0o755)  # the agent looks the file up from here
+    """A daemon that cannot chown (here, the applier run as root without CAP_CHOWN, as
+    in a user namespace where the id is not mapped) restores what it can, drops
+    setuid/setgid where the owner could not be given back, and says so."""
     path = tmp_path / "tool"
     path.write_bytes(b"#!/bin/sh\n")
-    os.chown(path, AGENT_UID, AGENT_UID)
     script = (
         "import os\n"
         "from worldline.daemon.fsmeta import Applier\n"
@@ -141,12 +140,12 @@ def test_owner_that_cannot_be_set_never_leaves_a_privilege(tmp_path):
         "a = Applier()\n"
         "a.apply_fd(fd, e, 'tool')\n"
         "print('\\n'.join(a.warnings))\n")
-    res = subprocess.run(["setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}",
-                          "--clear-groups", sys.executable, "-c", script],
+    res = subprocess.run(["setpriv", "--bounding-set=-chown", "--inh-caps=-chown",
+                          sys.executable, "-c", script],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     st = os.stat(path)
-    assert st.st_uid == AGENT_UID and st.st_mode & 0o7777 == 0o755
+    assert st.st_uid == 0 and st.st_mode & 0o7777 == 0o755
     assert st.st_mtime_ns == 10**18
     assert "owner 65534:65534 not restored" in res.stdout
     assert "setuid/setgid bits dropped" in res.stdout
