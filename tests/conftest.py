@@ -200,3 +200,12 @@ def corrupt_blob(blob_root: Path, digest: str, data: bytes) -> None:
         assert n == 1, f"blob {digest} is not stored"
     finally:
         db.close()
+
+
+@pytest.fixture
+def containers():
+    """Names of containers a test made; each is removed when the test ends."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)

@@ -28,14 +28,6 @@ def upper(container: str) -> str:
     return json.loads(docker("inspect", container))[0]["GraphDriver"]["Data"]["UpperDir"]
 
 
-@pytest.fixture
-def containers():
-    made: list[str] = []
-    yield made
-    for name in made:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-
-
 def _build_layer(c: str) -> None:
     as_root(c, "mkdir -p /data && chown 65534:65534 /data && mknod /data/null c 1 3"
                " && mknod /data/loop b 7 200 && chmod 620 /data/loop && mkfifo /data/fifo"

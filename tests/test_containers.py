@@ -56,14 +56,6 @@ def engine():
         pytest.fail(f"the base image {IMAGE} is missing: run `make docker`")
 
 
-@pytest.fixture
-def containers():
-    made: list[str] = []
-    yield made
-    for name in made:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-
-
 def managed(client, session) -> str:
     return client.get_session(session.id).container
 
