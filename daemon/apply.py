@@ -69,10 +69,10 @@ class TreeWriter:
         want_root = self.trees.read(target)
         own = want_root.own
         groups = self.trees.link_groups(own.extras().get("links", "") if own else "")
-        mine = {p: g for g in groups for p in g}
+        mine = {p: tuple(g) for g in groups for p in g}
         have = {p: tuple(g) for g in link_groups(current.links) for p in g}
         self.defer = {p for g in groups for p in g[1:]}
-        self.force = {p for p, g in have.items() if tuple(mine.get(p, ())) != g}
+        self.force = {p for p, g in have.items() if mine.get(p) != g}
         for path in self.force:
             parts = path.split("/")
             self.force_folders.update("/".join(parts[:i]) + "/" for i in range(1, len(parts)))

@@ -258,15 +258,6 @@ class Engine:
                                     headers={"Content-Type": "application/json"})
             return self.api._result(created, True)["Id"]
 
-    def create_like(self, template: dict, name: str, workspace_from: str, workspace_to: str,
-                    labels: dict[str, str], volumes: str = "share") -> str:
-        """A container with ``template``'s (``docker inspect``'s) configuration."""
-        config = {k: v for k, v in (template.get("Config") or {}).items() if k in _CONFIG_KEYS}
-        spec = {"Config": config, "HostConfig": dict(template.get("HostConfig") or {}),
-                "Mounts": template.get("Mounts") or []}
-        return self.create_from_spec(spec, name, workspace_from, workspace_to, labels,
-                                     volumes)
-
     def commit(self, container: str, repository: str, tag: str, labels: dict[str, str]) -> str:
         changes = [f'LABEL {k}="{v}"' for k, v in labels.items()]
         with self.errors(container):

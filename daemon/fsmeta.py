@@ -79,7 +79,6 @@ class Applier:
 
     def __init__(self) -> None:
         self.warnings: list[str] = []
-        self._can_chown = True
 
     def apply_fd(self, fd: int, entry: Entry, path: str, folder: bool = False) -> None:
         """Owner, mode, xattrs and time of the entry open at ``fd`` (a file or folder)."""
@@ -100,13 +99,11 @@ class Applier:
         never following it and never opening it (opening a device can act on it)."""
         if not entry.has_meta:
             return
-        self._chown(lambda: os.chown(name, entry.uid, entry.gid, dir_fd=dfd,
-                                     follow_symlinks=False), entry, path)
+        owned = self._chown(lambda: os.chown(name, entry.uid, entry.gid, dir_fd=dfd,
+                                             follow_symlinks=False), entry, path)
         if entry.kind != "symlink":
-            owned = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            mode = entry.mode
-            if (owned.st_uid, owned.st_gid) != (entry.uid, entry.gid):
-                mode = self._unprivileged(mode, path, "its owner could not be set")
+            mode = entry.mode if owned else self._unprivileged(
+                entry.mode, path, f"its owner {entry.uid}:{entry.gid} could not be set")
             os.chmod(name, mode, dir_fd=dfd, follow_symlinks=False)
         self._set_xattrs(at(dfd, name), entry.xattrs(), path, follow=False)
         os.utime(name, ns=(entry.mtime, entry.mtime), dir_fd=dfd, follow_symlinks=False)

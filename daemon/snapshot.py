@@ -65,12 +65,11 @@ from .trees import (
     encode,
     make_extra,
 )
-from .walk import OPAQUE_XATTR, SIG, join_path, signature, walk
+from .walk import MAX_DEPTH, OPAQUE_XATTR, SIG, folders_below, join_path, signature, walk
 
 log = logging.getLogger(__name__)
 
 SMALL_FILE = 4 << 20
-MAX_DEPTH = 400  # folders deeper than this are refused, clearly, instead of overflowing
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -293,7 +292,7 @@ class WorkspaceSnapshotter:
                 if entry is None:  # changed, or never seen: read it
                     entry = (self._read_file(folder, name, path, scan, cache)
                              if st_.S_ISREG(mode) else
-                             self._read_symlink(folder, name, path, extra, fields, scan))
+                             self._read_symlink(folder, name, path, extra, sig, fields, scan))
                     clean = clean and path in scan.seen
             else:
                 entry = self._special(folder, name, path, fields, extra, scan)
@@ -346,8 +345,8 @@ class WorkspaceSnapshotter:
                     if entry is None:
                         entry = (self._read_file(dfd, name, path, scan, cache)
                                  if st_.S_ISREG(mode) else self._read_symlink(
-                                     dfd, name, path, os.readlink(name, dir_fd=dfd), fields,
-                                     scan))
+                                     dfd, name, path, os.readlink(name, dir_fd=dfd), sig,
+                                     fields, scan))
                 else:
                     entry = self._special(dfd, name, path, fields, st.st_rdev, scan)
                 if entry is None:
@@ -392,10 +391,9 @@ class WorkspaceSnapshotter:
         except OSError:
             return DIR
 
-    def _read_symlink(self, dfd: int, name: str, path: str, target: str, fields: tuple,
-                      scan: _Scan) -> Entry:
+    def _read_symlink(self, dfd: int, name: str, path: str, target: str, sig: bytes,
+                      fields: tuple, scan: _Scan) -> Entry:
         entry = entry_of(SYMLINK, fields, target, xattrs=read_xattrs(at(dfd, name)))
-        sig = SIG.pack(*fields)
         if not is_racy_signature(sig):
             scan.seen[path] = (sig, target, entry.extra, SYMLINK)
         return entry
@@ -498,27 +496,14 @@ class WorkspaceSnapshotter:
         removed: list[str] = []
         root_fd = self._open_root()
         try:
-            stack = [(root_fd, "")]
-            while stack:  # no recursion on a tree the agent shapes
-                dfd, prefix = stack.pop()
-                try:
-                    _check_depth(prefix)
-                    for de in list(os.scandir(dfd)):
-                        if de.name.startswith(TEMP_PREFIX):
-                            _remove(dfd, de.name)
-                            removed.append(prefix + de.name)
-                        elif de.is_dir(follow_symlinks=False):
-                            try:
-                                stack.append((os.open(de.name, _DIR_FLAGS, dir_fd=dfd),
-                                              f"{prefix}{de.name}/"))
-                            except (FileNotFoundError, NotADirectoryError):
-                                continue
-                finally:
-                    if dfd != root_fd:
-                        os.close(dfd)
+            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
+                for de in entries:
+                    if de.name.startswith(TEMP_PREFIX):
+                        _remove(fd, de.name)
+                        removed.append(join_path(rel, de.name))
+        except RecursionError as exc:
+            raise _too_deep(str(exc)) from None
         finally:
-            for dfd, _ in stack:
-                os.close(dfd)
             os.close(root_fd)
         return removed
 
@@ -640,21 +625,18 @@ def _remove(dfd: int, name: str) -> None:
 
 
 def _make_tree_writable(dfd: int, name: str) -> None:
-    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it
-    (iteratively: the tree is the agent's to shape)."""
-    stack = [os.open(name, _DIR_FLAGS, dir_fd=dfd)]
-    while stack:
-        fd = stack.pop()
-        try:
-            os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
-            for de in os.scandir(fd):
-                if de.is_dir(follow_symlinks=False):
-                    try:
-                        stack.append(os.open(de.name, _DIR_FLAGS, dir_fd=fd))
-                    except (FileNotFoundError, NotADirectoryError):
-                        continue
-        finally:
-            os.close(fd)
+    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it."""
+    def writable(fd: int, _rel: str) -> None:
+        os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
+
+    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    try:
+        for _ in folders_below(sub, MAX_DEPTH, writable):
+            pass
+    except RecursionError as exc:
+        raise _too_deep(join_path(name, str(exc))) from None
+    finally:
+        os.close(sub)
 
 
 _RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 from .observe import TRACKER_FALLBACKS
+from .walk import MAX_DEPTH, folders_below
 
 log = logging.getLogger(__name__)
 
@@ -220,36 +221,27 @@ class WorkspaceTracker:
             self.invalidate(f"the sync cookie was not seen within {timeout}s")
 
     def _watch_new_folder(self, rel: str) -> None:
-        """Watch a folder that appeared, and every folder below it (it is rescanned).
-        Iterative: the agent shapes the tree, and may make it thousands deep."""
+        """Watch a folder that appeared, and every folder below it (it is rescanned)."""
         try:
             root = os.open(os.path.join(self.path, rel),
                            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return  # gone again, or a symlink now: the rescan will see what is there
-        stack = [(root, rel)]
+
+        def watch(fd: int, below: str) -> None:
+            self.watch_folder(f"{rel}/{below}" if below else rel, fd)
+
         try:
-            while stack:
-                fd, folder = stack.pop()
-                try:
-                    self.watch_folder(folder, fd)
-                    if self._degraded:
-                        break
-                    for de in os.scandir(fd):
-                        if de.is_dir(follow_symlinks=False):
-                            try:
-                                sub = os.open(de.name, os.O_RDONLY | os.O_DIRECTORY
-                                              | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                            except OSError:
-                                continue  # gone, or swapped: the rescan will see it
-                            stack.append((sub, f"{folder}/{de.name}"))
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
+            for _ in folders_below(root, MAX_DEPTH, watch):
+                if self._degraded:
+                    break
+        except RecursionError:
+            # Deeper than any capture takes: no picture to vouch for below it.
+            self.invalidate(f"{rel} holds folders more than {MAX_DEPTH} deep")
+        except OSError:
+            pass  # changed while we looked: the rescan will see what is there
         finally:
-            for fd, _ in stack:
-                os.close(fd)
+            os.close(root)
 
     def _unwatch_below(self, rel: str) -> None:
         prefix = rel + "/"

@@ -39,13 +39,14 @@ import errno
 import os
 import stat as st_
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # size, mtime_ns, ctime_ns, inode, mode, uid, gid, nlink, blocks: 56 bytes
 SIG = struct.Struct("=qqqQIIIIq")
 OPAQUE_XATTR = "trusted.overlay.opaque"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 400  # folders deeper than this are refused, clearly, instead of overflowing
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
@@ -61,6 +62,53 @@ def signature(st: os.stat_result) -> bytes:
 def join_path(rel: str, name: str) -> str:
     """A workspace path: ``name`` inside the folder at ``rel`` ("" is the root)."""
     return f"{rel}/{name}" if rel else name
+
+
+def folders_below(dfd: int, max_depth: int,
+                  before_listing: Callable[[int, str], None] | None = None
+                  ) -> Iterator[tuple[int, str, list[os.DirEntry]]]:
+    """The folder open at ``dfd`` ("" first) and every folder below it, depth first, as
+    (descriptor, relative path, its entries), for the small walks beside full scans
+    (removing a tree, clearing leftovers, watching a folder that appeared).
+
+    Each folder is opened relative to its parent with ``O_NOFOLLOW``; one that vanished
+    or was swapped for a file or symlink since its parent was listed is skipped.
+    ``before_listing(fd, rel)`` runs before a folder is listed. No recursion, and one
+    descriptor held per level (never one per folder waiting its turn: a folder with
+    thousands of subfolders would exhaust them); a folder more than ``max_depth`` below
+    ``dfd`` raises ``RecursionError`` naming it. The descriptors are the walk's own."""
+    frames: list[tuple[int, str, Iterator[str]]] = []
+    fd: int | None = os.dup(dfd)
+    rel = ""
+    try:
+        while fd is not None:
+            if before_listing is not None:
+                before_listing(fd, rel)
+            entries = list(os.scandir(fd))
+            yield fd, rel, entries
+            frames.append((fd, rel, iter([e.name for e in entries
+                                          if e.is_dir(follow_symlinks=False)])))
+            fd = None
+            while frames and fd is None:
+                parent, parent_rel, names = frames[-1]
+                name = next(names, None)
+                if name is None:
+                    frames.pop()
+                    os.close(parent)
+                    continue
+                rel = join_path(parent_rel, name)
+                if len(frames) > max_depth:
+                    raise RecursionError(rel)
+                try:
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        raise
+    finally:
+        if fd is not None:  # opened, not yet a frame
+            os.close(fd)
+        for frame_fd, _, _ in frames:
+            os.close(frame_fd)
 
 
 def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,

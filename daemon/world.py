@@ -245,8 +245,9 @@ class World:
 
     @contextlib.contextmanager
     def _paused(self, session: Session) -> Iterator[None]:
-        """The container paused (if it runs) while its world is read."""
-        if not session.container or self._container_gone(session):
+        """The container paused (if it runs) while its world is read. Callers that go on
+        without a removed container pass the session without it (checkpoint, dry run)."""
+        if not session.container:
             yield
             return
         with self._engine().frozen(session.container):
@@ -789,13 +790,11 @@ class World:
             if (image.get("Labels") or {}).get(LABEL_ROOT) == self.root_id:
                 return image["Id"], reference
         session = self.store.get_session(cp.session_id)
-        if not session.container:
-            raise FailedPrecondition(f"session {session.id} has no container")
-        template = engine.inspect(session.container)
+        spec = self._container_spec(session)
         temp = f"worldline-export-{cp.id.lower()}"
         engine.remove(temp)  # a leftover of an interrupted export
-        engine.create_like(template, temp, session.workspace, session.workspace,
-                           self._labels(session.id))
+        engine.create_from_spec(spec, temp, session.workspace, session.workspace,
+                                self._labels(session.id), volumes="share")
         try:
             layer = self._layer(CONTAINER, engine.upper_dir(temp))
             layer.snap.apply(layer.snap.capture(persist=False), cp.container)

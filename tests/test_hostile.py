@@ -158,27 +158,39 @@ def test_5a_a_restore_refused_up_front_leaves_no_journal(fresh_daemon, tmp_path)
         c.checkpoint(other.id)
 
 
-def test_5b_an_interrupted_restore_never_overwrites_later_work(tmp_path):
-    ws, other_ws = tmp_path / "ws", tmp_path / "other"
+def _killed_mid_restore(tmp_path: Path, files: int, nth: int, others: int = 0):
+    """A daemon killed (SIGKILL at a crash point) while it wrote the ``nth`` file of a
+    restore of ``files`` files from v2 back to v1; returned stopped, its faults disarmed,
+    with the workspace, the session, the restore's target and ``others`` sessions on
+    folders of their own (made before the kill)."""
+    ws = tmp_path / "ws"
     ws.mkdir()
-    other_ws.mkdir()
-    for i in range(10):
+    for i in range(files):
         (ws / f"f{i}.txt").write_text(f"v1 {i}\n")
-    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": "restore.between_files:3"})
+    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": f"restore.between_files:{nth}"})
     d.start()
     with d.client() as c:
         s = c.create_session(str(ws))
-        other = c.create_session(str(other_ws))
+        extra = []
+        for k in range(others):
+            folder = tmp_path / f"other-{k}"
+            folder.mkdir()
+            extra.append(c.create_session(str(folder)))
         cp = s.checkpoint()
-        for i in range(10):
+        for i in range(files):
             (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
         s.checkpoint()
         with pytest.raises(Unavailable):
-            s.restore(cp.id)  # killed on the third file
+            s.restore(cp.id)  # killed on the nth file
     d.proc.wait(15)
     d.proc = None
-    (ws / "later.txt").write_text("written after the crash\n")  # work the journal predates
     d.env.pop("WORLDLINE_FAULTS")
+    return d, ws, s, cp, extra
+
+
+def test_5b_an_interrupted_restore_never_overwrites_later_work(tmp_path):
+    d, ws, s, cp, (other,) = _killed_mid_restore(tmp_path, files=10, nth=3, others=1)
+    (ws / "later.txt").write_text("written after the crash\n")  # work the journal predates
     d.start()  # starts, and serves every other session
     with d.client() as c:
         c.checkpoint(other.id)
@@ -199,24 +211,8 @@ def test_5b_an_interrupted_restore_never_overwrites_later_work(tmp_path):
 
 
 def test_5c_a_set_aside_restore_can_be_completed(tmp_path):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    for i in range(6):
-        (ws / f"f{i}.txt").write_text(f"v1 {i}\n")
-    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": "restore.between_files:2"})
-    d.start()
-    with d.client() as c:
-        s = c.create_session(str(ws))
-        cp = s.checkpoint()
-        for i in range(6):
-            (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
-        s.checkpoint()
-        with pytest.raises(Unavailable):
-            s.restore(cp.id)
-    d.proc.wait(15)
-    d.proc = None
+    d, ws, s, _, _ = _killed_mid_restore(tmp_path, files=6, nth=2)
     (ws / "f5.txt").write_text("edited after the crash\n")
-    d.env.pop("WORLDLINE_FAULTS")
     d.start()
     with d.client() as c:
         assert c.get_session(s.id).needs_attention

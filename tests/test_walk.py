@@ -252,3 +252,37 @@ def test_a_scan_with_memos_equals_a_scan_without(tmp_path):
                                         StatCache(str(tmp_path / "index.db")))
         again = reopened.capture()
         assert again.root == cold.root and "" in again.reused
+
+
+def test_folders_below_holds_one_descriptor_per_level(tmp_path):
+    """The small walks (removing a tree, clearing leftovers, watching a new folder) keep
+    one descriptor per level, not one per folder waiting its turn, and never recurse."""
+    from worldline.daemon.walk import folders_below
+
+    for i in range(300):
+        (tmp_path / "wide" / f"s{i}" / "leaf").mkdir(parents=True)
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, _DIR)
+    for _ in range(50):
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", _DIR, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    root = os.open(tmp_path, _DIR)
+    try:
+        baseline = len(os.listdir("/proc/self/fd"))
+        most, seen = 0, []
+        for _fd, rel, _entries in folders_below(root, 400):
+            seen.append(rel)
+            most = max(most, len(os.listdir("/proc/self/fd")) - baseline)
+        assert len(seen) == 1 + 1 + 300 * 2 + 1 + 50
+        assert most <= 53 + 3  # the deepest chain, not the 300 siblings
+        assert len(os.listdir("/proc/self/fd")) == baseline  # all closed
+        with pytest.raises(RecursionError):
+            for _ in folders_below(root, 10):
+                pass
+        assert len(os.listdir("/proc/self/fd")) == baseline
+    finally:
+        os.close(root)
