@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import grpc
@@ -10,7 +11,7 @@ from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .channel import mapped, open_channel
-from .config import default_address
+from .config import default_address, normalize_address
 from .models import (
     Approval,
     AuditEvent,
@@ -39,7 +40,7 @@ class Client:
         """On TCP (``host:port``) the channel is TLS, trusting ``tls_ca`` (a PEM file;
         default ``$WORLDLINE_TLS_CA``, else the system's roots), and every call carries
         the bearer ``token`` (default ``$WORLDLINE_TOKEN``)."""
-        self.address = address or default_address()
+        self.address = normalize_address(address) if address else default_address()
         self.timeout = timeout
         self._channel = open_channel(self.address, token, tls_ca)
         self._stub = pb_grpc.WorldlineStub(self._channel)
@@ -63,11 +64,13 @@ class Client:
     def create_session(self, workspace: str, container: str | None = None,
                        name: str | None = None, image: str | None = None,
                        mount: str | None = None) -> Session:
-        """A session on ``workspace``; with ``container``, that existing container is part
+        """A session on ``workspace`` (a relative path is resolved against the caller's
+        working folder); with ``container``, that existing container is part
         of its world; with ``image``, the daemon starts a container from it with the
         workspace bind-mounted at ``mount`` (default /workspace)."""
         m = self._call("CreateSession", pb.CreateSessionRequest(
-            workspace=workspace, container=container or "", name=name or "",
+            workspace=os.path.abspath(workspace) if workspace else "",
+            container=container or "", name=name or "",
             image=image or "", mount=mount or ""))
         return Session.from_pb(m, self)
 
@@ -75,9 +78,20 @@ class Client:
         return Session.from_pb(self._call("GetSession", pb.GetSessionRequest(
             session_id=session_id)), self)
 
-    def list_sessions(self) -> list[Session]:
-        return [Session.from_pb(s, self)
-                for s in self._call("ListSessions", pb.ListSessionsRequest()).sessions]
+    def list_sessions(self, include_deleted: bool = False,
+                      workspace: str | None = None) -> list[Session]:
+        """Sessions (deleted ones only with ``include_deleted``); with ``workspace``, the
+        session whose workspace is that folder or holds it (relative paths are the
+        caller's: resolved against its working folder)."""
+        return [Session.from_pb(s, self) for s in self._call("ListSessions", pb.ListSessionsRequest(
+            include_deleted=include_deleted,
+            workspace=os.path.abspath(workspace) if workspace else "")).sessions]
+
+    def delete_session(self, session_id: str) -> Session:
+        """Release the session's workspace and container; its history is kept (and can
+        be read, diffed and forked) and the folder may become another session's."""
+        return Session.from_pb(self._call("DeleteSession", pb.DeleteSessionRequest(
+            session_id=session_id)), self)
 
     # checkpoints
     def checkpoint(self, session_id: str, label: str | None = None, reasoning: str | None = None,
@@ -133,7 +147,8 @@ class Client:
         """``volumes``: "share" or "empty" for a container with mounts besides the
         workspace (refused otherwise)."""
         m = self._call("Fork", pb.ForkRequest(checkpoint_id=checkpoint_id,
-                                              workspace=workspace or "", name=name or "",
+                                              workspace=os.path.abspath(workspace)
+                                              if workspace else "", name=name or "",
                                               operation_id=operation_id or "",
                                               volumes=volumes or ""))
         session = Session.from_pb(m.session, self)

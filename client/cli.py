@@ -4,15 +4,21 @@ exactly one JSON document) and ``--address``. Errors print one line on stderr,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from ._client import Client
 from .errors import InvalidArgument, WorldlineError
+
+# `worldline hook` runs on every tool call: this module imports nothing it does not
+# need to start (typing alone costs a new process milliseconds).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+    from typing import Any
+
+    from ._client import Client
 
 EXIT_ERROR, EXIT_DENIED, EXIT_EXPIRED = 1, 3, 4
 
@@ -43,14 +49,17 @@ def _kv(d: dict, keys: list[str]) -> str:
     return "\n".join(f"{k}: {d[k] if d[k] is not None else '-'}" for k in keys)
 
 
-def _read_json_file(path: str, what: str) -> str:
+def _read_json_file(value: str, what: str) -> str:
+    """JSON given inline (it starts with ``[`` or ``{``), from stdin (``-``) or in a file."""
+    if value.lstrip().startswith(("[", "{")):
+        return value
     try:
-        if path == "-":
+        if value == "-":
             return sys.stdin.read()
-        with open(path, encoding="utf-8") as f:
+        with open(value, encoding="utf-8") as f:
             return f.read()
     except OSError as exc:
-        raise InvalidArgument(f"cannot read {what} file {path}: {exc.strerror}") from None
+        raise InvalidArgument(f"cannot read {what} file {value}: {exc.strerror}") from None
 
 
 def _session_human(s: dict) -> str:
@@ -58,7 +67,8 @@ def _session_human(s: dict) -> str:
 
 
 def _checkpoint_rows(cps: list[dict]) -> str:
-    return _table([[c["seq"], c["id"], c["kind"], c["created_at"][:19], c["label"]]
+    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else ""),
+                    c["created_at"][:19], c["label"]]
                    for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
 
 
@@ -77,7 +87,7 @@ def cmd_session(c: Client, a, out: Output) -> int:
                              image=a.image, mount=a.mount)
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
-        sessions = [s.to_dict() for s in c.list_sessions()]
+        sessions = [s.to_dict() for s in c.list_sessions(include_deleted=a.all)]
         out.emit(sessions, lambda: _table(
             [[s["id"], s["name"], s["head"], s["workspace"]
               + ("  [needs attention]" if s["needs_attention"] else "")] for s in sessions],
@@ -85,6 +95,10 @@ def cmd_session(c: Client, a, out: Output) -> int:
     elif a.session_cmd == "resolve":
         s = c.resolve_session(a.id, complete=a.complete).to_dict()
         out.emit(s, lambda: _session_human(s))
+    elif a.session_cmd == "delete":
+        s = c.delete_session(a.id).to_dict()
+        out.emit(s, lambda: f"session {s['id']} deleted: its history is kept, its workspace"
+                            f" {s['workspace']} is released")
     else:
         s = c.get_session(a.id).to_dict()
         out.emit(s, lambda: _session_human(s))
@@ -258,6 +272,9 @@ def _approval_human(ap: dict) -> str:
 def cmd_approval(c: Client, a, out: Output) -> int:
     ap = c.request_approval(a.session, a.tool, args_json=a.args or "", ttl=a.ttl)
     if a.wait is not None:
+        print(f"approval {ap.id} requested (checkpoint {ap.checkpoint_id}); waiting up to"
+              f" {a.wait:g} s. Approve: worldline approve {ap.id}   Deny: worldline deny"
+              f" {ap.id} --reason R", file=sys.stderr, flush=True)
         ap = c.wait_approval(ap.id, timeout=a.wait)
     d = ap.to_dict()
     out.emit(d, lambda: _approval_human(d))
@@ -303,6 +320,77 @@ def cmd_audit(c: Client, a, out: Output) -> int:
     return 0
 
 
+def _session_here(c: Client, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    here = os.getcwd()
+    found = c.list_sessions(workspace=here)
+    if not found:
+        from .errors import NotFound
+        raise NotFound(f"no session's workspace holds {here}: run it in the workspace, or"
+                       " give --session")
+    return found[0].id
+
+
+def _rewind_target(c: Client, session_id: str, steps: int) -> str:
+    """The checkpoint ``steps`` tool calls before the world as it is now: back along the
+    parents, where a restore stands for the checkpoint it restored."""
+    if steps < 1:
+        raise InvalidArgument(f"--steps must be 1 or more (got {steps})")
+    log = {cp.id: cp for cp in c.log(session_id)}
+    cp = log[c.get_session(session_id).head]
+    for _ in range(steps):
+        while cp.kind == "restore" and cp.restored_from in log:
+            cp = log[cp.restored_from]
+        if cp.parent_id not in log:
+            raise InvalidArgument(f"the session's history holds fewer than {steps} step(s)"
+                                  " back; give --to CHECKPOINT")
+        cp = log[cp.parent_id]
+    return cp.id
+
+
+def resume_hint(resume: dict | None) -> str:
+    """How to take the agent's own conversation back to where a checkpoint had it."""
+    if not resume or not resume.get("session_id"):
+        return ""
+    agent, sid = resume.get("agent", ""), resume["session_id"]
+    entries = resume.get("entries", 0)
+    if agent == "claude-code":
+        at = resume.get("resume_entry")
+        return f"claude --resume {sid}" + (f" --resume-session-at {at}" if at else "")
+    if agent == "codex":
+        return (f"codex resume {sid}   (the conversation had {entries} transcript entries"
+                " then: go back to that turn with Esc Esc)")
+    if agent == "gemini":
+        return (f"gemini --resume {sid}   (the conversation had {entries} messages then:"
+                " go back with /rewind)")
+    if agent == "cursor":
+        return f"reopen conversation {sid} in Cursor; it had {entries} entries then"
+    return f"agent session {sid}, entry {resume.get('entry') or entries}"
+
+
+def cmd_rewind(c: Client, a, out: Output) -> int:
+    session_id = _session_here(c, a.session)
+    target = a.to or _rewind_target(c, session_id, a.steps)
+    r = c.restore(session_id, target, acknowledge_side_effects=a.yes,
+                  dry_run=a.dry_run).to_dict()
+    resume = c.show(target).resume if not a.dry_run else None
+    r["session_id"], r["resume"], r["resume_command"] = session_id, resume, resume_hint(resume)
+
+    def human() -> str:
+        verb = "would rewind" if a.dry_run else "rewound"
+        text = (f"{verb} session {session_id} to {target}: {len(r['files_written'])} path(s)"
+                f" written, {len(r['files_removed'])} removed")
+        for warning in r.get("warnings", []):
+            text += f"\nwarning: {warning}"
+        if r["resume_command"]:
+            text += f"\nresume the conversation there: {r['resume_command']}"
+        effects = _effects_human(r["side_effects"])
+        return text + ("\n" + effects if effects else "")
+    out.emit(r, human)
+    return 0
+
+
 def cmd_fsck(c: Client, a, out: Output) -> int:
     d = c.fsck(repair=a.repair)
     out.emit(d, lambda: ("ok" if d["ok"] else "PROBLEMS") + f": {d['checkpoints_checked']}"
@@ -328,15 +416,19 @@ def cmd_gc(c: Client, a, out: Output) -> int:
     d = _followed(c, a, lambda op: c.gc(
         dry_run=a.dry_run, keep_last=a.keep_last or 0, keep_labelled=a.keep_labelled,
         keep_newer_than=keep_newer_than, operation_id=op))
-    verb = "would" if a.dry_run else ""
-    out.emit(d, lambda: f"{verb + ' ' if verb else ''}pruned {d['checkpoints_pruned']}"
-             f" checkpoint(s); removed {d['blobs_removed']} blob(s) ({d['bytes_freed']} bytes),"
-             f" {d['images_removed']} image(s), {d['views_removed']} fork view(s)")
+    prune, remove, free = (("would prune", "would remove", "would free") if a.dry_run
+                           else ("pruned", "removed", "freed"))
+    out.emit(d, lambda: f"{prune} {d['checkpoints_pruned']} checkpoint(s); {remove}"
+             f" {d['blobs_removed']} blob(s), {d['images_removed']} image(s) and"
+             f" {d['views_removed']} fork view(s); {free} {d['bytes_freed']} bytes")
     return 0
 
 
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from .hooks.agents import AGENTS
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print exactly one JSON document on stdout")
@@ -345,12 +437,36 @@ def build_parser() -> argparse.ArgumentParser:
                              " (default $WORLDLINE_ADDRESS or the default socket)")
     p = argparse.ArgumentParser(prog="worldline", parents=[common],
                                 description="Undo, branch and audit a coding agent's world.")
+    p.add_argument("--version", action="version", version=f"worldline {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn, help: str, **kw) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, parents=[common], help=help, description=help, **kw)
         sp.set_defaults(fn=fn)
         return sp
+
+    hk = sub.add_parser("hook", help="answer one hook event of a coding agent (payload on"
+                                     " stdin, the agent's answer on stdout)", add_help=False)
+    hk.add_argument("agent", choices=AGENTS)
+    hk.set_defaults(fn=None)
+
+    ini = sub.add_parser("init", parents=[common],
+                         help="merge worldline's hooks into a coding agent's settings")
+    ini.add_argument("agent", choices=[a for a in AGENTS if a != "generic"])
+    where = ini.add_mutually_exclusive_group()
+    where.add_argument("--project", nargs="?", const=".", default=".", metavar="DIR",
+                       help="the project's settings file (default: this folder's)")
+    where.add_argument("--user", action="store_true", help="the user's settings file")
+    ini.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
+    ini.add_argument("--remove", action="store_true", help="take worldline's hooks out again")
+    ini.add_argument("--approval", choices=["ask", "wait", "deny"],
+                     help="how the hook gates irreversible calls (see `worldline hook --help`)")
+    ini.add_argument("--wait", type=float, metavar="SECONDS",
+                     help="with --approval wait: how long the hook waits for an operator")
+    ini.add_argument("--command", dest="hook_command",
+                     help="the hook command to write (default: this worldline with the"
+                          " options given)")
+    ini.set_defaults(fn=None)
 
     d = sub.add_parser("daemon", help="run the daemon in the foreground")
     d.add_argument("--root", help="data root (default $WORLDLINE_ROOT or ~/.local/share/worldline)")
@@ -402,7 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--mount", help="where the image's container sees the workspace"
                                     " (default /workspace)")
     sc.add_argument("--name")
-    ss.add_parser("list", parents=[common], help="list sessions")
+    sl = ss.add_parser("list", parents=[common], help="list sessions")
+    sl.add_argument("--all", action="store_true", help="deleted sessions too")
+    sd = ss.add_parser("delete", parents=[common],
+                       help="release a session's workspace; its history is kept")
+    sd.add_argument("id")
     sh = ss.add_parser("show", parents=[common], help="show one session")
     sh.add_argument("id")
     rs = ss.add_parser("resolve", parents=[common],
@@ -420,9 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--label")
     c.add_argument("--reasoning")
     c.add_argument("--trace-id")
-    c.add_argument("--messages", metavar="FILE", help="JSON list of messages appended since"
-                                                      " the previous checkpoint ('-': stdin)")
-    c.add_argument("--state", metavar="FILE", help="JSON object: the agent state ('-': stdin)")
+    c.add_argument("--messages", metavar="JSON|FILE",
+                   help="JSON list of messages appended since the previous checkpoint,"
+                        " inline or in a file ('-': stdin)")
+    c.add_argument("--state", metavar="JSON|FILE",
+                   help="JSON object, the agent state, inline or in a file ('-': stdin)")
     c.add_argument("--expected-head", help="fail with ABORTED unless this is the head")
 
     lg = add("log", cmd_log, "list a session's checkpoints, oldest first")
@@ -446,6 +568,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint belongs to another session's history: restore it"
                         " here anyway")
     _progress_flag(r)
+
+    rw = add("rewind", cmd_rewind, "restore the session of this folder to an earlier"
+                                   " checkpoint and say where to resume the agent")
+    target = rw.add_mutually_exclusive_group()
+    target.add_argument("--to", metavar="CHECKPOINT", help="the checkpoint to go back to")
+    target.add_argument("--steps", type=int, default=1, metavar="N",
+                        help="go back N tool calls (default 1)")
+    rw.add_argument("--session", help="the session (default: the one whose workspace holds"
+                                      " this folder)")
+    rw.add_argument("--yes", action="store_true",
+                    help="acknowledge non-idempotent side effects the rewind cannot undo")
+    rw.add_argument("--dry-run", action="store_true", help="report, change nothing")
 
     f = add("fork", cmd_fork, "start a new session from a checkpoint")
     f.add_argument("checkpoint")
@@ -528,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    import argparse
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress bar on stderr (default: on a terminal, unless --json)")
 
@@ -536,6 +671,7 @@ SESSION_FIRST = ("checkpoint", "log", "restore", "tool", "tools", "task", "tasks
 
 
 def completion_script(parser: argparse.ArgumentParser) -> str:
+    import argparse
     """A bash completion for every command and option, read off the parser itself; the
     commands that take a session complete its id from the daemon."""
     commands = {}
@@ -572,6 +708,7 @@ complete -o default -F _worldline worldline
 
 def _size(text: str) -> int:
     """A size: bytes, or a number with K, M, G or T (powers of 1024)."""
+    from argparse import ArgumentTypeError
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     number, unit = text.strip().upper().rstrip("IB") or "0", ""
     if number and number[-1] in units:
@@ -579,9 +716,9 @@ def _size(text: str) -> int:
     try:
         value = int(float(number) * units[unit])
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (like 512M or 8G)") from None
+        raise ArgumentTypeError(f"{text!r} is not a size (like 512M or 8G)") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+        raise ArgumentTypeError(f"{text!r} is negative")
     return value
 
 
@@ -600,12 +737,28 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed("worldline")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hook"]:  # every tool call runs this: no parser, no grpc
+        from .hooks import main as hook_main
+        return hook_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "completion":
         print(completion_script(parser), end="")
         return 0
+    as_json = getattr(args, "json", False)
+    if args.command == "init":
+        return _init(args, Output(as_json))
     if args.command == "mcp":
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
@@ -618,15 +771,59 @@ def _main(argv: list[str] | None = None) -> int:
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                    set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
                    limits)
-    out = Output(getattr(args, "json", False))
+    out = Output(as_json)
     try:
+        from ._client import Client
         with Client(getattr(args, "address", None)) as client:
             return args.fn(client, args, out)
     except WorldlineError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
+        return _failed(exc, as_json)
     except KeyboardInterrupt:
         return 130
+
+
+def _failed(exc: WorldlineError, as_json: bool) -> int:
+    """One line on stderr; under --json, stdout still holds exactly one document."""
+    print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+    if as_json:
+        json.dump({"error": {"code": exc.code, "message": exc.message}}, sys.stdout)
+        sys.stdout.write("\n")
+    return EXIT_ERROR
+
+
+def _init(a, out: Output) -> int:
+    from .hooks.settings import init
+    command = a.hook_command
+    if not command:
+        exe = sys.argv[0] if os.path.basename(sys.argv[0]) == "worldline" else "worldline"
+        command = " ".join([os.path.abspath(exe) if os.sep in exe else exe, "hook", a.agent]
+                           + ([f"--approval {a.approval}"] if a.approval else [])
+                           + ([f"--wait {a.wait:g}"] if a.wait is not None else [])
+                           + ([f"--address {a.address}"] if getattr(a, "address", None)
+                              else []))
+    wait = a.wait if a.wait is not None else (300 if a.approval == "wait" else 0)
+    try:
+        d = init(a.agent, user=a.user, project=a.project, remove=a.remove,
+                 dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
+    except WorldlineError as exc:
+        return _failed(exc, out.as_json)
+
+    def human() -> str:
+        if not d["changed"]:
+            return f"{d['path']}: already as wanted, nothing changed"
+        events = ", ".join(d["events"])
+        if d["removed"]:
+            what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
+        else:
+            what = ("would add" if d["dry_run"] else "added") + f" worldline's hooks ({events}) to"
+        text = f"{what} {d['path']}"
+        if d["backup"]:
+            text += f"\nthe old file is kept as {d['backup']}"
+        if d["dry_run"]:
+            text += "\n" + d["diff"].rstrip("\n")
+        return text
+    out.emit(d, human)
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,11 +12,19 @@ def default_root() -> str:
     return os.path.join(os.path.expanduser("~"), ".local", "share", "worldline")
 
 
+def normalize_address(address: str) -> str:
+    """``unix:///abs/path`` or ``host:port`` as given; a bare socket path (``/abs/path``,
+    ``./rel/path``) becomes ``unix://`` and its absolute path."""
+    if address.startswith(("/", "./", "../")):
+        return "unix://" + os.path.abspath(address)
+    return address
+
+
 def default_address(root: str | None = None) -> str:
     if root is None:
         address = os.environ.get("WORLDLINE_ADDRESS")
         if address:
-            return address
+            return normalize_address(address)
         root = default_root()
     return "unix://" + os.path.join(os.path.abspath(root), "worldline.sock")
 

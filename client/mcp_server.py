@@ -10,14 +10,20 @@ Each tool's annotations say what it does to the world: read-only, destructive
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Literal
 
-from mcp.server.mcpserver import MCPServer
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel, ValidationError
 
 from ._client import Client
 from .errors import WorldlineError
+
+TaskStatus = Literal["pending", "in_progress", "completed", "failed", "skipped"]
+Effect = Literal["read_only", "local", "external_idempotent", "external_non_idempotent"]
 
 READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
                        open_world_hint=False)
@@ -25,24 +31,57 @@ WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent
                         open_world_hint=False)
 
 
+class WorldlineMCP(MCPServer):
+    """Arguments that do not fit a tool's schema are answered in one line of our own,
+    ``INVALID_ARGUMENT: field: what is wrong``, like every other worldline error."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            first = cause.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "arguments"
+            more = f" (and {cause.error_count() - 1} more)" if cause.error_count() > 1 else ""
+            raise ToolError(f"INVALID_ARGUMENT: {name}: {field}: {first['msg']}{more}") from None
+
+
+class ApprovalAnswer(BaseModel):
+    approve: bool
+    reason: str = ""
+
+
 def _tool(server: MCPServer, annotations: ToolAnnotations) -> Callable:
     """Register a tool whose worldline errors reach the agent as tool errors, with the
-    status code and message (so it can, say, acknowledge side effects and retry)."""
+    status code and message (so it can, say, acknowledge side effects and retry). Its
+    description is its docstring, without the indentation."""
     def register(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except WorldlineError as exc:
-                raise ToolError(str(exc)) from None
-        return server.tool(annotations=annotations)(wrapped)
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def wrapped(*args, **kwargs):
+                try:
+                    return await fn(*args, **kwargs)
+                except WorldlineError as exc:
+                    raise ToolError(str(exc)) from None
+        else:
+            @functools.wraps(fn)
+            def wrapped(*args, **kwargs):
+                try:
+                    return fn(*args, **kwargs)
+                except WorldlineError as exc:
+                    raise ToolError(str(exc)) from None
+        return server.tool(annotations=annotations,
+                           description=inspect.cleandoc(fn.__doc__ or ""))(wrapped)
     return register
 
 
 def build(address: str | None = None) -> MCPServer:
+    from .cli import version
     client = Client(address)
-    server = MCPServer(
-        "worldline", instructions=(
+    server = WorldlineMCP(
+        "worldline", version=version(), instructions=(
             "Checkpoint after every tool call; restore when the workspace is wrong; fork to"
             " try another approach; ask for approval before an irreversible tool. A restore"
             " lists side effects (pushes, deploys, messages) that it cannot undo."))
@@ -109,22 +148,70 @@ def build(address: str | None = None) -> MCPServer:
 
     @_tool(server, ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                    idempotent_hint=True, open_world_hint=False))
-    def set_task(session_id: str, task_id: str, status: str, title: str = "",
+    def set_task(session_id: str, task_id: str, status: TaskStatus, title: str = "",
                  parent: str = "") -> dict[str, Any]:
         """Set a task's status: pending, in_progress, completed, failed or skipped."""
         return client.set_task(session_id, task_id, status, title=title or None,
                                parent=parent or None).to_dict()
 
     @_tool(server, WRITE)
-    def request_approval(session_id: str, tool: str, args: dict[str, Any] | None = None,
-                         wait_seconds: float = 0.0) -> dict[str, Any]:
-        """Checkpoint, then ask an operator to approve a tool call before it runs; with
-        wait_seconds, wait that long for the decision (status approved, denied, expired,
-        or still pending)."""
-        approval = client.request_approval(session_id, tool, args=args)
-        if wait_seconds > 0:
-            approval = client.wait_approval(approval.id, timeout=wait_seconds)
+    def record_tool_call(session_id: str, name: str, args: dict[str, Any] | None = None,
+                         effect: Effect | None = None, result: Any = None,
+                         idempotency_key: str = "", approval_id: str = "") -> dict[str, Any]:
+        """Record a tool call the agent made (or is about to make) in the session's
+        side-effect ledger. Without an effect the daemon's policy decides it. A tool the
+        policy gates needs the id of an approved approval (request_approval); a call whose
+        idempotency key was already recorded comes back with replayed=true, not again."""
+        return client.record_tool_call(session_id, name, args=args, effect=effect,
+                                       result=result, idempotency_key=idempotency_key or None,
+                                       approval_id=approval_id or None).to_dict()
+
+    @_tool(server, WRITE)
+    async def request_approval(session_id: str, tool: str, ctx: Context,
+                               args: dict[str, Any] | None = None,
+                               wait_seconds: float = 0.0) -> dict[str, Any]:
+        """Checkpoint, then ask for approval of a tool call before it runs. When the MCP
+        client can ask its user (elicitation), the user decides at once; otherwise an
+        operator decides (`worldline approve ID`). With wait_seconds, wait that long for
+        the decision (status approved, denied, expired, or still pending)."""
+        approval = await anyio.to_thread.run_sync(
+            lambda: client.request_approval(session_id, tool, args=args))
+        capabilities = ctx.client_capabilities
+        if capabilities is not None and capabilities.elicitation is not None:
+            answer = await ctx.elicit(
+                f"The agent asks to run {tool} with {args or {}}: irreversible, so worldline"
+                f" checkpointed the world first (approval {approval.id}). Approve it?",
+                schema=ApprovalAnswer)
+            if answer.action == "accept":
+                approval = await anyio.to_thread.run_sync(lambda: client.decide_approval(
+                    approval.id, approve=answer.data.approve,
+                    reason=answer.data.reason or ("approved" if answer.data.approve else
+                                                  "denied") + " by the user through MCP"))
+            elif answer.action == "decline":
+                approval = await anyio.to_thread.run_sync(lambda: client.decide_approval(
+                    approval.id, approve=False, reason="declined by the user through MCP"))
+        if approval.status == "pending" and wait_seconds > 0:
+            approval = await anyio.to_thread.run_sync(
+                lambda: client.wait_approval(approval.id, timeout=wait_seconds))
         return approval.to_dict()
+
+    @_tool(server, READ)
+    def get_approval(approval_id: str) -> dict[str, Any]:
+        """An approval as it stands: pending, approved, denied or expired."""
+        return client.get_approval(approval_id).to_dict()
+
+    @_tool(server, ToolAnnotations(read_only_hint=True, destructive_hint=False,
+                                   idempotent_hint=True, open_world_hint=False))
+    async def wait_approval(approval_id: str, timeout_seconds: float = 30.0) -> dict[str, Any]:
+        """Wait until an approval is decided or expires, at most timeout_seconds; then it
+        is returned as it stands (still pending when nobody decided)."""
+        return (await anyio.to_thread.run_sync(
+            lambda: client.wait_approval(approval_id, timeout=timeout_seconds))).to_dict()
+
+    @_tool(server, WRITE)
+    def cancel_approval(approval_id: str, reason: str = "") -> dict[str, Any]:
+        """Withdraw a pending approval this agent requested (it becomes denied)."""
+        return client.cancel_approval(approval_id, reason=reason).to_dict()
 
     return server
 

@@ -53,13 +53,14 @@ class Checkpoint(_Record):
     acknowledged_side_effects: list[str]
     container: str | None  # digest of the container layer, if the session has a container
     pruned: bool  # retention let go of its files
+    resume: dict | None = None  # where the agent's own conversation stood (hooks)
 
     @classmethod
     def from_pb(cls, m) -> Checkpoint:
         return cls(m.id, m.session_id, m.seq, _opt(m.parent_id), m.label, m.reasoning,
                    m.trace_id, m.created_at, m.kind, _opt(m.restored_from), m.tree, m.bytes,
                    m.messages_added, m.message_count, list(m.acknowledged_side_effects),
-                   _opt(m.container), m.pruned)
+                   _opt(m.container), m.pruned, _json(m.resume_json))
 
 
 @dataclass
@@ -234,12 +235,13 @@ class Session(_Record):
     forked_from: str | None
     created_at: str
     needs_attention: str | None = None  # why an operator must look at it
+    deleted_at: str | None = None  # its workspace was released; its history remains
     _client: Client | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_pb(cls, m, client: Client) -> Session:
         return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
-                   m.created_at, _opt(m.needs_attention), client)
+                   m.created_at, _opt(m.needs_attention), _opt(m.deleted_at), client)
 
     def checkpoint(self, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,

@@ -24,6 +24,7 @@ from . import ids
 from .policy import Decision, Policy, parse_args_json
 from .records import (
     APPROVAL_STATUSES,
+    AUDIT_KINDS,
     EFFECTS,
     TASK_STATUSES,
     Approval,
@@ -126,6 +127,27 @@ class Gates:
         tasks = ordered_tasks(self.store.list_tasks(self.world.session(session_id).id))
         resume = next((t.id for t in tasks if t.status not in ("completed", "skipped")), None)
         return tasks, resume
+
+    # -- sessions and the audit log --------------------------------------------------------
+    def delete_session(self, session_id: str):
+        """Release the session's workspace (World.delete_session) and withdraw its
+        pending approvals: nothing can be recorded against them any more."""
+        session = self.world.delete_session(session_id)
+        for approval in self.store.list_approvals(session_id, "pending"):
+            try:
+                self.decide(approval.id, False, "withdrawn: its session was deleted")
+            except FailedPrecondition:
+                pass  # decided meanwhile
+        return session
+
+    def audit(self, session_id: str = "", kind: str = "", limit: int = 0) -> list[AuditEvent]:
+        if limit < 0:
+            raise InvalidArgument(f"limit must not be negative (got {limit})")
+        if kind and kind not in AUDIT_KINDS:
+            raise InvalidArgument(f"audit kind {kind!r} is not one of {', '.join(AUDIT_KINDS)}")
+        if session_id:
+            self.world.session(session_id)
+        return self.store.list_audit(session_id or None, kind or None, limit)
 
     # -- approvals -------------------------------------------------------------------------
     def request_approval(self, session_id: str, tool: str, args_json: str = "",

@@ -33,6 +33,8 @@ from .auth import PeerRelay, TokenInterceptor, read_token
 from .blobs import LocalBlobStore
 from .containers import Engine
 from .gates import Gates
+from .gateway import SUFFIX as GATEWAY_SUFFIX
+from .gateway import JsonGateway
 from .graph_server import GraphsServicer
 from .graph_store import SqliteGraphStore
 from .graphs import Graphs
@@ -94,6 +96,7 @@ class Daemon:
         self.allow_uids = allow_uids or set()
         self.token: str | None = None
         self.relay: PeerRelay | None = None
+        self.gateway: JsonGateway | None = None
         self.overlay_forks = overlay_forks
         self.listen = listen
         self.policy_path = policy_path
@@ -167,8 +170,8 @@ class Daemon:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_WorldlineServicer_to_server(
-            WorldlineServicer(self.world, self.gates, self.gc_grace), server)
+        servicer = WorldlineServicer(self.world, self.gates, self.gc_grace)
+        pb_grpc.add_WorldlineServicer_to_server(servicer, server)
         pb_grpc.add_GraphsServicer_to_server(
             GraphsServicer(Graphs(self.world, self.graph_store)), server)
         self.health = health.HealthServicer()
@@ -197,6 +200,8 @@ class Daemon:
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
+        if socket_path is not None:
+            self.gateway = JsonGateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids)
         # The objects made while starting (modules, the server, the stores) live as long
         # as the daemon: move them out of the cycle collector's sight, or every collection
         # that a large scan's allocations trigger traverses them all again.
@@ -261,6 +266,8 @@ class Daemon:
             return
         self.stopping.set()
         self.health.enter_graceful_shutdown()
+        if self.gateway is not None:
+            self.gateway.close()
         self.server.stop(grace).wait()
         self.server = None
         if self.monitor is not None:

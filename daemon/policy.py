@@ -2,7 +2,8 @@
 
 A caller may state a tool call's effect; when it does not, the policy decides:
 rules from the policy file first (in file order, first match wins), then the
-built-in rules. Tool names match globs. For shell-like tools the command line is
+built-in rules. Tool names match globs, whatever their case (agents name the same
+tools ``Bash``, ``bash`` or ``run_shell_command``). For shell-like tools the command line is
 split into simple commands (on ``;``, ``&&``, ``||``, ``|`` and newlines) and each
 is matched; the most far-reaching effect wins. An unknown shell command is
 ``local``; an unknown tool is ``local``.
@@ -37,7 +38,8 @@ from .validate import load_json
 
 SEVERITY = {e: i for i, e in enumerate(EFFECTS)}
 SHELL_TOOLS = ("bash", "sh", "shell", "run_shell", "run_command", "execute_command", "exec",
-               "terminal", "run_terminal_cmd", "command", "cmd")
+               "terminal", "run_terminal_cmd", "command", "cmd", "run_shell_command",
+               "local_shell", "exec_command")
 COMMAND_KEYS = ("command", "cmd", "script", "commandLine", "command_line")
 NON_IDEM, IDEM, LOCAL, READ = EFFECTS[3], EFFECTS[2], EFFECTS[1], EFFECTS[0]
 
@@ -70,9 +72,11 @@ _MUTATING_CLOUD = r"(create|delete|put|update|remove|terminate|run|start|stop|re
 
 BUILTIN_TOOLS = (
     _builtin("tool", READ, "read*", "view*", "list*", "search*", "grep*", "glob*", "find*",
-             "get_*", "cat", "ls", "open_file", "fetch*", "web_search", "browse*")
-    + _builtin("tool", LOCAL, "write*", "edit*", "create_file", "str_replace*", "apply_patch",
-               "delete_file", "move_file", "mkdir", "notebook_edit", "todo*")
+             "get_*", "cat", "ls", "open_file", "fetch*", "web_search", "browse*", "webfetch",
+             "websearch", "web_fetch", "google_web_search")
+    + _builtin("tool", LOCAL, "write*", "edit*", "multiedit", "create_file", "str_replace*",
+               "apply_patch", "replace", "delete_file", "move_file", "mkdir", "notebook_edit",
+               "notebookedit", "todo*")
     + _builtin("tool", NON_IDEM, "send_*", "email*", "post_*", "deploy*", "publish*", "slack*",
                "notify*", "create_pull_request", "merge_pull_request", "create_issue",
                "comment*", "tweet*", "pay*", "charge*", "transfer*")
@@ -169,14 +173,16 @@ class Policy:
         return cls(rules["tool"], rules["command"], SHELL_TOOLS + tuple(shell), path)
 
     def classify(self, tool: str, args: dict) -> Decision:
+        name = tool.lower()
         for rule in self.tool_rules:
-            if fnmatch.fnmatchcase(tool, rule.match):
+            if fnmatch.fnmatchcase(name, rule.match.lower()):
                 return Decision(rule.effect, rule.describe(), rule.require_approval)
-        command = _command_of(args) if tool in self.shell_tools else None
+        shell = name in {t.lower() for t in self.shell_tools}
+        command = _command_of(args) if shell else None
         if command is not None:
             return self._classify_command(command)
         for rule in BUILTIN_TOOLS:
-            if fnmatch.fnmatchcase(tool, rule.match):
+            if fnmatch.fnmatchcase(name, rule.match):
                 return Decision(rule.effect, rule.describe(), False)
         return Decision(LOCAL, "default: unknown tool -> local", False)
 

@@ -12,6 +12,12 @@ TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
 APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
 EFFECTS = ("read_only", "local", "external_idempotent", "external_non_idempotent")
 CHECKPOINT_KINDS = ("initial", "checkpoint", "restore", "fork")
+AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "checkpoint", "restore",
+               "restore.completed", "restore.set_aside", "side_effects.acknowledge", "fork",
+               "container.recreate", "image.export", "tool_call", "tool_call.replay", "task",
+               "approval.request", "approval.approved", "approval.denied", "approval.expired",
+               "retention.prune", "gc", "graph.thread_deleted", "graph.runs_deleted",
+               "graph.pruned", "graph.thread_copied")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,8 @@ class Session:
     # layer root's identity (st_dev, st_ino) and the container's creation spec.
     spec: str = "{}"
     needs_attention: str | None = None  # why an operator must look at it, or None
+    # When the session was deleted (its history kept, its workspace released), or None.
+    deleted_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,11 @@ class Checkpoint:
     container: str | None = None  # digest of the container snapshot, if any
     acknowledged: tuple[str, ...] = ()  # tool call ids acknowledged by this restore
     pruned: bool = False  # retention let go of its trees; the record itself stays
+    # Where the agent's own conversation stood (canonical JSON object, "" when not
+    # told): the agent, its session id, its transcript and the last entry recorded,
+    # so a restore can say where to resume the agent. Restores and forks carry their
+    # target's.
+    resume: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,21 @@ from .world import World
 log = logging.getLogger(__name__)
 
 
+def status_of(exc: Exception, method: str) -> tuple[str, str]:
+    """The gRPC status name and message an exception travels as: a ``WorldlineError``
+    as its own code, a full disk as RESOURCE_EXHAUSTED, anything else as INTERNAL
+    (logged with its traceback, never shown to the caller)."""
+    if isinstance(exc, WorldlineError):
+        return exc.code, exc.message
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "RESOURCE_EXHAUSTED", f"no space left on device: {exc.filename or ''}".strip()
+        log.error("%s failed", method, exc_info=exc)
+        return "INTERNAL", f"{method} failed: {exc.strerror}"
+    log.error("%s failed", method, exc_info=exc)
+    return "INTERNAL", f"{method} failed; see the daemon log"
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -38,17 +53,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def guarded(request, context):
             try:
                 return inner(request, context)
-            except WorldlineError as exc:
-                context.abort(grpc.StatusCode[exc.code], exc.message)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"no space left on device: {exc.filename or ''}".strip())
-                log.exception("%s failed", method)
-                context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc.strerror}")
-            except Exception:
-                log.exception("%s failed", method)
-                context.abort(grpc.StatusCode.INTERNAL, f"{method} failed; see the daemon log")
+            except Exception as exc:  # noqa: BLE001 -- every failure becomes a status
+                code, message = status_of(exc, method)
+            context.abort(grpc.StatusCode[code], message)
 
         return grpc.unary_unary_rpc_method_handler(
             guarded, request_deserializer=handler.request_deserializer,
@@ -58,7 +65,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 def session_pb(s: Session) -> pb.Session:
     return pb.Session(id=s.id, name=s.name, workspace=s.workspace, container=s.container or "",
                       head=s.head, forked_from=s.forked_from or "", created_at=s.created_at,
-                      needs_attention=s.needs_attention or "")
+                      needs_attention=s.needs_attention or "", deleted_at=s.deleted_at or "")
 
 
 def paths_pb(paths: list[str]) -> list[str]:
@@ -79,7 +86,7 @@ def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
         restored_from=c.restored_from or "", tree=c.tree, bytes=c.bytes,
         messages_added=c.messages_added, message_count=c.message_count,
         acknowledged_side_effects=list(c.acknowledged), container=c.container or "",
-        pruned=c.pruned)
+        pruned=c.pruned, resume_json=c.resume)
 
 
 def tool_call_pb(t: ToolCall) -> pb.ToolCall:
@@ -132,18 +139,21 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return session_pb(self.world.session(r.session_id))
 
     def ListSessions(self, r, context):
-        return pb.ListSessionsResponse(
-            sessions=[session_pb(s) for s in self.world.store.list_sessions()])
+        return pb.ListSessionsResponse(sessions=[session_pb(s) for s in self.world.sessions(
+            include_deleted=r.include_deleted, workspace=r.workspace)])
 
     def ResolveSession(self, r, context):
         return session_pb(self.world.resolve(r.session_id, r.complete))
+
+    def DeleteSession(self, r, context):
+        return session_pb(self.gates.delete_session(r.session_id))
 
     # checkpoints
     def CreateCheckpoint(self, r, context):
         return checkpoint_pb(self.world.checkpoint(
             r.session_id, label=r.label, reasoning=r.reasoning, trace_id=r.trace_id,
             messages_json=r.messages_json, state_json=r.state_json,
-            expected_head=r.expected_head))
+            expected_head=r.expected_head, resume_json=r.resume_json))
 
     def GetCheckpoint(self, r, context):
         view = self.world.view(r.checkpoint_id)
@@ -240,7 +250,7 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     # audit and maintenance
     def ListAudit(self, r, context):
-        events = self.world.store.list_audit(r.session_id or None, r.kind or None, r.limit)
+        events = self.gates.audit(r.session_id, r.kind, r.limit)
         return pb.ListAuditResponse(events=[audit_pb(e) for e in events])
 
     def VerifyAudit(self, r, context):

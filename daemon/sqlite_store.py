@@ -37,13 +37,13 @@ from .records import (
     chain_hash,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
     head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT);
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
     trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
-    pruned INTEGER NOT NULL DEFAULT 0, UNIQUE (session_id, seq));
+    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
+    UNIQUE (session_id, seq));
 CREATE TABLE IF NOT EXISTS messages (
     checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
@@ -74,23 +75,25 @@ CREATE TABLE IF NOT EXISTS audit (
 """
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
-                 " needs_attention")
-_MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention"}
+                 " needs_attention, deleted_at")
+_MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention", "deleted_at"}
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
-            " reasoning, trace_id, restored_from, container, acknowledged, pruned")
+            " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume")
 
 
 def _cp(row) -> Checkpoint:
-    *head, acknowledged, pruned = row
-    return Checkpoint(*head, acknowledged=tuple(json.loads(acknowledged)), pruned=bool(pruned))
+    *head, acknowledged, pruned, resume = row
+    return Checkpoint(*head, acknowledged=tuple(json.loads(acknowledged)), pruned=bool(pruned),
+                      resume=resume)
 
 
 def _cp_row(cp: Checkpoint) -> tuple:
     return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at, cp.tree,
             cp.bytes, cp.state_digest, cp.tasks_digest, cp.conversation_parent,
             cp.messages_added, cp.message_count, cp.label, cp.reasoning, cp.trace_id,
-            cp.restored_from, cp.container, json.dumps(list(cp.acknowledged)), int(cp.pruned))
+            cp.restored_from, cp.container, json.dumps(list(cp.acknowledged)), int(cp.pruned),
+            cp.resume)
 
 
 def _event(row) -> AuditEvent:
@@ -199,6 +202,14 @@ class SqliteStore(SqliteDatabase):
                                " DEFAULT '{}'")
                 if "needs_attention" not in columns:
                     db.execute("ALTER TABLE sessions ADD COLUMN needs_attention TEXT")
+            if int(version) < 3:  # 0.5: deleted sessions, the agent's resume point
+                columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+                if "deleted_at" not in columns:
+                    db.execute("ALTER TABLE sessions ADD COLUMN deleted_at TEXT")
+                columns = {row[1] for row in db.execute("PRAGMA table_info(checkpoints)")}
+                if "resume" not in columns:
+                    db.execute("ALTER TABLE checkpoints ADD COLUMN resume TEXT NOT NULL"
+                               " DEFAULT ''")
             db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                        (str(SCHEMA_VERSION),))
 
@@ -207,12 +218,12 @@ class SqliteStore(SqliteDatabase):
         with self._tx() as db:
             try:
                 db.execute(f"INSERT INTO sessions ({_SESSION_COLS}) VALUES"
-                           " (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (session.id, session.name, session.workspace, session.container,
                             first.id, session.forked_from, session.created_at, session.spec,
-                            session.needs_attention))
+                            session.needs_attention, session.deleted_at))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 20)})", _cp_row(first))
+                           f" ({', '.join('?' * 21)})", _cp_row(first))
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
@@ -252,7 +263,7 @@ class SqliteStore(SqliteDatabase):
             cp = replace(cp, seq=seq)
             try:
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 20)})", _cp_row(cp))
+                           f" ({', '.join('?' * 21)})", _cp_row(cp))
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
             db.executemany("INSERT INTO messages VALUES (?, ?, ?)",

@@ -165,7 +165,7 @@ class MemoryStore:
             return sorted(self._sessions.values(), key=lambda s: s.id)
 
     def update_session(self, session_id, **fields):
-        unknown = set(fields) - {"container", "spec", "needs_attention"}
+        unknown = set(fields) - {"container", "spec", "needs_attention", "deleted_at"}
         if unknown:
             raise ValueError(f"session fields {sorted(unknown)} cannot change")
         with self._lock:

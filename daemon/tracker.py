@@ -304,6 +304,13 @@ class ChangeMonitor:
                                                                  self.max_watches)
             return t
 
+    def release(self, workspace: str) -> None:
+        """Stop watching ``workspace`` (its session was deleted)."""
+        with self._lock:
+            tracker = self._trackers.pop(workspace, None)
+        if tracker is not None:
+            tracker.close()
+
     def barrier(self, timeout: float) -> bool:
         """True once every event queued before this call has been dispatched."""
         name = COOKIE_PREFIX + os.urandom(8).hex()

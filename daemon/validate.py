@@ -17,6 +17,7 @@ from . import ids
 MAX_STATE_BYTES = 16 << 20
 MAX_MESSAGES_BYTES = 32 << 20
 MAX_TEXT = 64 << 10  # labels, reasoning, names
+MAX_RESUME_BYTES = 16 << 10
 EMPTY_STATE = b"{}"
 
 
@@ -52,6 +53,15 @@ def parse_state(text: str) -> bytes | None:
     value = load_json(text, "state", dict, "one JSON object", MAX_STATE_BYTES)
     return json.dumps(value, ensure_ascii=False, sort_keys=True,
                       separators=(",", ":")).encode("utf-8")
+
+
+def parse_resume(text: str) -> str | None:
+    """A checkpoint's resume point: one JSON object (where the agent's own conversation
+    stands), kept as canonical JSON; None when not given (the parent's is kept)."""
+    if not text:
+        return None
+    value = load_json(text, "resume point", dict, "one JSON object", MAX_RESUME_BYTES)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 def check_text(what: str, value: str) -> str:

@@ -72,7 +72,14 @@ from .trees import (
     entry_at,
     entry_key,
 )
-from .validate import EMPTY_STATE, check_id, check_text, parse_messages, parse_state
+from .validate import (
+    EMPTY_STATE,
+    check_id,
+    check_text,
+    parse_messages,
+    parse_resume,
+    parse_state,
+)
 from .views import Views
 
 log = logging.getLogger(__name__)
@@ -158,6 +165,18 @@ class World:
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
 
+    def sessions(self, include_deleted: bool = False, workspace: str = "") -> list[Session]:
+        """Sessions, deleted ones only when asked; with ``workspace`` (an absolute path),
+        only the live session whose workspace is that folder or holds it."""
+        if workspace and not os.path.isabs(workspace):
+            raise InvalidArgument(f"workspace {workspace!r} must be an absolute path")
+        found = [s for s in self.store.list_sessions() if include_deleted or not s.deleted_at]
+        if workspace:
+            real = os.path.realpath(workspace)
+            found = [s for s in found if _contains(s.workspace, real)
+                     or _contains(s.workspace, workspace)]
+        return found
+
     def checkpoint_record(self, checkpoint_id: str) -> Checkpoint:
         return self.store.get_checkpoint(check_id("checkpoint", checkpoint_id))
 
@@ -178,6 +197,10 @@ class World:
         with self.lock(self.session(session_id).workspace):
             self._pending_restore(session_id)
             session = self.session(session_id)
+            if session.deleted_at:
+                raise FailedPrecondition(f"session {session_id} was deleted at"
+                                         f" {session.deleted_at}: its history can be read,"
+                                         " diffed and forked, not changed")
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             yield session
@@ -283,6 +306,8 @@ class World:
         sessions restoring one folder would destroy each other's work), nor the engine's
         data root."""
         for other in self.store.list_sessions():
+            if other.deleted_at:
+                continue  # its workspace was released
             if _contains(other.workspace, real) or _contains(real, other.workspace):
                 raise FailedPrecondition(
                     f"workspace {real} overlaps the workspace {other.workspace} of session"
@@ -341,6 +366,21 @@ class World:
             raise
         return self.store.get_session(sid)
 
+    def delete_session(self, session_id: str) -> Session:
+        """Release a session's workspace and container: its history (checkpoints,
+        conversation, tool calls, approvals, audit) is kept and can still be read, diffed
+        and forked, and the folder may become another session's. Nothing in the
+        workspace or container is touched. (Gates.delete_session, which the servicer
+        calls, also withdraws the session's pending approvals.)"""
+        with self._session_locked(session_id) as session:
+            if self.monitor is not None:
+                self.monitor.release(session.workspace)
+            self.store.update_session(session_id, deleted_at=ids.now())
+            self.store.append_audit([AuditEvent(
+                "session.delete", session_id, session_id,
+                {"workspace": session.workspace, "container": session.container}, ids.now())])
+        return self.session(session_id)
+
     def create_session_in_own_folder(self, name: str) -> Session:
         """A session whose workspace is a new empty folder under the data root (named by
         the session id, so a crash before it is recorded leaves nothing recovery keeps)."""
@@ -356,9 +396,10 @@ class World:
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, session_id: str, *, label: str = "", reasoning: str = "",
                    trace_id: str = "", messages_json: str = "", state_json: str = "",
-                   expected_head: str = "") -> Checkpoint:
+                   expected_head: str = "", resume_json: str = "") -> Checkpoint:
         messages = parse_messages(messages_json)
         state = parse_state(state_json)
+        resume = parse_resume(resume_json)
         for what, text in (("label", label), ("reasoning", reasoning), ("trace id", trace_id)):
             check_text(what, text)
         with self._session_locked(session_id, expected_head) as session:
@@ -371,7 +412,7 @@ class World:
                             " carrying its last layer forward", session.id)
             layers = self.layers(session)
             return self._checkpoint(session, head, layers, messages, state, label,
-                                    reasoning, trace_id)
+                                    reasoning, trace_id, resume)
 
     def _admitted(self, layers: list[Layer], head: Checkpoint):
         """Incremental captures take turns (admission.py); the commit that follows one
@@ -385,7 +426,7 @@ class World:
 
     def _checkpoint(self, session: Session, head: Checkpoint, layers: list[Layer],
                     messages: list, state: bytes | None, label: str, reasoning: str,
-                    trace_id: str) -> Checkpoint:
+                    trace_id: str, resume: str | None = None) -> Checkpoint:
         taken: list[tuple[Layer, Capture, object]] = []
         try:
             with self._admitted(layers, head):
@@ -405,7 +446,8 @@ class World:
                             head.id, len(messages), head.message_count + len(messages),
                             label=label, reasoning=reasoning, trace_id=trace_id,
                             container=captures[1].root if len(captures) > 1
-                            else head.container)  # a container gone: its last layer
+                            else head.container,  # a container gone: its last layer
+                            resume=head.resume if resume is None else resume)
             cp = self.store.append_checkpoint(cp, messages, head.id, None, [
                 AuditEvent("checkpoint", session.id, cp.id,
                            {"tree": cp.tree, "container": cp.container, "label": label,
@@ -472,7 +514,8 @@ class World:
                             target.tree, target.bytes, target.state_digest, target.tasks_digest,
                             target.id, 0, target.message_count, label=f"restore of {target.id}",
                             restored_from=target.id, acknowledged=tuple(c.id for c in effects),
-                            container=target.container if session.container else None)
+                            container=target.container if session.container else None,
+                            resume=target.resume)
             entry = {"session": session_id, "target": target.id, "head": session.head,
                      "checkpoint": cp.__dict__ | {"acknowledged": list(cp.acknowledged)}}
             revived = self._revive(session)
@@ -720,7 +763,8 @@ class World:
                 first = Checkpoint(ids.new_id(), sid, 0, source.id, "fork", ids.now(),
                                    source.tree, source.bytes, source.state_digest,
                                    source.tasks_digest, source.id, 0, source.message_count,
-                                   label=f"fork of {source.id}", container=source.container)
+                                   label=f"fork of {source.id}", container=source.container,
+                                   resume=source.resume)
                 session = replace(session, head=first.id, spec=self._spec(
                     session, layers,
                     self._engine().creation_spec(container) if container else None))

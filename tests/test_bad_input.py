@@ -69,8 +69,12 @@ def test_oversized_state_is_refused(client, workspace):
     assert len(s.log()) == 1
 
 
-def test_workspace_paths_are_checked(daemon, client, workspace, tmp_path):
-    with pytest.raises(InvalidArgument):
+def test_workspace_paths_are_checked(daemon, client, workspace, tmp_path, monkeypatch):
+    from worldline.v1 import worldline_pb2 as pb
+    with pytest.raises(InvalidArgument):  # the daemon has no working folder to resolve it
+        client._call("CreateSession", pb.CreateSessionRequest(workspace="relative/path"))
+    monkeypatch.chdir(tmp_path)  # the client resolves it against the caller's
+    with pytest.raises(NotFound, match=str(tmp_path / "relative" / "path")):
         client.create_session("relative/path")
     with pytest.raises(NotFound):
         client.create_session(str(tmp_path / "missing"))
@@ -86,7 +90,7 @@ def test_workspace_paths_are_checked(daemon, client, workspace, tmp_path):
         client.create_session(str(link))
     s = client.create_session(str(workspace))
     with pytest.raises(InvalidArgument):
-        s.fork(s.head, workspace="relative")
+        client._call("Fork", pb.ForkRequest(checkpoint_id=s.head, workspace="relative"))
     with pytest.raises(InvalidArgument):
         s.fork(s.head, workspace=str(daemon.root / "blobs"))
 

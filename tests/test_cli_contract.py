@@ -93,9 +93,14 @@ def test_every_command_prints_the_contract_keys(daemon, workspace, tmp_path):
 ])
 def test_errors_are_one_line_on_stderr(daemon, args, code):
     res = daemon.cli(*args, "--json", check=False)
-    assert res.returncode == 1 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1
     assert len(lines) == 1 and lines[0].startswith(f"error: {code}: ")
+    # Under --json stdout is still exactly one document: the error.
+    assert json.loads(res.stdout) == {"error": {"code": code, "message": lines[0].split(
+        ": ", 2)[2]}}
+    res = daemon.cli(*args, check=False)
+    assert res.returncode == 1 and res.stdout == ""
 
 
 def test_invalid_json_files(daemon, workspace, tmp_path):

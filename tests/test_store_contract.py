@@ -200,3 +200,19 @@ def test_calls_on_path_keep_to_their_timeline(store):
     assert [c.id for c in calls_on_path(store, a.id, since=a.id)] == [after.id]
     # the fork's history holds `before` (made before the fork point), not `after`
     assert [c.id for c in calls_on_path(store, fork_first.id)] == [before.id, in_fork.id]
+
+
+def test_deletion_and_resume_points_round_trip(store):
+    from dataclasses import replace
+    s, first = new_session(store)
+    resume = '{"agent":"codex","entries":3,"session_id":"x"}'
+    cp = store.append_checkpoint(replace(make_cp(s.id, first.id), resume=resume), [],
+                                 first.id, None, [])
+    assert store.get_checkpoint(cp.id).resume == resume
+    assert store.get_checkpoint(first.id).resume == ""
+    assert store.list_checkpoints(s.id)[-1].resume == resume
+    assert store.get_session(s.id).deleted_at is None
+    store.update_session(s.id, deleted_at="2026-11-23T10:00:00Z")
+    assert store.get_session(s.id).deleted_at == "2026-11-23T10:00:00Z"
+    assert [x.deleted_at for x in store.list_sessions() if x.id == s.id] == [
+        "2026-11-23T10:00:00Z"]

@@ -322,6 +322,10 @@ class Bench:
                              f" {st.st_size >> 30} GiB"))
 
     # -- container-checkpoint ------------------------------------------------------------
+    def hook_case(self) -> Case:
+        from . import hook
+        return self.add(hook.case(self))
+
     def container_case(self) -> Case:
         from . import container
         return self.add(container.case(self))
@@ -404,6 +408,7 @@ def main() -> int:
         ("restore-small", bench.restore_case),
         ("fork", bench.fork_case),
         ("checkpoint-sparse", bench.sparse_case),
+        ("hook", bench.hook_case),
         ("container-checkpoint", bench.container_case),
         ("storage-100", bench.storage_case),
         ("throughput", bench.throughput_case),
@@ -424,10 +429,24 @@ def main() -> int:
                                f"the case failed: {type(exc).__name__}: {exc}"[:300]))
     finally:
         bench.close()
-    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-           "git_revision": revision(), "machine": machine(), "rounds": ROUNDS,
-           "skipped_peers": missing, "cases": [asdict(c) for c in bench.cases]}
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    rev = revision()
+    cases = [{**asdict(c), "date": date, "git_revision": rev, "rounds": ROUNDS}
+             for c in bench.cases]
     results = REPO / "bench" / "results.json"
+    if only and results.exists():
+        # A partial run keeps the other cases of the last file, each with its own date and
+        # revision, so the file always holds the figures the README's table shows.
+        old = json.loads(results.read_text())
+        ran = {c["name"] for c in cases}
+        kept = [{"date": old.get("date"), "git_revision": old.get("git_revision"),
+                 "rounds": old.get("rounds"), **c}
+                for c in old.get("cases", []) if c["name"] not in ran]
+        order = [name for name, _ in plan]
+        cases = sorted(kept + cases, key=lambda c: order.index(c["name"])
+                       if c["name"] in order else len(order))
+    out = {"date": date, "git_revision": rev, "machine": machine(), "rounds": ROUNDS,
+           "skipped_peers": missing, "cases": cases}
     results.parent.mkdir(exist_ok=True)
     results.write_text(json.dumps(out, indent=2) + "\n")
     print()

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Session(_message.Message):
-    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention")
+    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention", "deleted_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Session(_message.Message):
     FORKED_FROM_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     NEEDS_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    DELETED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace: str
@@ -24,7 +25,8 @@ class Session(_message.Message):
     forked_from: str
     created_at: str
     needs_attention: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ...) -> None: ...
+    deleted_at: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ..., deleted_at: _Optional[str] = ...) -> None: ...
 
 class ResolveSessionRequest(_message.Message):
     __slots__ = ("session_id", "complete")
@@ -54,9 +56,19 @@ class GetSessionRequest(_message.Message):
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
 class ListSessionsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include_deleted", "workspace")
+    INCLUDE_DELETED_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    include_deleted: bool
+    workspace: str
+    def __init__(self, include_deleted: _Optional[bool] = ..., workspace: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions",)
@@ -65,7 +77,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container", "pruned")
+    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container", "pruned", "resume_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +95,7 @@ class Checkpoint(_message.Message):
     ACKNOWLEDGED_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     PRUNED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     seq: int
@@ -100,10 +113,11 @@ class Checkpoint(_message.Message):
     acknowledged_side_effects: _containers.RepeatedScalarFieldContainer[str]
     container: str
     pruned: bool
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ..., pruned: _Optional[bool] = ...) -> None: ...
+    resume_json: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ..., pruned: _Optional[bool] = ..., resume_json: _Optional[str] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head")
+    __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head", "resume_json")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +125,7 @@ class CheckpointRequest(_message.Message):
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    RESUME_JSON_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     label: str
     reasoning: str
@@ -118,7 +133,8 @@ class CheckpointRequest(_message.Message):
     messages_json: str
     state_json: str
     expected_head: str
-    def __init__(self, session_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., expected_head: _Optional[str] = ...) -> None: ...
+    resume_json: str
+    def __init__(self, session_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., expected_head: _Optional[str] = ..., resume_json: _Optional[str] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_id",)

@@ -54,6 +54,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.Session.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/worldline.v1.Worldline/DeleteSession',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.Session.FromString,
+                _registered_method=True)
         self.CreateCheckpoint = channel.unary_unary(
                 '/worldline.v1.Worldline/CreateCheckpoint',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.CheckpointRequest.SerializeToString,
@@ -194,6 +199,14 @@ class WorldlineServicer:
 
     def ResolveSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """Release a session's workspace (and container): its history stays readable and
+        forkable, its folder may become another session's; nothing in it is touched.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -363,6 +376,11 @@ def add_WorldlineServicer_to_server(servicer, server):
             'ResolveSession': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveSession,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.Session.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.Session.SerializeToString,
             ),
             'CreateCheckpoint': grpc.unary_unary_rpc_method_handler(
@@ -588,6 +606,33 @@ class Worldline:
             target,
             '/worldline.v1.Worldline/ResolveSession',
             worldline_dot_v1_dot_worldline__pb2.ResolveSessionRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.Session.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/DeleteSession',
+            worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.Session.FromString,
             options,
             channel_credentials,

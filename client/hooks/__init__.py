@@ -1,0 +1,8 @@
+"""Agent hooks: ``worldline hook AGENT`` (one event: the agent's payload on stdin, its
+answer on stdout) and ``worldline init AGENT`` (the hooks merged into the agent's
+settings). Everything here imports only the standard library and the light client
+(``worldline.client.lite``), because it runs as a new process on every tool call."""
+
+from .run import main
+
+__all__ = ["main"]
