@@ -2,7 +2,7 @@
  * Each is byte for byte its Python twin, and tests/test_fuzz.py holds them to it.
  *
  * pack_hex(data) -> bytes, unpack_hex(packed) -> bytes: the pack's hex packing
- * (daemon/packs.py). Every run of 32 or more lowercase hex digits, taken two by two
+ * (daemon/storage/packs.py). Every run of 32 or more lowercase hex digits, taken two by two
  * from its start (the regex (?:[0-9a-f]{2}){16,}), is replaced by the bytes it spells.
  * The packed form is varint(literal length), literal, varint(run length), run, ...,
  * a literal last.
@@ -343,7 +343,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_codec", "The hot path's encodings (daemon/packs.py, trees.py).",
+    PyModuleDef_HEAD_INIT, "_codec", "The hot path's encodings (daemon/storage/packs.py, trees.py).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

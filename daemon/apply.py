@@ -29,10 +29,10 @@ import stat as st_
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import progress, sparse
-from .blobs import BlobStore
 from .faults import crash_point
 from .fsmeta import Applier
 from .snapshot import _DIR_FLAGS, _READ_FLAGS, Capture, _remove, link_groups, open_below
+from .storage.blobs import BlobStore
 from .tracker import TEMP_PREFIX
 from .trees import (
     BLOCK,

@@ -32,7 +32,7 @@ from .records import (
     Task,
     ToolCall,
 )
-from .store import calls_on_path, ordered_tasks
+from .storage.store import calls_on_path, ordered_tasks
 from .validate import check_id, check_text, load_json
 from .world import World
 

@@ -8,8 +8,8 @@ from worldline.client.errors import InvalidArgument
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
 from .graphs import Graphs
+from .storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
 from .validate import load_json
 
 

@@ -20,8 +20,8 @@ from dataclasses import replace
 from worldline.client.errors import AlreadyExists, InvalidArgument, NotFound
 
 from . import ids
-from .graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphStore, GraphWrite
 from .records import AuditEvent
+from .storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphStore, GraphWrite
 from .validate import MAX_TEXT, check_text, load_json
 from .world import World
 

@@ -30,20 +30,20 @@ from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from . import walk
 from .auth import PeerRelay, TokenInterceptor, read_token
-from .blobs import LocalBlobStore
 from .containers import Engine
 from .gates import Gates
 from .gateway import SUFFIX as GATEWAY_SUFFIX
 from .gateway import JsonGateway
 from .graph_server import GraphsServicer
-from .graph_store import SqliteGraphStore
 from .graphs import Graphs
 from .limits import Limits
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
-from .sqlite_store import SqliteStore
-from .statcache import StatCache
+from .storage.blobs import LocalBlobStore
+from .storage.graph_store import SqliteGraphStore
+from .storage.sqlite_store import SqliteStore
+from .storage.statcache import StatCache
 from .tracker import ChangeMonitor
 from .trees import TreeReader
 from .views import Views

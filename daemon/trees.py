@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from worldline.client.errors import DataLoss, InvalidArgument
 
-from .blobs import BlobStore, digest_of
+from .storage.blobs import BlobStore, digest_of
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only

@@ -25,10 +25,10 @@ import shutil
 from dataclasses import replace
 
 from . import progress
-from .blobs import BlobStore
 from .fsmeta import Applier
 from .snapshot import Capture, WorkspaceSnapshotter
-from .statcache import StatCache, signature
+from .storage.blobs import BlobStore
+from .storage.statcache import StatCache, signature
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from worldline.client.paths import escape
 
 from . import ids, progress, sparse
 from .admission import FairGate
-from .blobs import BlobStore
 from .containers import (
     DEFAULT_MOUNT,
     LABEL_CHECKPOINT,
@@ -55,8 +54,9 @@ from .records import (
     tasks_to_json,
 )
 from .snapshot import Capture, WorkspaceSnapshotter
-from .statcache import StatCache
-from .store import Store, calls_on_path
+from .storage.blobs import BlobStore
+from .storage.statcache import StatCache
+from .storage.store import Store, calls_on_path
 from .tracker import ChangeMonitor
 from .trees import (
     BLOCK,

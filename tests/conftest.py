@@ -209,3 +209,33 @@ def containers():
     yield made
     for name in made:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+# -- the fleet's services: PostgreSQL and an S3 emulator -------------------------------
+@pytest.fixture(scope="session")
+def pg_cluster():
+    from tests.services import PostgresCluster
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.remove()
+
+
+@pytest.fixture
+def postgres_url(pg_cluster) -> str:
+    """A new, empty database of the session's cluster."""
+    return pg_cluster.new_database()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    from tests.services import S3Emulator
+    server = S3Emulator().start()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()

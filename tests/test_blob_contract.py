@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
-from worldline.daemon.blobs import LocalBlobStore, MemoryBlobStore
-from worldline.daemon.packs import DELTA, MAX_BLOB, MAX_DEPTH
+from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
+from worldline.daemon.storage.packs import DELTA, MAX_BLOB, MAX_DEPTH
 
 from .conftest import corrupt_blob
 

@@ -8,9 +8,9 @@ import os
 import sqlite3
 
 from worldline.daemon.apply import TreeWriter
-from worldline.daemon.blobs import MemoryBlobStore
 from worldline.daemon.snapshot import Capture
-from worldline.daemon.sqlite_store import SCHEMA_VERSION, SqliteStore
+from worldline.daemon.storage.blobs import MemoryBlobStore
+from worldline.daemon.storage.sqlite_store import SCHEMA_VERSION, SqliteStore
 from worldline.daemon.trees import EMPTY_TREE, TreeReader, decode
 
 

@@ -109,7 +109,7 @@ hexish = st.lists(st.one_of(
 @given(hexish, hexish)
 def test_pack_codecs_round_trip(a, b):
     """The pack's encodings give back exactly the bytes they were given."""
-    from worldline.daemon.packs import (
+    from worldline.daemon.storage.packs import (
         apply_delta,
         compress,
         decompress,
@@ -128,7 +128,7 @@ def test_pack_codecs_round_trip(a, b):
 def test_hex_packing_in_c_is_the_python_codec(data, garbage):
     """The C hex packing (daemon/_codec.c) is byte for byte the Python twin's, on
     what it packs and on what it refuses to unpack."""
-    from worldline.daemon import packs
+    from worldline.daemon.storage import packs
     try:
         from worldline.daemon._codec import pack_hex, unpack_hex
     except ImportError:

@@ -1,11 +1,11 @@
-"""The GraphStore contract (daemon/graph_store.py), run against every backend."""
+"""The GraphStore contract (daemon/storage/graph_store.py), run against every backend."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from worldline.daemon.graph_store import (
+from worldline.daemon.storage.graph_store import (
     GraphBlob,
     GraphCheckpoint,
     GraphQuery,

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from worldline.daemon.blobs import MemoryBlobStore
 from worldline.daemon.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
-from worldline.daemon.statcache import StatCache
+from worldline.daemon.storage.blobs import MemoryBlobStore
+from worldline.daemon.storage.statcache import StatCache
 from worldline.daemon.trees import DIR, FILE, SYMLINK, TreeReader, diff
 
 from .conftest import tree_state

@@ -17,15 +17,24 @@ from worldline.daemon.records import (
     ToolCall,
     chain_hash,
 )
-from worldline.daemon.sqlite_store import SqliteStore
-from worldline.daemon.store import MemoryStore, ordered_tasks
+from worldline.daemon.storage.sqlite_store import SqliteStore
+from worldline.daemon.storage.store import MemoryStore, ordered_tasks
 
 D = "0" * 64
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def make_store(kind: str, request, tmp_path):
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "sqlite":
+        return SqliteStore(str(tmp_path / "meta.db"))
+    from worldline.daemon.storage.postgres_store import PostgresStore
+    return PostgresStore(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request, tmp_path):
-    s = MemoryStore() if request.param == "memory" else SqliteStore(str(tmp_path / "meta.db"))
+    s = make_store(request.param, request, tmp_path)
     yield s
     s.close()
 
@@ -182,7 +191,7 @@ def test_audit_chain(store):
 
 
 def test_calls_on_path_keep_to_their_timeline(store):
-    from worldline.daemon.store import calls_on_path
+    from worldline.daemon.storage.store import calls_on_path
     s, first = new_session(store)
     a = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
     before = ToolCall(ids.new_id(), s.id, "t", "{}", None, "local", None, first.id, ids.now())

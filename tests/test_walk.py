@@ -213,9 +213,9 @@ def test_a_scan_with_memos_equals_a_scan_without(tmp_path):
     scan that knows nothing, after every kind of change a stopped daemon could miss."""
     import time
 
-    from worldline.daemon.blobs import MemoryBlobStore
     from worldline.daemon.snapshot import WorkspaceSnapshotter
-    from worldline.daemon.statcache import RACY_NS, StatCache
+    from worldline.daemon.storage.blobs import MemoryBlobStore
+    from worldline.daemon.storage.statcache import RACY_NS, StatCache
     from worldline.daemon.trees import TreeReader
 
     root = tmp_path / "ws"

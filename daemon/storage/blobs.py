@@ -35,7 +35,7 @@ from typing import Protocol
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
-from .observe import BLOB_REUSED, BLOB_WRITTEN
+from ..observe import BLOB_REUSED, BLOB_WRITTEN
 from .packs import MAX_BLOB, Pack
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
-from .records import (
+from ..records import (
     GENESIS_HASH,
     Approval,
     AuditEvent,

@@ -1,32 +1,26 @@
-"""The embedded metadata store: SQLite in WAL mode.
+"""The ``Store`` contract over SQL, written once for SQLite and PostgreSQL.
 
-One writer connection behind a lock takes every write transaction; each thread
-reads through its own connection, so reads never wait behind a commit's fsync (WAL
-lets readers run beside the writer, each on the last committed snapshot).
-``synchronous=FULL``: a checkpoint acknowledged to a client has its transaction
-on disk, so neither a killed daemon nor a power cut loses it.
+``SqlStore`` holds every statement; a backend mixes it with its database class,
+which provides ``_tx()`` (one write transaction: a connection whose ``execute`` and
+``executemany`` take ``?`` placeholders), ``_one`` and ``_all`` (reads), and these
+dialect hooks:
+
+- ``FOR_UPDATE``: the row lock a compare-and-set reads under (PostgreSQL: ``FOR
+  UPDATE``; SQLite: nothing, its write transactions are already serial);
+- ``IN_LIST``: a test of a column against one parameter holding a list;
+- ``integrity_errors``: what a unique or key violation raises;
+- ``_lock_chain(db)``: serialises writers of the audit chain (the chain stays one
+  chain with several daemons writing; SQLite: its write lock already does).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import (
-    Aborted,
-    AlreadyExists,
-    FailedPrecondition,
-    NotFound,
-    ResourceExhausted,
-)
+from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
-from .records import (
+from ..records import (
     GENESIS_HASH,
     Approval,
     AuditEvent,
@@ -36,43 +30,6 @@ from .records import (
     ToolCall,
     chain_hash,
 )
-
-SCHEMA_VERSION = 3
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
-    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
-    tree TEXT NOT NULL, bytes INTEGER NOT NULL, state_digest TEXT NOT NULL,
-    tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
-    message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
-    trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
-    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    UNIQUE (session_id, seq));
-CREATE TABLE IF NOT EXISTS messages (
-    checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tool_calls (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, name TEXT NOT NULL, args_json TEXT NOT NULL,
-    result_json TEXT, effect TEXT NOT NULL, idempotency_key TEXT, checkpoint_id TEXT NOT NULL,
-    created_at TEXT NOT NULL, rule TEXT NOT NULL, approval_id TEXT);
-CREATE INDEX IF NOT EXISTS tool_calls_by_checkpoint ON tool_calls (checkpoint_id);
-CREATE TABLE IF NOT EXISTS tasks (
-    session_id TEXT NOT NULL, id TEXT NOT NULL, position INTEGER NOT NULL, title TEXT NOT NULL,
-    parent TEXT, status TEXT NOT NULL, note TEXT NOT NULL, updated_at TEXT NOT NULL,
-    PRIMARY KEY (session_id, id));
-CREATE TABLE IF NOT EXISTS approvals (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
-    status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
-    expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
-CREATE TABLE IF NOT EXISTS audit (
-    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
-    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
-"""
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
                  " needs_attention, deleted_at")
@@ -102,116 +59,22 @@ def _event(row) -> AuditEvent:
                       prev_hash, hash_)
 
 
-class SqliteDatabase:
-    """One SQLite file in WAL mode: a writer connection behind a lock for write
-    transactions (``_tx``), a read connection per thread (``_one``, ``_all``)."""
-
-    def __init__(self, path: str, schema: str) -> None:
-        self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._lock = threading.RLock()
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._db.executescript(schema)
-        self._last_write = 0.0
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._last_write = time.monotonic()
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                if "full" in str(exc):
-                    raise ResourceExhausted(f"no space left for metadata: {exc}") from None
-                raise
-
-    def _reader(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
-                                 check_same_thread=False)
-            db.execute("PRAGMA busy_timeout=10000")
-            self._local.db = db
-            with self._lock:
-                self._readers.append(db)
-        return db
-
-    def _one(self, sql: str, args: tuple):
-        return self._reader().execute(sql, args).fetchone()
-
-    def _all(self, sql: str, args: tuple = ()) -> list:
-        return self._reader().execute(sql, args).fetchall()
-
-    def compact_wal(self, idle_seconds: float) -> bool:
-        """When nothing was written for ``idle_seconds``, move the WAL into the database
-        and truncate it, so an idle daemon's data root holds no write-ahead log (WAL
-        mode otherwise keeps it at its high-water mark, megabytes). Never waits long on
-        a reader; returns True if the WAL was emptied."""
-        wal = self.path + "-wal"
-        with self._lock:
-            if time.monotonic() - self._last_write < idle_seconds:
-                return False
-            try:
-                if os.path.getsize(wal) == 0:
-                    return False
-            except FileNotFoundError:
-                return False
-            self._db.execute("PRAGMA busy_timeout=100")
-            try:
-                busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            finally:
-                self._db.execute("PRAGMA busy_timeout=10000")
-            return busy == 0
-
-    def close(self) -> None:
-        with self._lock:
-            for db in self._readers:
-                db.close()
-            self._db.close()
+def _approval_row(a: Approval) -> tuple:
+    return (a.id, a.session_id, a.tool, a.args_json, a.status, a.checkpoint_id, a.created_at,
+            a.expires_at, a.reason, a.decided_at)
 
 
-class SqliteStore(SqliteDatabase):
-    def __init__(self, path: str) -> None:
-        super().__init__(path, SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
-        self._migrate()
+class SqlStore:
+    FOR_UPDATE = ""
+    IN_LIST = "{column} IN (SELECT value FROM json_each(?))"
+    integrity_errors: tuple[type[Exception], ...] = ()
 
-    def _migrate(self) -> None:
-        """Bring a data root made by an earlier version to this schema, once."""
-        (version,) = self._db.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        with self._tx() as db:
-            if int(version) < 2:  # 0.4: a session's spec and needs_attention
-                columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
-                if "spec" not in columns:
-                    db.execute("ALTER TABLE sessions ADD COLUMN spec TEXT NOT NULL"
-                               " DEFAULT '{}'")
-                if "needs_attention" not in columns:
-                    db.execute("ALTER TABLE sessions ADD COLUMN needs_attention TEXT")
-            if int(version) < 3:  # 0.5: deleted sessions, the agent's resume point
-                columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
-                if "deleted_at" not in columns:
-                    db.execute("ALTER TABLE sessions ADD COLUMN deleted_at TEXT")
-                columns = {row[1] for row in db.execute("PRAGMA table_info(checkpoints)")}
-                if "resume" not in columns:
-                    db.execute("ALTER TABLE checkpoints ADD COLUMN resume TEXT NOT NULL"
-                               " DEFAULT ''")
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                       (str(SCHEMA_VERSION),))
+    def _lock_chain(self, db) -> None:
+        """Hold the audit chain's tail until this transaction ends."""
+
+    @staticmethod
+    def _list_arg(values: list[str]):
+        return json.dumps(values)
 
     # -- sessions ------------------------------------------------------------------
     def create_session(self, session, first, tasks, events):
@@ -224,7 +87,7 @@ class SqliteStore(SqliteDatabase):
                             session.needs_attention, session.deleted_at))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(first))
-            except sqlite3.IntegrityError:
+            except self.integrity_errors:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
             self._append_audit(db, events)
@@ -252,7 +115,8 @@ class SqliteStore(SqliteDatabase):
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events):
         with self._tx() as db:
-            row = db.execute("SELECT head FROM sessions WHERE id = ?", (cp.session_id,)).fetchone()
+            row = db.execute("SELECT head FROM sessions WHERE id = ?" + self.FOR_UPDATE,
+                             (cp.session_id,)).fetchone()
             if row is None:
                 raise NotFound(f"session {cp.session_id} does not exist")
             if row[0] != expected_head:
@@ -264,7 +128,7 @@ class SqliteStore(SqliteDatabase):
             try:
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(cp))
-            except sqlite3.IntegrityError:
+            except self.integrity_errors:
                 raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
             db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
                            [(cp.id, i, m) for i, m in enumerate(messages)])
@@ -320,7 +184,9 @@ class SqliteStore(SqliteDatabase):
     # -- tool calls -------------------------------------------------------------------
     def add_tool_call(self, call, events):
         with self._tx() as db:
-            if call.approval_id:
+            if call.approval_id:  # the approval's row serialises the calls citing it
+                db.execute("SELECT id FROM approvals WHERE id = ?" + self.FOR_UPDATE,
+                           (call.approval_id,))
                 used = db.execute("SELECT id FROM tool_calls WHERE approval_id = ?",
                                   (call.approval_id,)).fetchone()
                 if used is not None:
@@ -341,14 +207,15 @@ class SqliteStore(SqliteDatabase):
             ids = list(checkpoint_ids)
             if not ids:
                 return []
-            sql += " AND checkpoint_id IN (SELECT value FROM json_each(?))"
-            args.append(json.dumps(ids))
+            sql += " AND " + self.IN_LIST.format(column="checkpoint_id")
+            args.append(self._list_arg(ids))
         return [ToolCall(*r) for r in self._all(sql + " ORDER BY id", tuple(args))]
 
     # -- tasks ---------------------------------------------------------------------------
     def set_task(self, session_id, task, events):
         with self._tx() as db:
-            if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+            if db.execute("SELECT 1 FROM sessions WHERE id = ?" + self.FOR_UPDATE,
+                          (session_id,)).fetchone() is None:
                 raise NotFound(f"session {session_id} does not exist")
             (pos,) = db.execute("SELECT COALESCE(MAX(position), 0) + 1 FROM tasks"
                                 " WHERE session_id = ?", (session_id,)).fetchone()
@@ -418,6 +285,7 @@ class SqliteStore(SqliteDatabase):
     def _append_audit(self, db, events: list[AuditEvent]) -> None:
         if not events:
             return
+        self._lock_chain(db)
         row = db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = row if row else (0, GENESIS_HASH)
         for event in events:
@@ -439,8 +307,3 @@ class SqliteStore(SqliteDatabase):
             args.append(kind)
         events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
         return events[-limit:] if limit else events
-
-
-def _approval_row(a: Approval) -> tuple:
-    return (a.id, a.session_id, a.tool, a.args_json, a.status, a.checkpoint_id, a.created_at,
-            a.expires_at, a.reason, a.decided_at)

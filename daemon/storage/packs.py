@@ -140,7 +140,7 @@ def unpack_hex_python(packed: bytes) -> bytes:
 
 
 try:  # the same codec in C (daemon/_codec.c): no Python loop per run
-    from ._codec import pack_hex, unpack_hex
+    from .._codec import pack_hex, unpack_hex
 except ImportError:
     pack_hex, unpack_hex = pack_hex_python, unpack_hex_python
 

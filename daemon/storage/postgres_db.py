@@ -1,0 +1,129 @@
+"""A PostgreSQL database behind a connection pool (psycopg 3, psycopg_pool), with the
+shape ``SqliteDatabase`` has: ``_tx()`` for one write transaction, ``_one`` and
+``_all`` for reads, statements written with ``?`` placeholders.
+
+Failures map to the domain's errors here, once: a server that cannot be reached (down,
+restarting, every connection broken) is ``Unavailable``, so callers retry and the
+daemon never needs a restart; a full disk is ``ResourceExhausted``. The pool checks
+each connection before lending it, so one broken by a server restart is replaced
+rather than handed out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from worldline.client.errors import ResourceExhausted, Unavailable
+
+try:
+    import psycopg
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError:  # pragma: no cover - the fleet extra is not installed
+    psycopg = None
+
+# Advisory lock keys (one namespace of bigints shared by every worldline database).
+LOCK_MIGRATIONS = 0x776C_0001
+LOCK_AUDIT_CHAIN = 0x776C_0002
+LOCK_GC = 0x776C_0003
+
+
+@functools.lru_cache(maxsize=512)
+def _pg(sql: str) -> str:
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Connection:
+    """A transaction's connection, taking ``?`` placeholders."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, args: tuple | list = ()):
+        return self.conn.execute(_pg(sql), tuple(args))
+
+    def executemany(self, sql: str, rows) -> None:
+        rows = list(rows)
+        if rows:
+            with self.conn.cursor() as cur:
+                cur.executemany(_pg(sql), rows)
+
+
+def _mapped(exc: Exception, url: str) -> Exception:
+    if isinstance(exc, psycopg.errors.DiskFull):
+        return ResourceExhausted(f"no space left for metadata on PostgreSQL: {exc}")
+    return Unavailable(f"the metadata store (PostgreSQL at {url}) cannot be reached:"
+                       f" {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}")
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    auth, host = rest.rsplit("@", 1)
+    return f"{scheme}://{auth.split(':', 1)[0]}@{host}"
+
+
+class PostgresDatabase:
+    def __init__(self, url: str, schema_name: str = "", pool_size: int = 8,
+                 connect_timeout: float = 10.0) -> None:
+        if psycopg is None:
+            raise Unavailable("PostgreSQL needs psycopg and psycopg_pool: pip install"
+                              " 'worldline[fleet]'")
+        self.url = url
+        self.path = redact(url)  # what logs name this database by
+        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False,
+                                   timeout=connect_timeout, name="worldline",
+                                   check=ConnectionPool.check_connection)
+        self.pool.open(wait=False)
+
+    def _connection(self):
+        return self.pool.connection()
+
+    @contextmanager
+    def _tx(self) -> Iterator[_Connection]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        try:
+            with self._connection() as conn:
+                yield _Connection(conn)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise _mapped(exc, self.path) from None
+
+    def _one(self, sql: str, args: tuple = ()):
+        with self._tx() as db:
+            return db.execute(sql, args).fetchone()
+
+    def _all(self, sql: str, args: tuple = ()) -> list:
+        with self._tx() as db:
+            return db.execute(sql, args).fetchall()
+
+    @contextmanager
+    def advisory_lock(self, key: int, wait: bool = True) -> Iterator[bool]:
+        """A lock held by this daemon for the block, across the fleet (a session-level
+        advisory lock on a connection kept for the block). Without ``wait``, yields
+        False at once when another holds it."""
+        try:
+            with self._connection() as conn:
+                conn.autocommit = True
+                if wait:
+                    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+                    got = True
+                else:
+                    got = conn.execute("SELECT pg_try_advisory_lock(%s)",
+                                       (key,)).fetchone()[0]
+                try:
+                    yield got
+                finally:
+                    if got:
+                        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                    conn.autocommit = False
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise _mapped(exc, self.path) from None
+
+    def compact_wal(self, idle_seconds: float) -> bool:
+        return False  # the server keeps its own write-ahead log
+
+    def close(self) -> None:
+        self.pool.close()

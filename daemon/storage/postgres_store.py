@@ -1,0 +1,78 @@
+"""The fleet's metadata store: PostgreSQL, shared by every daemon of a fleet.
+
+The statements are ``SqlStore``'s (sql_store.py), the same as SQLite's; what differs
+is how concurrent daemons are kept apart. A head's compare-and-set reads the session
+row ``FOR UPDATE``, so two hosts appending to one session serialise and the second
+sees the head moved (``Aborted``); the audit chain's tail is held by a transaction
+advisory lock, so events from every host form one chain; a tool call citing an
+approval locks the approval's row, so an approval is used up once fleet-wide. The
+schema is versioned (migrations.py), applied at start under an advisory lock.
+"""
+
+from __future__ import annotations
+
+from .migrations import Migration, latest, migrate
+from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_MIGRATIONS, PostgresDatabase, psycopg
+from .sql_store import SqlStore
+
+SCHEMA = """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
+    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
+CREATE TABLE checkpoints (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
+    seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
+    tree TEXT NOT NULL, bytes BIGINT NOT NULL, state_digest TEXT NOT NULL,
+    tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
+    message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
+    trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
+    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
+    UNIQUE (session_id, seq));
+CREATE TABLE messages (
+    checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (checkpoint_id, idx));
+CREATE TABLE tool_calls (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, name TEXT NOT NULL, args_json TEXT NOT NULL,
+    result_json TEXT, effect TEXT NOT NULL, idempotency_key TEXT, checkpoint_id TEXT NOT NULL,
+    created_at TEXT NOT NULL, rule TEXT NOT NULL, approval_id TEXT);
+CREATE INDEX tool_calls_by_checkpoint ON tool_calls (checkpoint_id);
+CREATE TABLE tasks (
+    session_id TEXT NOT NULL, id TEXT NOT NULL, position INTEGER NOT NULL, title TEXT NOT NULL,
+    parent TEXT, status TEXT NOT NULL, note TEXT NOT NULL, updated_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, id));
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
+    status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
+CREATE TABLE audit (
+    seq BIGINT PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
+    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+"""
+
+# Version 3 is the first PostgreSQL schema (SQLite's numbering: the same columns).
+MIGRATIONS = (
+    Migration(3, "0.5: the first PostgreSQL schema", lambda db: None),
+)
+SCHEMA_VERSION = latest(MIGRATIONS)
+
+
+class PostgresStore(SqlStore, PostgresDatabase):
+    FOR_UPDATE = " FOR UPDATE"
+    IN_LIST = "{column} = ANY(?)"
+
+    def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+        PostgresDatabase.__init__(self, url, pool_size=pool_size,
+                                  connect_timeout=connect_timeout)
+        self.integrity_errors = (psycopg.IntegrityError,)
+        with self.advisory_lock(LOCK_MIGRATIONS):
+            self.schema_found, self.schema_version = migrate(
+                self._tx, lambda db: db.execute(SCHEMA), MIGRATIONS,
+                f"metadata store {self.path}")
+
+    def _lock_chain(self, db) -> None:
+        db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_AUDIT_CHAIN,))
+
+    @staticmethod
+    def _list_arg(values: list[str]):
+        return list(values)

@@ -1,0 +1,179 @@
+"""The embedded metadata store: SQLite in WAL mode.
+
+One writer connection behind a lock takes every write transaction; each thread
+reads through its own connection, so reads never wait behind a commit's fsync (WAL
+lets readers run beside the writer, each on the last committed snapshot).
+``synchronous=FULL``: a checkpoint acknowledged to a client has its transaction
+on disk, so neither a killed daemon nor a power cut loses it. The statements are
+``SqlStore``'s (sql_store.py), shared with PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from worldline.client.errors import ResourceExhausted
+
+from .migrations import Migration, latest, migrate
+from .sql_store import SqlStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
+    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
+    seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
+    tree TEXT NOT NULL, bytes INTEGER NOT NULL, state_digest TEXT NOT NULL,
+    tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
+    message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
+    trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
+    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
+    UNIQUE (session_id, seq));
+CREATE TABLE IF NOT EXISTS messages (
+    checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tool_calls (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, name TEXT NOT NULL, args_json TEXT NOT NULL,
+    result_json TEXT, effect TEXT NOT NULL, idempotency_key TEXT, checkpoint_id TEXT NOT NULL,
+    created_at TEXT NOT NULL, rule TEXT NOT NULL, approval_id TEXT);
+CREATE INDEX IF NOT EXISTS tool_calls_by_checkpoint ON tool_calls (checkpoint_id);
+CREATE TABLE IF NOT EXISTS tasks (
+    session_id TEXT NOT NULL, id TEXT NOT NULL, position INTEGER NOT NULL, title TEXT NOT NULL,
+    parent TEXT, status TEXT NOT NULL, note TEXT NOT NULL, updated_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, id));
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
+    status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
+    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+"""
+
+
+def _add_columns(table: str, *columns: str):
+    """A migration step adding ``columns`` ("name TYPE ...") that are not there yet (a
+    0.3 data root may have some of them already)."""
+    def run(db) -> None:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for column in columns:
+            if column.split()[0] not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    return run
+
+
+def _steps(*steps):
+    def run(db) -> None:
+        for step in steps:
+            step(db)
+    return run
+
+
+# Version 1 is 0.1-0.3's schema; SCHEMA above is the latest whole.
+MIGRATIONS = (
+    Migration(2, "0.4: a session's container spec and needs_attention",
+              _add_columns("sessions", "spec TEXT NOT NULL DEFAULT '{}'", "needs_attention TEXT")),
+    Migration(3, "0.5: deleted sessions, the agent's resume point", _steps(
+        _add_columns("sessions", "deleted_at TEXT"),
+        _add_columns("checkpoints", "resume TEXT NOT NULL DEFAULT ''"))),
+)
+SCHEMA_VERSION = latest(MIGRATIONS)
+
+
+class SqliteDatabase:
+    """One SQLite file in WAL mode: a writer connection behind a lock for write
+    transactions (``_tx``), a read connection per thread (``_one``, ``_all``)."""
+
+    def __init__(self, path: str, schema: str) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._db.executescript(schema)
+        self._last_write = 0.0
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._last_write = time.monotonic()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if "full" in str(exc):
+                    raise ResourceExhausted(f"no space left for metadata: {exc}") from None
+                raise
+
+    def _reader(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=10000")
+            self._local.db = db
+            with self._lock:
+                self._readers.append(db)
+        return db
+
+    def _one(self, sql: str, args: tuple):
+        return self._reader().execute(sql, args).fetchone()
+
+    def _all(self, sql: str, args: tuple = ()) -> list:
+        return self._reader().execute(sql, args).fetchall()
+
+    def compact_wal(self, idle_seconds: float) -> bool:
+        """When nothing was written for ``idle_seconds``, move the WAL into the database
+        and truncate it, so an idle daemon's data root holds no write-ahead log (WAL
+        mode otherwise keeps it at its high-water mark, megabytes). Never waits long on
+        a reader; returns True if the WAL was emptied."""
+        wal = self.path + "-wal"
+        with self._lock:
+            if time.monotonic() - self._last_write < idle_seconds:
+                return False
+            try:
+                if os.path.getsize(wal) == 0:
+                    return False
+            except FileNotFoundError:
+                return False
+            self._db.execute("PRAGMA busy_timeout=100")
+            try:
+                busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._db.execute("PRAGMA busy_timeout=10000")
+            return busy == 0
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._readers:
+                db.close()
+            self._db.close()
+
+
+class SqliteStore(SqlStore, SqliteDatabase):
+    integrity_errors = (sqlite3.IntegrityError,)
+
+    def __init__(self, path: str) -> None:
+        # The latest tables are made when absent (an older file gains its new tables
+        # here, its new columns from the migrations).
+        super().__init__(path, SCHEMA)
+        self.schema_found, self.schema_version = migrate(
+            self._tx, lambda db: None, MIGRATIONS, f"metadata store {path}")

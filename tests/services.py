@@ -1,0 +1,103 @@
+"""The real services the fleet tests use, made and removed by the test session:
+a throwaway PostgreSQL cluster (``initdb`` in a temporary folder, ``pg_ctl`` on a
+Unix socket, no TCP) and moto's S3 server (an emulator) on loopback."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+
+
+def _pg_bin() -> str:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: int(p.split("/")[4]))
+    if not found:
+        raise RuntimeError("no PostgreSQL server binaries: run deploy/ensure-postgres.sh")
+    return os.path.dirname(found[-1])
+
+
+class PostgresCluster:
+    """A cluster owned by the ``postgres`` system user (initdb refuses root), trusting
+    local connections, listening only on a socket in its own folder."""
+
+    def __init__(self) -> None:
+        self.bin = _pg_bin()
+        self.user = pwd.getpwnam("postgres")
+        self.dir = tempfile.mkdtemp(prefix="worldline-pg-")
+        os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
+        self.data = os.path.join(self.dir, "data")
+        self.log = os.path.join(self.dir, "server.log")
+
+    def _as_postgres(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+             "--clear-groups", *args], check=check, capture_output=True, text=True,
+            cwd=self.dir)
+
+    def start(self) -> PostgresCluster:
+        if not os.path.exists(self.data):
+            self._as_postgres(f"{self.bin}/initdb", "-D", self.data, "-U", "postgres",
+                              "--auth=trust", "-E", "UTF8", "--no-sync")
+        self._as_postgres(
+            f"{self.bin}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "-o",
+            f"-c listen_addresses='' -c unix_socket_directories='{self.dir}'"
+            " -c fsync=off -c max_connections=200", "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop",
+                          check=False)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.dir}"
+
+    def new_database(self) -> str:
+        import psycopg
+        name = "wl_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def remove(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Emulator:
+    """moto's server mode on loopback: an S3 emulator, not a real S3 server."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+        self.port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+                                         verbose=False)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def start(self) -> S3Emulator:
+        self.server.start()
+        return self
+
+    def new_bucket(self) -> str:
+        import boto3
+        name = "wl-" + uuid.uuid4().hex[:12]
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        self.server.stop()
