@@ -8,7 +8,7 @@ GEN    := proto/worldline/v1/worldline_pb2.py proto/worldline/v1/worldline_pb2.p
           proto/worldline/v1/worldline_pb2_grpc.py
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench soak proto proto-check lint docker test-tools clean bytecode
+.PHONY: install run test bench soak proto proto-check lint docker test-tools postgres clean bytecode
 
 install: $(STAMP)
 
@@ -58,7 +58,12 @@ docker:
 test-tools:
 	bash deploy/ensure-test-tools.sh
 
-test: install proto-check lint docker test-tools
+# PostgreSQL's server binaries for the fleet tests (installs postgresql when absent); the
+# tests make and remove a throwaway cluster of their own.
+postgres:
+	bash deploy/ensure-postgres.sh
+
+test: install proto-check lint docker test-tools postgres
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install docker bytecode

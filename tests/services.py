@@ -85,19 +85,26 @@ class S3Emulator:
                                          verbose=False)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                    "AWS_ALLOW_HTTP": "true"}
 
     def start(self) -> S3Emulator:
         self.server.start()
         return self
 
-    def new_bucket(self) -> str:
+    def client(self):
         import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def new_bucket(self) -> str:
         name = "wl-" + uuid.uuid4().hex[:12]
-        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket=name)
+        self.client().create_bucket(Bucket=name)
         return name
+
+    def keys(self, bucket: str) -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def stop(self) -> None:
         self.server.stop()

@@ -16,9 +16,37 @@ from .conftest import corrupt_blob
 BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
 
-@pytest.fixture(params=["memory", "local"])
+def s3_blob_store(request, tmp_path, host: str = "a", cache_bytes: int = 1 << 30,
+                  bucket: str | None = None, index=None):
+    """An S3BlobStore on the session's S3 emulator: a new bucket (or ``bucket``), its
+    index in a SQLite store (or ``index``), a cache of its own."""
+    from worldline.daemon.storage.s3_blobs import S3BlobStore
+    from worldline.daemon.storage.sqlite_store import SqliteStore
+    server = request.getfixturevalue("s3_server")
+    bucket = bucket or server.new_bucket()
+    index = index or SqliteStore(str(tmp_path / f"meta-{host}.db"))
+    return S3BlobStore(f"s3://{bucket}/fleet", LocalBlobStore(str(tmp_path / f"cache-{host}")),
+                       index, host, cache_bytes=cache_bytes)
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
 def blobs(request, tmp_path):
+    if request.param == "s3":
+        return s3_blob_store(request, tmp_path)
     return MemoryBlobStore() if request.param == "memory" else LocalBlobStore(str(tmp_path / "b"))
+
+
+def corrupt_in_bucket(blobs, digest: str) -> None:
+    """Bit rot in the bucket: the object holding ``digest`` rewritten with one byte of
+    the blob's entry flipped, and the host's cached copy gone."""
+    loc = blobs.index.locate_blobs([digest])[digest]
+    bucket, prefix = blobs.url[5:].split("/", 1)
+    s3 = __import__("boto3").client("s3")
+    key = f"{prefix}/{loc.object}"
+    body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[loc.off + loc.len // 2] ^= 0xFF
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    blobs.cache.delete(digest)
 
 
 def test_put_read_is_content_addressed(blobs):
@@ -86,6 +114,8 @@ def test_corruption_is_data_loss(blobs, tmp_path):
     blobs.sync()
     if isinstance(blobs, MemoryBlobStore):
         blobs.corrupt(d, b"garbage!")
+    elif hasattr(blobs, "bucket"):
+        corrupt_in_bucket(blobs, d)
     else:
         corrupt_blob(Path(blobs.root), d, b"garbage!")
     with pytest.raises(DataLoss):

@@ -11,6 +11,8 @@ schema is versioned (migrations.py), applied at start under an advisory lock.
 
 from __future__ import annotations
 
+from . import blob_index
+from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
 from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_MIGRATIONS, PostgresDatabase, psycopg
 from .sql_store import SqlStore
@@ -53,11 +55,12 @@ CREATE TABLE audit (
 # Version 3 is the first PostgreSQL schema (SQLite's numbering: the same columns).
 MIGRATIONS = (
     Migration(3, "0.5: the first PostgreSQL schema", lambda db: None),
+    Migration(4, "0.6: the blob index of the bucket", lambda db: db.execute(blob_index.SCHEMA)),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 
 
-class PostgresStore(SqlStore, PostgresDatabase):
+class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     FOR_UPDATE = " FOR UPDATE"
     IN_LIST = "{column} = ANY(?)"
 
@@ -67,7 +70,7 @@ class PostgresStore(SqlStore, PostgresDatabase):
         self.integrity_errors = (psycopg.IntegrityError,)
         with self.advisory_lock(LOCK_MIGRATIONS):
             self.schema_found, self.schema_version = migrate(
-                self._tx, lambda db: db.execute(SCHEMA), MIGRATIONS,
+                self._tx, lambda db: db.execute(SCHEMA + blob_index.SCHEMA), MIGRATIONS,
                 f"metadata store {self.path}")
 
     def _lock_chain(self, db) -> None:

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 from worldline.client.errors import ResourceExhausted
 
+from . import blob_index
+from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
 from .sql_store import SqlStore
 
@@ -83,6 +85,8 @@ MIGRATIONS = (
     Migration(3, "0.5: deleted sessions, the agent's resume point", _steps(
         _add_columns("sessions", "deleted_at TEXT"),
         _add_columns("checkpoints", "resume TEXT NOT NULL DEFAULT ''"))),
+    # New tables need no step: opening the file makes every absent table of SCHEMA.
+    Migration(4, "0.6: the blob index of a bucket (s3 blobs)", lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 
@@ -168,12 +172,12 @@ class SqliteDatabase:
             self._db.close()
 
 
-class SqliteStore(SqlStore, SqliteDatabase):
+class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
     integrity_errors = (sqlite3.IntegrityError,)
 
     def __init__(self, path: str) -> None:
         # The latest tables are made when absent (an older file gains its new tables
         # here, its new columns from the migrations).
-        super().__init__(path, SCHEMA)
+        super().__init__(path, SCHEMA + blob_index.SCHEMA)
         self.schema_found, self.schema_version = migrate(
             self._tx, lambda db: None, MIGRATIONS, f"metadata store {path}")

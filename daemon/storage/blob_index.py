@@ -1,0 +1,139 @@
+"""The blob index: where each blob of a bucket lives (the fleet's blob store,
+s3_blobs.py), kept in the metadata store so every host finds every blob.
+
+- ``blob_objects``: the bucket's objects (packs of small blobs, large blobs alone),
+  recorded once their PUT has succeeded: an index row never names an object the
+  bucket does not have.
+- ``blob_index``: digest -> (object, offset, length, size, codec, stored_at).
+  ``stored_at`` is renewed whenever a host finds the blob already stored and relies
+  on it (``touch_blobs``), in one statement with the finding, so garbage collection,
+  which removes only rows older than its grace period, never removes a blob a
+  checkpoint being committed relies on.
+
+``BlobIndexSql`` is mixed into the SQL stores (SQLite, PostgreSQL): it uses their
+``_tx``, ``_one``, ``_all``, ``IN_LIST`` and ``_list_arg``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple, Protocol
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS blob_objects (
+    name TEXT PRIMARY KEY, bytes BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+    host TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blob_index (
+    digest TEXT PRIMARY KEY, object TEXT NOT NULL, off BIGINT NOT NULL, len BIGINT NOT NULL,
+    size BIGINT NOT NULL, codec TEXT NOT NULL, stored_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX IF NOT EXISTS blob_index_by_object ON blob_index (object);
+"""
+
+
+class Location(NamedTuple):
+    object: str
+    off: int
+    len: int
+    size: int
+    codec: str  # "zlib": a deflated entry of a pack; "raw": the bytes as they are
+    stored_at: float
+
+
+class BlobIndex(Protocol):
+    def add_blob_object(self, name: str, nbytes: int, host: str, created_at: float,
+                        entries: list[tuple[str, int, int, int, str]]) -> None:
+        """Record an object the bucket now holds and the blobs in it (digest, offset,
+        length, size, codec), in one transaction; a digest indexed already keeps its
+        first location."""
+
+    def touch_blobs(self, digests: list[str], now: float) -> set[str]:
+        """Which of ``digests`` are indexed; their ``stored_at`` becomes ``now``."""
+
+    def locate_blobs(self, digests: list[str]) -> dict[str, Location]: ...
+    def indexed_digests(self) -> Iterator[str]: ...
+
+    def forget_blob(self, digest: str, older_than: float | None) -> int:
+        """Remove the digest's row (only if stored before ``older_than``); the length
+        it held in its object, 0 if nothing was removed."""
+
+    def blob_objects(self) -> list[tuple[str, int, float, int]]:
+        """(name, bytes, created_at, bytes still indexed) of every object."""
+
+    def remove_blob_object(self, name: str) -> None:
+        """Forget an object that no row names any longer (after its DELETE)."""
+
+    def object_entries(self, name: str) -> list[tuple[str, Location]]:
+        """The blobs indexed in object ``name``, in offset order."""
+
+    def move_blobs(self, old: str, new: str, nbytes: int, host: str, created_at: float,
+                   entries: list[tuple[str, int, int, int, str]]) -> None:
+        """Record object ``new`` (a repack of ``old``) and point each entry's row that
+        still names ``old`` at it, in one transaction."""
+
+
+class BlobIndexSql:
+    def add_blob_object(self, name, nbytes, host, created_at, entries):
+        with self._tx() as db:
+            db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+                       " DO NOTHING", (name, nbytes, created_at, host))
+            db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)"
+                           " ON CONFLICT (digest) DO NOTHING",
+                           [(d, name, off, ln, size, codec, created_at)
+                            for d, off, ln, size, codec in entries])
+
+    def touch_blobs(self, digests, now):
+        found: set[str] = set()
+        for i in range(0, len(digests), 1000):
+            chunk = digests[i:i + 1000]
+            with self._tx() as db:
+                rows = db.execute("UPDATE blob_index SET stored_at = ? WHERE "
+                                  + self.IN_LIST.format(column="digest") + " RETURNING digest",
+                                  (now, self._list_arg(chunk))).fetchall()
+            found.update(r[0] for r in rows)
+        return found
+
+    def locate_blobs(self, digests):
+        out: dict[str, Location] = {}
+        for i in range(0, len(digests), 1000):
+            chunk = digests[i:i + 1000]
+            rows = self._all("SELECT digest, object, off, len, size, codec, stored_at FROM"
+                             " blob_index WHERE " + self.IN_LIST.format(column="digest"),
+                             (self._list_arg(chunk),))
+            out.update((r[0], Location(*r[1:])) for r in rows)
+        return out
+
+    def indexed_digests(self):
+        return iter([r[0] for r in self._all("SELECT digest FROM blob_index ORDER BY digest")])
+
+    def forget_blob(self, digest, older_than):
+        with self._tx() as db:
+            if older_than is None:
+                row = db.execute("DELETE FROM blob_index WHERE digest = ? RETURNING len",
+                                 (digest,)).fetchone()
+            else:
+                row = db.execute("DELETE FROM blob_index WHERE digest = ? AND stored_at < ?"
+                                 " RETURNING len", (digest, older_than)).fetchone()
+        return 0 if row is None else row[0]
+
+    def blob_objects(self):
+        return [tuple(r) for r in self._all(
+            "SELECT o.name, o.bytes, o.created_at, COALESCE(SUM(i.len), 0) FROM blob_objects o"
+            " LEFT JOIN blob_index i ON i.object = o.name"
+            " GROUP BY o.name, o.bytes, o.created_at ORDER BY o.name")]
+
+    def object_entries(self, name):
+        rows = self._all("SELECT digest, object, off, len, size, codec, stored_at FROM"
+                         " blob_index WHERE object = ? ORDER BY off", (name,))
+        return [(r[0], Location(*r[1:])) for r in rows]
+
+    def move_blobs(self, old, new, nbytes, host, created_at, entries):
+        with self._tx() as db:
+            db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+                       " DO NOTHING", (new, nbytes, created_at, host))
+            db.executemany("UPDATE blob_index SET object = ?, off = ? WHERE digest = ?"
+                           " AND object = ?", [(new, off, d, old) for d, off, *_ in entries])
+
+    def remove_blob_object(self, name):
+        with self._tx() as db:
+            db.execute("DELETE FROM blob_objects WHERE name = ? AND NOT EXISTS"
+                       " (SELECT 1 FROM blob_index WHERE object = ?)", (name, name))

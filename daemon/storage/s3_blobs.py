@@ -1,0 +1,433 @@
+"""The fleet's blob store: an S3-compatible bucket shared by every host, with the
+host's ``LocalBlobStore`` as a cache in front of it.
+
+Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
+
+- **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
+  for upload. ``sync()`` makes the cache durable, asks the blob index once which of
+  the noted digests the bucket has (renewing their ``stored_at``, so gc on another
+  host leaves them be), and uploads the rest: small blobs as **one pack object**
+  (entries deflated one by one, concatenated), large ones (over ``ALONE``) as
+  objects of their own (obstore uploads them in parts). Each object is written under
+  a write-once name (``If-None-Match: *``; packs are named by their content's
+  SHA-256, large blobs by their digest) and only then indexed, in one transaction
+  per object. A checkpoint commits its metadata after ``sync()``, so an acknowledged
+  checkpoint's blobs are in the bucket and findable from any host, and no index row
+  ever names a missing object. A crash between the PUT and the index leaves an
+  object no row names: gc removes it after the grace period.
+- **Reads** are served by the cache when it has the blob. On a miss the whole object
+  holding it is fetched once (a pack holds what one checkpoint added, so a restore or
+  fork on a cold host reads a few packs, not thousands of ranges), every entry
+  verified against its digest and put into the cache. Bytes that do not match their
+  digest raise ``DataLoss``; nothing unverified reaches a caller or the cache.
+- **The cache** is bounded (``cache_bytes``): after a sync, blobs the bucket holds are
+  evicted least recently used first until the cache is under its bound. Blobs still
+  to be uploaded are never evicted.
+- **Garbage collection** (one host at a time, under the store's gc lock): ``delete``
+  removes a digest's index row (and its cached copy) if it is older than the grace
+  period; ``compact`` then deletes objects no row names and rewrites packs that are
+  mostly garbage (their live entries go to a new pack, the rows move to it in one
+  transaction, then the old object is deleted).
+
+Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
+bucket lacks, or bytes that do not match, ``DataLoss``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
+
+from .blob_index import BlobIndex, Location
+from .blobs import LocalBlobStore, check_digest, digest_of
+
+log = logging.getLogger(__name__)
+
+try:
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError
+    from obstore.store import S3Store
+except ImportError:  # pragma: no cover - the fleet extra is not installed
+    obstore = None
+
+ALONE = 8 << 20  # a blob larger than this is an object of its own
+PACK_LIMIT = 64 << 20  # entries in one pack object, at most
+REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
+
+
+class _Vanished(Exception):
+    """An object was deleted after its rows were read (a repack moved them)."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> (bucket, prefix without slashes at its ends)."""
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise InvalidArgument(f"blob store {url!r} is not s3://bucket[/prefix]")
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+class S3BlobStore:
+    def __init__(self, url: str, cache: LocalBlobStore, index: BlobIndex, host: str,
+                 cache_bytes: int = 16 << 30) -> None:
+        if obstore is None:
+            raise Unavailable("s3 blobs need obstore: pip install 'worldline[fleet]'")
+        self.url = url
+        name, prefix = parse_url(url)
+        # Endpoint, region and credentials the SDK's usual way: AWS_ENDPOINT_URL,
+        # AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+        # (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
+        self.bucket = S3Store(name, prefix=prefix or None)
+        self.cache = cache
+        self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
+        self.index = index
+        self.host = host
+        self.cache_bytes = cache_bytes
+        self._upload: dict[str, bytes | None] = {}  # digest -> bytes, or None: read back
+        self._uploading: dict[str, bytes | None] = {}  # taken by the running sync
+        self._lru: OrderedDict[str, int] = OrderedDict()  # digest -> size, in the cache
+        self._lru_bytes = 0
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._fetch_lock = threading.Lock()
+        self.requests = {"put": 0, "get": 0, "delete": 0}  # since start, for metrics/bench
+
+    def close(self) -> None:
+        self.cache.close()
+
+    # -- the bucket ------------------------------------------------------------------------
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except AlreadyExistsError:
+            raise
+        except (BaseError, OSError) as exc:
+            raise Unavailable(f"the blob bucket {self.url} did not answer {what}:"
+                              f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+    def _put_object(self, name: str, body) -> None:
+        self.requests["put"] += 1
+        try:
+            self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
+        except AlreadyExistsError:
+            pass  # write-once names: what is there is these very bytes
+
+    def _get_object(self, name: str) -> bytes:
+        self.requests["get"] += 1
+        try:
+            return bytes(self._call(f"GET {name}", obstore.get, self.bucket, name).bytes())
+        except FileNotFoundError:
+            if self.index.object_entries(name):
+                raise DataLoss(f"object {name} of {self.url} is indexed but missing") from None
+            raise _Vanished(name) from None
+
+    # -- putting ---------------------------------------------------------------------------
+    def _note(self, digest: str, data: bytes | None, size: int) -> None:
+        with self._lock:
+            if digest not in self._upload:
+                self._upload[digest] = data if data is not None and size <= ALONE else None
+            self._used(digest, size)
+
+    def _used(self, digest: str, size: int) -> None:
+        """Most recently used now (the caller holds the lock)."""
+        if digest in self._lru:
+            self._lru.move_to_end(digest)
+        else:
+            self._lru[digest] = size
+            self._lru_bytes += size
+
+    def put_bytes(self, data: bytes, base: str | None = None) -> str:
+        digest = self.cache.put_bytes(data, base)
+        self._note(digest, data, len(data))
+        return digest
+
+    def put_many(self, blobs: list[bytes]) -> list[str]:
+        digests = self.cache.put_many(blobs)
+        for digest, data in zip(digests, blobs, strict=True):
+            self._note(digest, data, len(data))
+        return digests
+
+    def put_fd(self, fd: int) -> tuple[str, int]:
+        digest, size = self.cache.put_fd(fd)
+        self._note(digest, None, size)
+        return digest, size
+
+    def sync(self) -> None:
+        with self._sync_lock:
+            self.cache.sync()
+            with self._lock:
+                batch, self._upload = self._upload, {}
+                self._uploading = batch
+            try:
+                if batch:
+                    self._upload_batch(batch)
+            except BaseException:
+                with self._lock:  # the next sync tries them again
+                    for digest, data in batch.items():
+                        self._upload.setdefault(digest, data)
+                raise
+            finally:
+                with self._lock:
+                    self._uploading = {}
+            self._evict()
+
+    def _upload_batch(self, batch: dict[str, bytes | None]) -> None:
+        now = time.time()
+        stored = self.index.touch_blobs(sorted(batch), now)
+        entries: list[tuple[str, int, int, int, str]] = []
+        pack = bytearray()
+        for digest in sorted(d for d in batch if d not in stored):
+            data = batch[digest]
+            if data is None:
+                size = self.cache.size(digest)
+                if size > ALONE:
+                    self._upload_alone(digest, size, now)
+                    continue
+                data = self.cache.read_bytes(digest)
+            packed = zlib.compress(data, 6)
+            codec = "zlib"
+            if len(packed) >= len(data):
+                packed, codec = data, "raw"
+            entries.append((digest, len(pack), len(packed), len(data), codec))
+            pack += packed
+            if len(pack) >= PACK_LIMIT:
+                self._upload_pack(pack, entries, now)
+                pack, entries = bytearray(), []
+        if entries:
+            self._upload_pack(pack, entries, now)
+
+    def _upload_pack(self, pack: bytearray, entries, now: float) -> None:
+        body = bytes(pack)
+        name = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
+        self._put_object(name, body)
+        self.index.add_blob_object(name, len(body), self.host, now, entries)
+
+    def _upload_alone(self, digest: str, size: int, now: float) -> None:
+        name = f"blobs/{digest[:2]}/{digest}"
+        fd, tmp = self._scratch()
+        try:
+            self.cache.copy_to_fd(digest, fd)
+            with open(tmp, "rb") as f:
+                self._put_object(name, f)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+        self.index.add_blob_object(name, size, self.host, now,
+                                   [(digest, 0, size, size, "raw")])
+
+    # -- reading ---------------------------------------------------------------------------
+    def _locate(self, digest: str) -> Location:
+        loc = self.index.locate_blobs([check_digest(digest)]).get(digest)
+        if loc is None:
+            raise NotFound(f"blob {digest} is not stored")
+        return loc
+
+    def _ensure_cached(self, digest: str) -> None:
+        """Bring the blob into the cache from the bucket, verified (with the rest of
+        its pack), unless the cache has it. An object that vanished under the read (gc
+        on another host repacked it) is looked up once more."""
+        try:
+            self._fetch(digest)
+        except _Vanished:
+            self._fetch(digest)
+
+    def _fetch(self, digest: str) -> None:
+        if self.cache.has(digest):
+            with self._lock:
+                if digest in self._lru:
+                    self._lru.move_to_end(digest)
+            return
+        with self._fetch_lock:  # one fetch of an object, however many readers miss it
+            if self.cache.has(digest):
+                return
+            loc = self._locate(digest)
+            if loc.codec == "raw" and loc.off == 0 and loc.size > ALONE:
+                self._fetch_alone(digest, loc)
+            else:
+                self._fetch_pack(loc.object)
+            self.cache.sync()
+
+    def _fetch_pack(self, name: str) -> None:
+        body = self._get_object(name)
+        wanted = self.index.object_entries(name)
+        fresh = [(d, loc) for d, loc in wanted if not self.cache.has(d)]
+        for digest, loc in fresh:
+            raw = body[loc.off:loc.off + loc.len]
+            if len(raw) != loc.len:
+                raise DataLoss(f"object {name} of {self.url} is shorter than its index says")
+            data = zlib.decompress(raw) if loc.codec == "zlib" else raw
+            if digest_of(data) != digest:
+                raise DataLoss(f"blob {digest} in {name} of {self.url} does not match its"
+                               " digest")
+            self.cache.put_bytes(data)
+            with self._lock:
+                self._used(digest, len(data))
+
+    def _fetch_alone(self, digest: str, loc: Location) -> None:
+        """A large blob: streamed to a temporary beside the cache, hashed on the way,
+        and put into the cache only if it matches its digest."""
+        self.requests["get"] += 1
+        fd, tmp = self._scratch()
+        try:
+            try:
+                result = self._call(f"GET {loc.object}", obstore.get, self.bucket, loc.object)
+            except FileNotFoundError:
+                if self.index.object_entries(loc.object):
+                    raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
+                                   " missing") from None
+                raise _Vanished(loc.object) from None
+            hasher = hashlib.sha256()
+            for chunk in result.stream(min_chunk_size=1 << 20):
+                hasher.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            if hasher.hexdigest() != digest:
+                raise DataLoss(f"object {loc.object} of {self.url} does not match its digest")
+            got, size = self.cache.put_fd(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+        if got != digest:  # the temporary is ours alone: this would be a local fault
+            raise DataLoss(f"blob {digest} changed on its way into the cache")
+        with self._lock:
+            self._used(digest, size)
+
+    def _scratch(self) -> tuple[int, str]:
+        """A new temporary file beside the cache's, open for reading and writing."""
+        path = os.path.join(self.cache.tmp, f"s3-{os.urandom(8).hex()}")
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+
+    def has(self, digest: str) -> bool:
+        check_digest(digest)
+        with self._lock:
+            if digest in self._upload or digest in self._uploading:
+                return True
+        return self.cache.has(digest) or bool(self.index.locate_blobs([digest]))
+
+    def read_bytes(self, digest: str) -> bytes:
+        try:
+            self._ensure_cached(digest)
+            return self.cache.read_bytes(digest)
+        except NotFound:  # evicted between the two: once more
+            self._ensure_cached(digest)
+            return self.cache.read_bytes(digest)
+
+    def copy_to_fd(self, digest: str, fd: int) -> int:
+        self._ensure_cached(digest)
+        return self.cache.copy_to_fd(digest, fd)
+
+    def verify(self, digest: str) -> None:
+        """The blob is readable and whole: from the cache if it has it, else fetched
+        (and verified) from the bucket."""
+        self._ensure_cached(digest)
+        self.cache.verify(digest)
+
+    def size(self, digest: str) -> int:
+        with self._lock:
+            pending = digest in self._upload or digest in self._uploading
+        if pending:
+            return self.cache.size(digest)
+        return self._locate(digest).size
+
+    def stored_at(self, digest: str) -> float:
+        with self._lock:
+            if digest in self._upload or digest in self._uploading:
+                return time.time()
+        return self._locate(digest).stored_at
+
+    def digests(self) -> Iterator[str]:
+        with self._lock:
+            pending = set(self._upload) | set(self._uploading)
+        indexed = list(self.index.indexed_digests())
+        return iter(indexed + sorted(pending - set(indexed)))
+
+    # -- garbage collection ------------------------------------------------------------------
+    def delete(self, digest: str, older_than: float | None = None) -> int:
+        check_digest(digest)
+        with self._lock:
+            if digest in self._upload or digest in self._uploading:
+                return 0  # being stored right now
+        freed = self.index.forget_blob(digest, older_than)
+        if freed:
+            self._uncache(digest)
+        return freed
+
+    def _uncache(self, digest: str) -> None:
+        self.cache.delete(digest)
+        with self._lock:
+            size = self._lru.pop(digest, None)
+            if size is not None:
+                self._lru_bytes -= size
+
+    def compact(self, older_than: float) -> tuple[int, int]:
+        """Delete objects no index row names (and objects of the bucket the index never
+        recorded: a crash between a PUT and its index) and rewrite packs that are mostly
+        garbage, among objects made before ``older_than``; return (objects removed,
+        bytes freed)."""
+        removed = freed = 0
+        for name, nbytes, created_at, live in self.index.blob_objects():
+            if created_at >= older_than:
+                continue  # a sync may still be indexing it
+            if live and (not name.startswith("packs/") or live >= nbytes * REPACK_BELOW):
+                continue
+            if live:
+                self._repack(name)
+            self._delete_object(name)
+            self.index.remove_blob_object(name)
+            removed += 1
+            freed += nbytes - live
+        known = {row[0] for row in self.index.blob_objects()}  # repacks included
+        for batch in self._call("LIST", obstore.list, self.bucket):
+            for meta in batch:
+                if meta["path"] in known or meta["last_modified"].timestamp() >= older_than:
+                    continue
+                self._delete_object(meta["path"])
+                removed += 1
+                freed += meta["size"]
+        return removed, freed
+
+    def _delete_object(self, name: str) -> None:
+        self.requests["delete"] += 1
+        try:
+            self._call(f"DELETE {name}", obstore.delete, self.bucket, name)
+        except FileNotFoundError:
+            pass
+
+    def _repack(self, name: str) -> None:
+        body = self._get_object(name)
+        entries, pack = [], bytearray()
+        for digest, loc in self.index.object_entries(name):
+            raw = body[loc.off:loc.off + loc.len]
+            entries.append((digest, len(pack), loc.len, loc.size, loc.codec))
+            pack += raw
+        new = f"packs/{hashlib.sha256(bytes(pack)).hexdigest()}.pack"
+        self._put_object(new, bytes(pack))
+        self.index.move_blobs(name, new, len(pack), self.host, time.time(), entries)
+
+    # -- the cache's bound -----------------------------------------------------------------
+    def _evict(self) -> None:
+        if self._lru_bytes <= self.cache_bytes:
+            return
+        with self._lock:
+            doomed = []
+            total = self._lru_bytes
+            for digest, size in self._lru.items():
+                if total <= self.cache_bytes:
+                    break
+                if digest in self._upload or digest in self._uploading:
+                    continue
+                doomed.append(digest)
+                total -= size
+        for digest in doomed:  # in the bucket: a later read fetches it again
+            self._uncache(digest)

@@ -1,0 +1,129 @@
+"""The fleet's blob store on an S3 emulator (moto's server): one pack object per sync,
+every host reading every blob verified, the cache's bound, and gc's sweep of the
+bucket. Races are the index's (SQL), tested here against real SQLite/PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from worldline.client.errors import NotFound
+from worldline.daemon.storage.s3_blobs import ALONE
+from worldline.daemon.storage.sqlite_store import SqliteStore
+
+from .test_blob_contract import s3_blob_store
+
+
+@pytest.fixture
+def index(tmp_path):
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    yield store
+    store.close()
+
+
+def _bucket_of(blobs) -> str:
+    return blobs.url[5:].split("/", 1)[0]
+
+
+def test_one_pack_object_per_sync_and_large_blobs_alone(request, tmp_path, index, s3_server):
+    a = s3_blob_store(request, tmp_path, index=index)
+    small = [a.put_bytes(b"file %d\n" % i * 50) for i in range(40)]
+    a.put_many([b"tree %d" % i for i in range(10)])
+    a.sync()
+    assert a.requests["put"] == 1
+    a.sync()  # nothing new: no request
+    assert a.requests["put"] == 1
+    a.put_bytes(small and b"file 0\n" * 50)  # already in the bucket: found, not sent
+    a.sync()
+    assert a.requests["put"] == 1
+    big = os.urandom(ALONE + 1)
+    src = tmp_path / "big"
+    src.write_bytes(big)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        digest, _ = a.put_fd(fd)
+    finally:
+        os.close(fd)
+    a.put_bytes(b"one more small one")
+    a.sync()
+    assert a.requests["put"] == 3
+    keys = s3_server.keys(_bucket_of(a))
+    assert sum(k.startswith("fleet/packs/") for k in keys) == 2
+    assert f"fleet/blobs/{digest[:2]}/{digest}" in keys
+
+
+def test_another_host_reads_everything_verified_a_pack_at_a_time(request, tmp_path, index,
+                                                                 s3_server):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    data = {a.put_bytes(os.urandom(3000)): None for _ in range(200)}
+    a.sync()
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    for digest in data:
+        assert b.has(digest)
+        assert b.read_bytes(digest) == a.read_bytes(digest)
+    assert b.requests["get"] == 1  # the one pack, then the cache
+    with pytest.raises(NotFound):
+        b.read_bytes("e" * 64)
+
+
+def test_the_cache_stays_within_its_bound_and_refetches(request, tmp_path, index, s3_server):
+    a = s3_blob_store(request, tmp_path, index=index, cache_bytes=64 << 10)
+    digests = []
+    for round_ in range(6):
+        digests += [a.put_bytes(os.urandom(4096)) for _ in range(8)]
+        a.sync()
+        assert a._lru_bytes <= 64 << 10, round_
+    oldest = digests[0]
+    assert not a.cache.has(oldest)  # evicted, still in the bucket
+    assert len(a.read_bytes(oldest)) == 4096
+
+
+def test_gc_sweeps_the_bucket_and_never_what_a_sync_relies_on(request, tmp_path, index,
+                                                             s3_server):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    keep = [a.put_bytes(b"keep %d" % i * 100) for i in range(5)]
+    drop = [a.put_bytes(os.urandom(2000)) for _ in range(20)]
+    a.sync()
+    cutoff = time.time() + 0.01
+    time.sleep(0.02)
+    a.put_bytes(b"keep 0" * 100)  # host a relies on it again: the sync renews it
+    a.sync()
+    assert b.delete(keep[0], older_than=cutoff) == 0
+    for d in drop:
+        assert b.delete(d, older_than=cutoff) > 0
+    # the pack is mostly garbage now: rewritten with its live entries, the old one deleted
+    removed, freed = b.compact(older_than=time.time() + 1)
+    assert removed == 1 and freed > 20 * 1000
+    keys = [k for k in s3_server.keys(_bucket_of(a)) if k.startswith("fleet/packs/")]
+    assert len(keys) == 1
+    fresh = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    for d in keep:
+        assert fresh.read_bytes(d) == b"keep %d" % keep.index(d) * 100
+    for d in drop:
+        assert not fresh.has(d)
+
+
+def test_a_crash_between_the_put_and_the_index_leaves_an_orphan_gc_removes(
+        request, tmp_path, index, s3_server, monkeypatch):
+    a = s3_blob_store(request, tmp_path, index=index)
+    d = a.put_bytes(b"never indexed")
+
+    def crash(*args, **kwargs):
+        raise SystemExit("killed after the PUT")
+
+    monkeypatch.setattr(index, "add_blob_object", crash)
+    with pytest.raises(SystemExit):
+        a.sync()
+    monkeypatch.undo()
+    assert len(s3_server.keys(_bucket_of(a))) == 1  # in the bucket, named by no row
+    assert not index.locate_blobs([d])
+    assert a.has(d)  # still to be uploaded by the next sync
+    a.put_bytes(b"and one more")  # so the next pack is another object
+    a.sync()
+    assert index.locate_blobs([d]) and len(s3_server.keys(_bucket_of(a))) == 2
+    time.sleep(1.1)  # the bucket's times are in whole seconds
+    removed, _ = a.compact(older_than=time.time())  # the orphan goes; the indexed pack stays
+    assert removed == 1 and len(s3_server.keys(_bucket_of(a))) == 1
+    assert index.blob_objects()[0][3] > 0 and a.read_bytes(d) == b"never indexed"
