@@ -35,6 +35,12 @@ class Session:
     needs_attention: str | None = None  # why an operator must look at it, or None
     # When the session was deleted (its history kept, its workspace released), or None.
     deleted_at: str | None = None
+    # The fleet: the host that holds the session ("" on a data root of one host), until
+    # when its lease runs (seconds since the epoch; renewed while the host runs), and
+    # the host it was released to by a move, or None.
+    host: str = ""
+    lease_expires: float = 0.0
+    released_to: str | None = None
 
 
 @dataclass(frozen=True)

@@ -225,3 +225,55 @@ def test_deletion_and_resume_points_round_trip(store):
     assert store.get_session(s.id).deleted_at == "2026-11-23T10:00:00Z"
     assert [x.deleted_at for x in store.list_sessions() if x.id == s.id] == [
         "2026-11-23T10:00:00Z"]
+
+
+def test_leases_claims_and_releases(store):
+    import time
+    s, _ = new_session(store)
+    assert store.get_session(s.id).host == ""
+    now = time.time()
+    # a session of a single-host data root ("" with no lease) is claimed once
+    a = store.claim_session(s.id, "a", "", now + 30, now)
+    assert (a.host, a.lease_expires, a.released_to) == ("a", now + 30, None)
+    with pytest.raises(Aborted):  # a's lease is live
+        store.claim_session(s.id, "b", "a", now + 30, now)
+    with pytest.raises(Aborted):  # not held by whom b thinks
+        store.claim_session(s.id, "b", "c", now + 30, now + 60)
+    assert store.renew_leases("a", now + 90) == 1
+    with pytest.raises(Aborted):
+        store.claim_session(s.id, "b", "a", now + 120, now + 60)
+    with pytest.raises(FailedPrecondition):
+        store.release_session(s.id, "b", "b")
+    released = store.release_session(s.id, "a", "b")
+    assert released.released_to == "b" and released.lease_expires == 0
+    assert store.renew_leases("a", now + 200) == 0  # released: no longer renewed
+    with pytest.raises(Aborted):  # released to b, and c's clock says a's lease is live
+        store.claim_session(s.id, "c", "a", now + 30, -1)
+    b = store.claim_session(s.id, "b", "a", now + 30, now, workspace="/elsewhere",
+                            needs_attention="taking over")
+    assert (b.host, b.workspace, b.released_to, b.needs_attention) == (
+        "b", "/elsewhere", None, "taking over")
+    with pytest.raises(NotFound):
+        store.claim_session(ids.new_id(), "b", "", now, now)
+
+
+def test_two_hosts_claiming_one_session_exactly_one_wins(store):
+    import time
+    s, _ = new_session(store)
+    now = time.time()
+    outcomes = []
+
+    def claim(host):
+        try:
+            store.claim_session(s.id, host, "", now + 30, now)
+            outcomes.append(host)
+        except Aborted:
+            outcomes.append(None)
+
+    threads = [threading.Thread(target=claim, args=(h,)) for h in "abcdefgh"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o]
+    assert len(winners) == 1 and store.get_session(s.id).host == winners[0]

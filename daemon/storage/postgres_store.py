@@ -21,7 +21,10 @@ SCHEMA = """
 CREATE TABLE sessions (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
     head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT,
+    host TEXT NOT NULL DEFAULT '', lease_expires DOUBLE PRECISION NOT NULL DEFAULT 0,
+    released_to TEXT);
+CREATE INDEX sessions_by_host ON sessions (host);
 CREATE TABLE checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -56,6 +59,11 @@ CREATE TABLE audit (
 MIGRATIONS = (
     Migration(3, "0.5: the first PostgreSQL schema", lambda db: None),
     Migration(4, "0.6: the blob index of the bucket", lambda db: db.execute(blob_index.SCHEMA)),
+    Migration(5, "0.6: the host that holds a session, its lease", lambda db: db.execute(
+        "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS host TEXT NOT NULL DEFAULT '';"
+        " ALTER TABLE sessions ADD COLUMN IF NOT EXISTS lease_expires DOUBLE PRECISION"
+        " NOT NULL DEFAULT 0; ALTER TABLE sessions ADD COLUMN IF NOT EXISTS released_to TEXT;"
+        " CREATE INDEX IF NOT EXISTS sessions_by_host ON sessions (host)")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -30,9 +30,10 @@ from ..records import (
     ToolCall,
     chain_hash,
 )
+from .store import check_claim_fields
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
-                 " needs_attention, deleted_at")
+                 " needs_attention, deleted_at, host, lease_expires, released_to")
 _MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention", "deleted_at"}
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
@@ -81,10 +82,11 @@ class SqlStore:
         with self._tx() as db:
             try:
                 db.execute(f"INSERT INTO sessions ({_SESSION_COLS}) VALUES"
-                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (session.id, session.name, session.workspace, session.container,
                             first.id, session.forked_from, session.created_at, session.spec,
-                            session.needs_attention, session.deleted_at))
+                            session.needs_attention, session.deleted_at, session.host,
+                            session.lease_expires, session.released_to))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(first))
             except self.integrity_errors:
@@ -111,6 +113,42 @@ class SqlStore:
                              " WHERE id = ?", (*fields.values(), session_id))
             if cur.rowcount == 0:
                 raise NotFound(f"session {session_id} does not exist")
+
+    # -- the fleet's leases ------------------------------------------------------------
+    def renew_leases(self, host, until):
+        with self._tx() as db:
+            return db.execute("UPDATE sessions SET lease_expires = ? WHERE host = ? AND"
+                              " released_to IS NULL", (until, host)).rowcount
+
+    def claim_session(self, session_id, host, expected_host, until, now, **fields):
+        check_claim_fields(fields)
+        sets = "".join(f", {k} = ?" for k in fields)
+        with self._tx() as db:
+            cur = db.execute(
+                f"UPDATE sessions SET host = ?, lease_expires = ?, released_to = NULL{sets}"
+                " WHERE id = ? AND host = ? AND (lease_expires < ? OR released_to IN (?, '*'))",
+                (host, until, *fields.values(), session_id, expected_host, now, host))
+            if cur.rowcount != 1:
+                row = db.execute("SELECT host, lease_expires FROM sessions WHERE id = ?",
+                                 (session_id,)).fetchone()
+                if row is None:
+                    raise NotFound(f"session {session_id} does not exist")
+                raise Aborted(f"session {session_id} is held by {row[0] or 'this host'}"
+                              f" (lease until {row[1]:.0f}); it was not claimed")
+        return self.get_session(session_id)
+
+    def release_session(self, session_id, host, to):
+        with self._tx() as db:
+            cur = db.execute("UPDATE sessions SET released_to = ?, lease_expires = 0"
+                             " WHERE id = ? AND host = ?", (to, session_id, host))
+            if cur.rowcount != 1:
+                row = db.execute("SELECT host FROM sessions WHERE id = ?",
+                                 (session_id,)).fetchone()
+                if row is None:
+                    raise NotFound(f"session {session_id} does not exist")
+                raise FailedPrecondition(f"session {session_id} is held by {row[0]!r}, not"
+                                         f" {host!r}")
+        return self.get_session(session_id)
 
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events):

@@ -28,7 +28,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
     head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT);
+    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT,
+    host TEXT NOT NULL DEFAULT '', lease_expires REAL NOT NULL DEFAULT 0, released_to TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
@@ -87,6 +88,9 @@ MIGRATIONS = (
         _add_columns("checkpoints", "resume TEXT NOT NULL DEFAULT ''"))),
     # New tables need no step: opening the file makes every absent table of SCHEMA.
     Migration(4, "0.6: the blob index of a bucket (s3 blobs)", lambda db: None),
+    Migration(5, "0.6: the host that holds a session, its lease", _add_columns(
+        "sessions", "host TEXT NOT NULL DEFAULT ''", "lease_expires REAL NOT NULL DEFAULT 0",
+        "released_to TEXT")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -52,7 +52,24 @@ class Store(Protocol):
 
     def update_session(self, session_id: str, **fields) -> None:
         """Change a session's mutable fields (``container``, ``spec``,
-        ``needs_attention``); its head moves only by ``append_checkpoint``."""
+        ``needs_attention``, ``deleted_at``); its head moves only by
+        ``append_checkpoint``, its host only by ``claim_session``."""
+
+    def renew_leases(self, host: str, until: float) -> int:
+        """Extend the lease of every session ``host`` holds (and has not released) to
+        ``until``; return how many."""
+
+    def claim_session(self, session_id: str, host: str, expected_host: str, until: float,
+                      now: float, **fields) -> Session:
+        """Make ``host`` the session's holder with a lease until ``until`` (and set
+        ``fields``: ``workspace``, ``container``, ``spec``, ``needs_attention``),
+        provided it is still held by ``expected_host`` and that host's lease ran out
+        before ``now`` or the session was released to ``host``: else ``Aborted``. Two
+        hosts claiming one session: exactly one wins."""
+
+    def release_session(self, session_id: str, host: str, to: str) -> Session:
+        """``host`` lets go of the session for ``to`` (a host id, or "*" for any):
+        its lease ends now. ``FailedPrecondition`` unless ``host`` holds it."""
 
     def append_checkpoint(self, cp: Checkpoint, messages: list[str], expected_head: str,
                           tasks: list[Task] | None, events: list[AuditEvent]) -> Checkpoint:
@@ -113,6 +130,22 @@ def calls_on_path(store: Store, head_id: str, since: str | None = None) -> list[
             if c.session_id == timeline[c.checkpoint_id]]
 
 
+CLAIMABLE_FIELDS = {"workspace", "container", "spec", "needs_attention"}
+
+
+def check_claim_fields(fields: dict) -> None:
+    unknown = set(fields) - CLAIMABLE_FIELDS
+    if unknown:
+        raise ValueError(f"session fields {sorted(unknown)} cannot change by a claim")
+
+
+def claimable(holder: str, lease_expires: float, released_to: str | None, host: str,
+              expected_host: str, now: float) -> bool:
+    """Whether ``host`` may take a session held by ``holder`` (what claim_session's
+    compare-and-set tests, in every store)."""
+    return holder == expected_host and (lease_expires < now or released_to in (host, "*"))
+
+
 def ordered_tasks(tasks: list[Task]) -> list[Task]:
     """Depth-first in creation order: each task followed by its subtasks."""
     children: dict[str | None, list[Task]] = {}
@@ -170,6 +203,36 @@ class MemoryStore:
             raise ValueError(f"session fields {sorted(unknown)} cannot change")
         with self._lock:
             self._sessions[session_id] = replace(self.get_session(session_id), **fields)
+
+    def renew_leases(self, host, until):
+        with self._lock:
+            held = [s for s in self._sessions.values()
+                    if s.host == host and s.released_to is None]
+            for s in held:
+                self._sessions[s.id] = replace(s, lease_expires=until)
+            return len(held)
+
+    def claim_session(self, session_id, host, expected_host, until, now, **fields):
+        check_claim_fields(fields)
+        with self._lock:
+            s = self.get_session(session_id)
+            if not claimable(s.host, s.lease_expires, s.released_to, host, expected_host,
+                             now):
+                raise Aborted(f"session {session_id} is held by {s.host or 'this host'}"
+                              f" (lease until {s.lease_expires:.0f}); it was not claimed")
+            s = replace(s, host=host, lease_expires=until, released_to=None, **fields)
+            self._sessions[session_id] = s
+            return s
+
+    def release_session(self, session_id, host, to):
+        with self._lock:
+            s = self.get_session(session_id)
+            if s.host != host:
+                raise FailedPrecondition(f"session {session_id} is held by {s.host!r}, not"
+                                         f" {host!r}")
+            s = replace(s, released_to=to, lease_expires=0.0)
+            self._sessions[session_id] = s
+            return s
 
     def append_checkpoint(self, cp, messages, expected_head, tasks, events):
         with self._lock:
