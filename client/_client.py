@@ -93,6 +93,15 @@ class Client:
         return Session.from_pb(self._call("DeleteSession", pb.DeleteSessionRequest(
             session_id=session_id)), self)
 
+    def move_session(self, session_id: str, to_host: str = "", take_over: bool = False,
+                     workspace: str | None = None) -> Session:
+        """The fleet: release a session this daemon's host holds for ``to_host`` ("*":
+        any host), or take it over on this daemon's host (``take_over``), rebuilding its
+        workspace (at ``workspace``, default its path) and container from its head."""
+        return Session.from_pb(self._call("MoveSession", pb.MoveSessionRequest(
+            session_id=session_id, to_host=to_host, take_over=take_over,
+            workspace=os.path.abspath(workspace) if workspace else "")), self)
+
     # checkpoints
     def checkpoint(self, session_id: str, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,

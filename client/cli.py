@@ -63,7 +63,8 @@ def _read_json_file(value: str, what: str) -> str:
 
 
 def _session_human(s: dict) -> str:
-    return _kv(s, ["id", "name", "workspace", "container", "head", "forked_from", "created_at"])
+    return _kv(s, ["id", "name", "workspace", "container", "head", "forked_from", "created_at"]
+               + [k for k in ("host", "released_to", "needs_attention") if s.get(k)])
 
 
 def _checkpoint_rows(cps: list[dict]) -> str:
@@ -88,13 +89,23 @@ def cmd_session(c: Client, a, out: Output) -> int:
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions(include_deleted=a.all)]
+        fleet = any(s["host"] for s in sessions)
         out.emit(sessions, lambda: _table(
-            [[s["id"], s["name"], s["head"], s["workspace"]
-              + ("  [needs attention]" if s["needs_attention"] else "")] for s in sessions],
-            ["ID", "NAME", "HEAD", "WORKSPACE"]))
+            [[s["id"], s["name"], s["head"]] + ([s["host"] or "-"] if fleet else [])
+             + [s["workspace"] + ("  [needs attention]" if s["needs_attention"] else "")]
+             for s in sessions],
+            ["ID", "NAME", "HEAD"] + (["HOST"] if fleet else []) + ["WORKSPACE"]))
     elif a.session_cmd == "resolve":
         s = c.resolve_session(a.id, complete=a.complete).to_dict()
         out.emit(s, lambda: _session_human(s))
+    elif a.session_cmd == "move":
+        s = c.move_session(a.id, to_host=a.to or "", take_over=a.take_over,
+                           workspace=a.workspace).to_dict()
+        out.emit(s, lambda: (f"session {s['id']} taken over by host {s['host']}:"
+                             f" {s['workspace']} rebuilt from its head" if a.take_over else
+                             f"session {s['id']} released to {s['released_to']}: take it"
+                             f" over there with `worldline session move {s['id']}"
+                             " --take-over`"))
     elif a.session_cmd == "delete":
         s = c.delete_session(a.id).to_dict()
         out.emit(s, lambda: f"session {s['id']} deleted: its history is kept, its workspace"
@@ -495,6 +506,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest file captured, in logical size, holes included (default 1T)")
     d.add_argument("--max-checkpoint-bytes", type=_size, default="16G", metavar="SIZE",
                    help="most bytes of changed files one checkpoint reads (default 16G)")
+    d.add_argument("--store", metavar="URL",
+                   help="metadata: sqlite (default, <root>/meta.db) or postgresql://... shared"
+                        " by a fleet (default $WORLDLINE_STORE)")
+    d.add_argument("--blobs", metavar="URL",
+                   help="file contents: local (default, <root>/blobs) or s3://bucket/prefix"
+                        " shared by a fleet, <root>/blobs its cache (default $WORLDLINE_BLOBS)")
+    d.add_argument("--host-id", help="this host's name in a fleet (default $WORLDLINE_HOST_ID;"
+                                     " on PostgreSQL, the hostname)")
+    d.add_argument("--cache-bytes", type=_size, default="16G", metavar="SIZE",
+                   help="with s3 blobs: the most the local cache holds (default 16G)")
+    d.add_argument("--lease-seconds", type=float, default=30.0, metavar="SECONDS",
+                   help="in a fleet: how long a stopped host keeps its sessions before"
+                        " another may take them over (default 30)")
     d.add_argument("--min-free-bytes", type=_size, default="1G", metavar="SIZE",
                    help="free space the data root keeps: checkpoints stop short of it"
                         " (default 1G)")
@@ -523,6 +547,17 @@ def build_parser() -> argparse.ArgumentParser:
     sd = ss.add_parser("delete", parents=[common],
                        help="release a session's workspace; its history is kept")
     sd.add_argument("id")
+    sm = ss.add_parser("move", parents=[common],
+                       help="a fleet: release a session for another host, or take it over"
+                            " on the daemon's host")
+    sm.add_argument("id")
+    where = sm.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", metavar="HOST",
+                       help="release it for HOST ('*': any host); ask its holder")
+    where.add_argument("--take-over", action="store_true",
+                       help="take it over on this daemon's host (its holder released it,"
+                            " or its lease ran out): the workspace is rebuilt from its head")
+    sm.add_argument("--workspace", help="with --take-over: where (default: its path)")
     sh = ss.add_parser("show", parents=[common], help="show one session")
     sh.add_argument("id")
     rs = ss.add_parser("resolve", parents=[common],
@@ -765,12 +800,18 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "daemon":
         from worldline.daemon.limits import Limits
         from worldline.daemon.main import run
+        from worldline.daemon.storage.config import StorageConfig
         limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
                         args.min_free_bytes)
+        try:
+            storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
+                                            args.cache_bytes, args.lease_seconds)
+        except WorldlineError as exc:
+            return _failed(exc, False)
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                    set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
-                   limits)
+                   limits, storage)
     out = Output(as_json)
     try:
         from ._client import Client

@@ -236,12 +236,16 @@ class Session(_Record):
     created_at: str
     needs_attention: str | None = None  # why an operator must look at it
     deleted_at: str | None = None  # its workspace was released; its history remains
+    host: str | None = None  # the fleet host that holds it (None on a one-host data root)
+    lease_expires: float = 0.0  # when that host's lease runs out (seconds since the epoch)
+    released_to: str | None = None  # the host a move released it to
     _client: Client | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_pb(cls, m, client: Client) -> Session:
         return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
-                   m.created_at, _opt(m.needs_attention), _opt(m.deleted_at), client)
+                   m.created_at, _opt(m.needs_attention), _opt(m.deleted_at), _opt(m.host),
+                   m.lease_expires, _opt(m.released_to), client)
 
     def checkpoint(self, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,

@@ -32,6 +32,8 @@ POINTS = (
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "fork.mid",                    # some of the fork's files written
+    "blobs.after_put",             # a pack is in the bucket, not yet in the index
+    "takeover.mid",                # a take-over claimed the session, its workspace half made
 )
 
 

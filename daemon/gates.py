@@ -68,6 +68,7 @@ class Gates:
         rule = decision.rule if not effect else "stated by the caller"
         effect = effect or decision.effect
         session = self.world.session(session_id)
+        self.world.check_held(session)
         if idempotency_key:
             for call in calls_on_path(self.store, session.head):
                 if call.idempotency_key == idempotency_key:

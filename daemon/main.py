@@ -31,6 +31,7 @@ from worldline.v1 import worldline_pb2_grpc as pb_grpc
 from . import walk
 from .auth import PeerRelay, TokenInterceptor, read_token
 from .containers import Engine
+from .fleet import Leases
 from .gates import Gates
 from .gateway import SUFFIX as GATEWAY_SUFFIX
 from .gateway import JsonGateway
@@ -40,9 +41,8 @@ from .limits import Limits
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
-from .storage.blobs import LocalBlobStore
+from .storage.config import StorageConfig
 from .storage.graph_store import SqliteGraphStore
-from .storage.sqlite_store import SqliteStore
 from .storage.statcache import StatCache
 from .tracker import ChangeMonitor
 from .trees import TreeReader
@@ -87,8 +87,11 @@ class Daemon:
                  overlay_forks: bool = True, tls_cert: str | None = None,
                  tls_key: str | None = None, token_file: str | None = None,
                  allow_uids: set[int] | None = None, gc_grace: float = 600.0,
-                 metrics_listen: str | None = None, limits: Limits | None = None) -> None:
+                 metrics_listen: str | None = None, limits: Limits | None = None,
+                 storage: StorageConfig | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.storage = storage or StorageConfig()
+        self.leases: Leases | None = None
         self.limits = limits or Limits()
         self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
@@ -142,9 +145,9 @@ class Daemon:
             self._check_socket_path(socket_path)
         policy = Policy.load(self.policy_path) if self.policy_path else Policy()
 
-        self.store = SqliteStore(os.path.join(self.root, "meta.db"))
-        self.blobs = LocalBlobStore(os.path.join(self.root, "blobs"))
-        renamed, removed = self.blobs.recover()
+        self.store = self.storage.open_store(self.root)
+        self.blobs = self.storage.open_blobs(self.root, self.store)
+        renamed, removed = getattr(self.blobs, "cache", self.blobs).recover()
         if renamed or removed:
             log.warning("blob recovery: finished %d interrupted rename(s), removed %d"
                         " incomplete temporary file(s)", renamed, removed)
@@ -156,10 +159,14 @@ class Daemon:
         if not self.overlay_forks:
             views.enabled = False
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
-                           self.engine, views, self.limits)
+                           self.engine, views, self.limits, host=self.storage.host_id)
         for line in views.remount_all():
             log.warning("forks: %s", line)
         self.world.recover()
+        if self.world.host:
+            self.world.lease_seconds = self.storage.lease_seconds
+            self.leases = Leases(self.world, every=self.storage.lease_seconds / 3)
+            self.leases.start()
         self.gates = Gates(self.world, policy)
         self.graph_store = SqliteGraphStore(os.path.join(self.root, "graphs.db"))
 
@@ -209,8 +216,9 @@ class Daemon:
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()
-        log.info("worldline daemon %d serving %s (data root %s)", os.getpid(), self.listen,
-                 self.root)
+        log.info("worldline daemon %d serving %s (data root %s; store %s, blobs %s%s)",
+                 os.getpid(), self.listen, self.root, self.storage.shown_store,
+                 self.storage.blobs, f", host {self.world.host}" if self.world.host else "")
         if walk.walk_native is None:
             log.warning("the native walker (worldline.daemon._walk) is not built: full scans"
                         " use its Python twin, several times slower (see README, Set-up)")
@@ -272,6 +280,12 @@ class Daemon:
         self.server = None
         if self.monitor is not None:
             self.monitor.close()
+        if self.leases is not None:
+            self.leases.stop()
+            try:  # this host serves no more: its sessions may be taken over at once
+                self.store.renew_leases(self.world.host, time.time())
+            except WorldlineError as exc:
+                log.warning("ending the leases of host %s failed: %s", self.world.host, exc)
         self.store.close()
         self.blobs.close()
         self.graph_store.close()
@@ -305,13 +319,13 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
         allow_uids: set[int] | None = None, gc_grace: float = 600.0,
         metrics_listen: str | None = None, log_format: str = "text",
-        limits: Limits | None = None) -> int:
+        limits: Limits | None = None, storage: StorageConfig | None = None) -> int:
     _configure_logging(log_format == "json")
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
-                    tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits)
+                    tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage)
     # A signal handler takes no lock: it writes a byte to a pipe the main thread reads.
     # (Setting a threading.Event from a handler deadlocks when the signal lands while
     # the main thread holds the Event's lock in wait(): two SIGTERMs in a row did.)

@@ -197,6 +197,13 @@ def to_prune(world: World, policy: Retention, now: float | None = None) -> list[
 
 def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
        grace: float = GC_GRACE_SECONDS) -> GcReport:
+    """Retention, then a sweep of the blobs no kept checkpoint needs. One host of a fleet
+    at a time (the store's gc lock: ABORTED while another host collects)."""
+    with world.store.gc_lock():
+        return _gc(world, dry_run, policy, grace)
+
+
+def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> GcReport:
     report = GcReport()
     pruned = to_prune(world, policy or Retention())
     report.checkpoints_pruned = len(pruned)
@@ -227,6 +234,9 @@ def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
         if freed:
             report.blobs_removed += 1
             report.bytes_freed += freed
+    compact = getattr(world.blobs, "compact", None)  # a bucket's packs and orphans
+    if compact is not None and not dry_run:
+        report.bytes_freed += compact(cutoff)[1]
     report.images_removed = _gc_images(world, dry_run)
     report.views_removed = _gc_views(world, dry_run)
     return report

@@ -19,7 +19,7 @@ from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from . import maintenance
+from . import fleet, maintenance
 from .gates import Gates
 from .progress import Progress
 from .records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
@@ -65,7 +65,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 def session_pb(s: Session) -> pb.Session:
     return pb.Session(id=s.id, name=s.name, workspace=s.workspace, container=s.container or "",
                       head=s.head, forked_from=s.forked_from or "", created_at=s.created_at,
-                      needs_attention=s.needs_attention or "", deleted_at=s.deleted_at or "")
+                      needs_attention=s.needs_attention or "", deleted_at=s.deleted_at or "",
+                      host=s.host, lease_expires=s.lease_expires,
+                      released_to=s.released_to or "")
 
 
 def paths_pb(paths: list[str]) -> list[str]:
@@ -147,6 +149,14 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     def DeleteSession(self, r, context):
         return session_pb(self.gates.delete_session(r.session_id))
+
+    def MoveSession(self, r, context):
+        if r.take_over == bool(r.to_host):
+            raise InvalidArgument("give either a host to release the session to, or"
+                                  " take_over (to take it over on this host)")
+        if r.take_over:
+            return session_pb(fleet.take_over(self.world, r.session_id, r.workspace))
+        return session_pb(fleet.release(self.world, r.session_id, r.to_host))
 
     # checkpoints
     def CreateCheckpoint(self, r, context):

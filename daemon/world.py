@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -137,8 +138,13 @@ class CheckpointView:
 class World:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
                  monitor: ChangeMonitor | None = None, engine: Engine | None = None,
-                 views: Views | None = None, limits: Limits | None = None) -> None:
+                 views: Views | None = None, limits: Limits | None = None,
+                 host: str = "", lease_seconds: float = 30.0) -> None:
         self.root = os.path.realpath(root)
+        # The fleet (fleet.py): this daemon's host id ("" on a data root of one host)
+        # and how long a lease it holds on its sessions lasts without renewal.
+        self.host = host
+        self.lease_seconds = lease_seconds
         self.limits = limits or Limits()
         self.admission = FairGate(1)  # incremental captures take turns (admission.py)
         self.store = store
@@ -201,17 +207,43 @@ class World:
                 raise FailedPrecondition(f"session {session_id} was deleted at"
                                          f" {session.deleted_at}: its history can be read,"
                                          " diffed and forked, not changed")
+            self.check_held(session)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             yield session
+
+    def held_here(self, session: Session) -> bool:
+        """Whether this host holds the session (a session of a one-host data root, with
+        no host, is held by whichever daemon serves that root)."""
+        return session.host in ("", self.host) and not (
+            session.released_to and session.host == self.host and self.host)
+
+    def check_held(self, session: Session) -> None:
+        """FAILED_PRECONDITION naming the holder unless this host holds the session: its
+        workspace and container are on that host, and only it changes them."""
+        if self.held_here(session):
+            return
+        if session.host == self.host:
+            raise FailedPrecondition(
+                f"session {session.id} was released to {session.released_to} by this host:"
+                f" take it over there (`worldline session move {session.id} --take-over`)")
+        raise FailedPrecondition(
+            f"session {session.id} is held by host {session.host} (lease until"
+            f" {_clock(session.lease_expires)}): send its checkpoints, restores and tool"
+            f" calls there, or take it over here once that host is gone or has released it"
+            f" (`worldline session move {session.id} --take-over`)")
+
+    def _lease(self) -> float:
+        return time.time() + self.lease_seconds if self.host else 0.0
 
     def _engine(self) -> Engine:
         if self.engine is None:
             raise FailedPrecondition("this daemon runs without a Docker engine")
         return self.engine
 
-    def _layer(self, kind: str, path: str, identity: list | None = None) -> Layer:
-        tracker = self.monitor.tracker(path) if self.monitor is not None else None
+    def _layer(self, kind: str, path: str, identity: list | None = None,
+               track: bool = True) -> Layer:
+        tracker = self.monitor.tracker(path) if self.monitor is not None and track else None
         snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache, tracker,
                                     overlay=kind == CONTAINER, limits=self.limits,
                                     data_root=self.root)
@@ -306,8 +338,8 @@ class World:
         sessions restoring one folder would destroy each other's work), nor the engine's
         data root."""
         for other in self.store.list_sessions():
-            if other.deleted_at:
-                continue  # its workspace was released
+            if other.deleted_at or other.host not in ("", self.host):
+                continue  # its workspace was released, or is another host's folder
             if _contains(other.workspace, real) or _contains(real, other.workspace):
                 raise FailedPrecondition(
                     f"workspace {real} overlaps the workspace {other.workspace} of session"
@@ -339,7 +371,7 @@ class World:
         container_spec = (self._engine().creation_spec(container_name) if container_name
                           else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
-                          ids.now())
+                          ids.now(), host=self.host, lease_expires=self._lease())
         try:
             with self.lock(path):
                 layers = self.layers(session)
@@ -742,7 +774,8 @@ class World:
             if source.container is not None:
                 container = self._fork_container(parent, sid, path, volumes)
             session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
-                              source.id, ids.now())
+                              source.id, ids.now(), host=self.host,
+                              lease_expires=self._lease())
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled
@@ -977,3 +1010,8 @@ def open_layer_root(kind: str, path: str, identity: list | None) -> int:
 
 def _contains(outer: str, inner: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _clock(seconds: float) -> str:
+    """A lease's end as UTC time, for messages."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

@@ -117,7 +117,8 @@ class BlobIndexSql:
 
     def blob_objects(self):
         return [tuple(r) for r in self._all(
-            "SELECT o.name, o.bytes, o.created_at, COALESCE(SUM(i.len), 0) FROM blob_objects o"
+            "SELECT o.name, o.bytes, o.created_at, CAST(COALESCE(SUM(i.len), 0) AS BIGINT)"
+            " FROM blob_objects o"
             " LEFT JOIN blob_index i ON i.object = o.name"
             " GROUP BY o.name, o.bytes, o.created_at ORDER BY o.name")]
 

@@ -11,10 +11,14 @@ schema is versioned (migrations.py), applied at start under an advisory lock.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from worldline.client.errors import Aborted
+
 from . import blob_index
 from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
-from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_MIGRATIONS, PostgresDatabase, psycopg
+from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_GC, LOCK_MIGRATIONS, PostgresDatabase, psycopg
 from .sql_store import SqlStore
 
 SCHEMA = """
@@ -80,6 +84,13 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
             self.schema_found, self.schema_version = migrate(
                 self._tx, lambda db: db.execute(SCHEMA + blob_index.SCHEMA), MIGRATIONS,
                 f"metadata store {self.path}")
+
+    @contextmanager
+    def gc_lock(self):
+        with self.advisory_lock(LOCK_GC, wait=False) as got:
+            if not got:
+                raise Aborted("garbage collection is running on another host; try later")
+            yield
 
     def _lock_chain(self, db) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_AUDIT_CHAIN,))

@@ -46,6 +46,7 @@ from collections.abc import Iterator
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
+from ..faults import crash_point
 from .blob_index import BlobIndex, Location
 from .blobs import LocalBlobStore, check_digest, digest_of
 
@@ -210,6 +211,7 @@ class S3BlobStore:
         body = bytes(pack)
         name = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
         self._put_object(name, body)
+        crash_point("blobs.after_put")
         self.index.add_blob_object(name, len(body), self.host, now, entries)
 
     def _upload_alone(self, digest: str, size: int, now: float) -> None:

@@ -16,6 +16,7 @@ dialect hooks:
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import replace
 
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
@@ -73,6 +74,10 @@ class SqlStore:
     def _lock_chain(self, db) -> None:
         """Hold the audit chain's tail until this transaction ends."""
 
+    @contextmanager
+    def gc_lock(self):
+        yield  # SQLite: one data root, one daemon (its lock file)
+
     @staticmethod
     def _list_arg(values: list[str]):
         return json.dumps(values)
@@ -126,7 +131,8 @@ class SqlStore:
         with self._tx() as db:
             cur = db.execute(
                 f"UPDATE sessions SET host = ?, lease_expires = ?, released_to = NULL{sets}"
-                " WHERE id = ? AND host = ? AND (lease_expires < ? OR released_to IN (?, '*'))",
+                " WHERE id = ? AND host = ? AND ((released_to IS NULL AND lease_expires < ?)"
+                " OR released_to IN (?, '*'))",
                 (host, until, *fields.values(), session_id, expected_host, now, host))
             if cur.rowcount != 1:
                 row = db.execute("SELECT host, lease_expires FROM sessions WHERE id = ?",

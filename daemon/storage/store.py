@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Protocol
 
@@ -106,6 +107,10 @@ class Store(Protocol):
                        status: str | None = None) -> list[Approval]: ...
 
     def append_audit(self, events: list[AuditEvent]) -> None: ...
+
+    def gc_lock(self) -> AbstractContextManager[None]:
+        """Held while garbage collection runs: one collector at a time across every
+        daemon sharing the store (``Aborted`` at once if another holds it)."""
     def list_audit(self, session_id: str | None = None, kind: str | None = None,
                    limit: int = 0) -> list[AuditEvent]: ...
 
@@ -143,7 +148,11 @@ def claimable(holder: str, lease_expires: float, released_to: str | None, host: 
               expected_host: str, now: float) -> bool:
     """Whether ``host`` may take a session held by ``holder`` (what claim_session's
     compare-and-set tests, in every store)."""
-    return holder == expected_host and (lease_expires < now or released_to in (host, "*"))
+    if holder != expected_host:
+        return False
+    if released_to is not None:  # released for one host (or "*": any), whatever the clock
+        return released_to in (host, "*")
+    return lease_expires < now
 
 
 def ordered_tasks(tasks: list[Task]) -> list[Task]:
@@ -352,6 +361,10 @@ class MemoryStore:
             return sorted((a for a in self._approvals.values()
                            if (session_id is None or a.session_id == session_id)
                            and (status is None or a.status == status)), key=lambda a: a.id)
+
+    @contextmanager
+    def gc_lock(self):
+        yield  # one process: its daemon's gc runs one at a time already
 
     def append_audit(self, events):
         with self._lock:

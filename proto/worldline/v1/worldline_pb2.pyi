@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Session(_message.Message):
-    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention", "deleted_at")
+    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention", "deleted_at", "host", "lease_expires", "released_to")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,9 @@ class Session(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     NEEDS_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     DELETED_AT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_TO_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace: str
@@ -26,7 +29,10 @@ class Session(_message.Message):
     created_at: str
     needs_attention: str
     deleted_at: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ..., deleted_at: _Optional[str] = ...) -> None: ...
+    host: str
+    lease_expires: float
+    released_to: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ..., deleted_at: _Optional[str] = ..., host: _Optional[str] = ..., lease_expires: _Optional[float] = ..., released_to: _Optional[str] = ...) -> None: ...
 
 class ResolveSessionRequest(_message.Message):
     __slots__ = ("session_id", "complete")
@@ -61,6 +67,18 @@ class DeleteSessionRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class MoveSessionRequest(_message.Message):
+    __slots__ = ("session_id", "to_host", "take_over", "workspace")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_HOST_FIELD_NUMBER: _ClassVar[int]
+    TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    to_host: str
+    take_over: bool
+    workspace: str
+    def __init__(self, session_id: _Optional[str] = ..., to_host: _Optional[str] = ..., take_over: _Optional[bool] = ..., workspace: _Optional[str] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("include_deleted", "workspace")

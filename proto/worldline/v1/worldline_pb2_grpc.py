@@ -59,6 +59,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.Session.FromString,
                 _registered_method=True)
+        self.MoveSession = channel.unary_unary(
+                '/worldline.v1.Worldline/MoveSession',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.MoveSessionRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.Session.FromString,
+                _registered_method=True)
         self.CreateCheckpoint = channel.unary_unary(
                 '/worldline.v1.Worldline/CreateCheckpoint',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.CheckpointRequest.SerializeToString,
@@ -206,6 +211,15 @@ class WorldlineServicer:
     def DeleteSession(self, request, context):
         """Release a session's workspace (and container): its history stays readable and
         forkable, its folder may become another session's; nothing in it is touched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveSession(self, request, context):
+        """The fleet: release a session held by this host for another (to_host), or take over
+        here a session whose holder released it or whose lease ran out, rebuilding its
+        workspace (and container) from its head.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -381,6 +395,11 @@ def add_WorldlineServicer_to_server(servicer, server):
             'DeleteSession': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteSession,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.Session.SerializeToString,
+            ),
+            'MoveSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveSession,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.MoveSessionRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.Session.SerializeToString,
             ),
             'CreateCheckpoint': grpc.unary_unary_rpc_method_handler(
@@ -633,6 +652,33 @@ class Worldline:
             target,
             '/worldline.v1.Worldline/DeleteSession',
             worldline_dot_v1_dot_worldline__pb2.DeleteSessionRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.Session.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/MoveSession',
+            worldline_dot_v1_dot_worldline__pb2.MoveSessionRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.Session.FromString,
             options,
             channel_credentials,

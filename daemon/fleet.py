@@ -1,0 +1,181 @@
+"""A fleet of hosts sharing one history (a PostgreSQL store, a bucket of blobs).
+
+Terms: a *host* is one daemon beside one Docker engine, named by its host id. A
+session is *held* by one host at a time: its workspace and container live there, and
+only that host checkpoints, restores or records tool calls for it (others answer
+FAILED_PRECONDITION naming it). The holder's *lease* on its sessions is renewed
+while it runs (``Leases``); a host that stops renewing loses nothing, but after the
+lease runs out another host may *take the session over*.
+
+- **Release** (``release``): the holder lets a session go for another host (or any):
+  its lease ends at once and it stops serving the session.
+- **Take-over** (``take_over``): a host claims a session whose lease ran out or that
+  was released to it (a compare-and-set in the store: of two hosts, one wins), marks
+  it ``needs_attention`` while it works, rebuilds the workspace from the head in a
+  folder of its own beside the target and renames it into place (a crash leaves only
+  that folder, which the next take-over removes), makes the container again from the
+  recorded spec with the head's layer, and appends a checkpoint equal to the head.
+  That append moves the head, so a former holder still working on the session is
+  fenced: its next checkpoint fails the head's compare-and-set (ABORTED).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import replace
+
+from worldline.client.errors import FailedPrecondition, InvalidArgument
+
+from . import ids
+from .faults import crash_point
+from .layers import CONTAINER, WORKSPACE
+from .records import AuditEvent, Checkpoint, Session
+from .snapshot import Capture
+from .storage.store import claimable
+from .world import World
+
+log = logging.getLogger(__name__)
+
+STAGING = ".worldline-takeover-"
+
+
+def release(world: World, session_id: str, to_host: str) -> Session:
+    if not world.host:
+        raise FailedPrecondition("this daemon is not part of a fleet (start it with"
+                                 " --store postgresql://... and a --host-id)")
+    if not to_host:
+        raise InvalidArgument("name the host to release the session to (or '*' for any)")
+    with world._session_locked(session_id) as session:
+        if session.host != world.host:
+            raise FailedPrecondition(f"session {session_id} is held by {session.host}, not"
+                                     f" by this host ({world.host})")
+        released = world.store.release_session(session_id, world.host, to_host)
+        world.store.append_audit([AuditEvent("session.release", session_id, session_id,
+                                             {"host": world.host, "to": to_host}, ids.now())])
+    if world.monitor is not None:
+        world.monitor.release(session.workspace)
+    return released
+
+
+def take_over(world: World, session_id: str, workspace: str = "") -> Session:
+    if not world.host:
+        raise FailedPrecondition("this daemon is not part of a fleet (start it with"
+                                 " --store postgresql://... and a --host-id)")
+    session = world.session(session_id)
+    if session.deleted_at:
+        raise FailedPrecondition(f"session {session_id} was deleted; fork it instead")
+    interrupted = (session.needs_attention or "").startswith("take-over")
+    unfinished = interrupted and session.host == world.host
+    if session.host == world.host and not session.released_to and not unfinished:
+        raise FailedPrecondition(f"session {session_id} is already held by this host")
+    if not unfinished and session.host != world.host and not claimable(
+            session.host, session.lease_expires, session.released_to, world.host,
+            session.host, time.time()):
+        if session.released_to:
+            raise FailedPrecondition(f"session {session_id} was released to host"
+                                     f" {session.released_to}, not to {world.host}")
+        raise FailedPrecondition(
+            f"session {session_id} is held by host {session.host}, whose lease runs until"
+            f" {time.strftime('%H:%M:%SZ', time.gmtime(session.lease_expires))}: stop that"
+            f" host or release the session there (`worldline session move {session_id}"
+            f" --to {world.host}`) first")
+    path = workspace or session.workspace
+    staging = os.path.join(os.path.dirname(path.rstrip("/")) or "/",
+                           STAGING + session_id)
+    if interrupted:  # what a take-over that died left (its name is ours; never followed)
+        shutil.rmtree(staging, ignore_errors=True)
+    real = world._check_workspace(path, must_be_empty=True)
+    head = world.store.get_checkpoint(session.head)
+    if head.pruned:
+        raise FailedPrecondition(f"the head of session {session_id} was pruned")
+    now = time.time()
+    claimed = session if unfinished else world.store.claim_session(
+        session_id, world.host, session.host, now + world.lease_seconds, now,
+        workspace=real, needs_attention=f"take-over by {world.host} under way")
+    world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
+                                         {"from": session.host, "host": world.host,
+                                          "workspace": real}, ids.now())])
+    _rebuild(world, claimed, head, real, staging)
+    return world.session(session_id)
+
+
+def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
+             staging: str) -> None:
+    """The workspace and container of ``session`` made here from its head, then a
+    checkpoint equal to the head appended (which fences the former holder)."""
+    os.makedirs(staging, mode=0o755)
+    layer = world._layer(WORKSPACE, staging, track=False)
+    layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
+    crash_point("takeover.mid")
+    if os.path.exists(path):  # checked empty
+        os.rmdir(path)
+    os.rename(staging, path)
+    container = None
+    if session.container and head.container:
+        container = _remake_container(world, session, path)
+    moved = replace(session, workspace=path, container=container, spec="{}")
+    with world.lock(path):
+        layers = world.layers(moved)
+        for lay in layers:
+            if lay.kind == CONTAINER:
+                lay.snap.apply(lay.snap.capture(persist=False), head.container,
+                               watch_new=True)
+        world.store.update_session(session.id, container=container,
+                                   spec=world._spec(moved, layers, _spec_of(world, container)),
+                                   needs_attention=None)
+        cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "restore", ids.now(), head.tree,
+                        head.bytes, head.state_digest, head.tasks_digest, head.id, 0,
+                        head.message_count, label=f"taken over by {world.host}",
+                        restored_from=head.id, container=head.container if container else None,
+                        resume=head.resume)
+        world.store.append_checkpoint(cp, [], head.id, None, [AuditEvent(
+            "restore", session.id, cp.id, {"target": head.id, "host": world.host}, ids.now())])
+    if container:
+        world._engine().start(container)
+
+
+def _remake_container(world: World, session: Session, path: str) -> str:
+    spec = world._container_spec(session)
+    host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in world.host)
+    name = f"{session.container}-{host}"[:120]
+    world._engine().create_from_spec(spec, name, session.workspace, path,
+                                     world._labels(session.id), "share")
+    return name
+
+
+def _spec_of(world: World, container: str | None):
+    return world._engine().creation_spec(container) if container else None
+
+
+class Leases:
+    """Renews this host's leases every ``every`` seconds, on a thread of its own, so a
+    running daemon keeps its sessions and a stopped one lets them go."""
+
+    def __init__(self, world: World, every: float) -> None:
+        self.world = world
+        self.every = every
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="leases", daemon=True)
+
+    def start(self) -> None:
+        self.renew()
+        self.thread.start()
+
+    def renew(self) -> int:
+        return self.world.store.renew_leases(self.world.host,
+                                             time.time() + self.world.lease_seconds)
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.every):
+            try:
+                self.renew()
+            except Exception as exc:  # the store may be briefly unreachable: retry
+                log.warning("renewing the leases of host %s failed: %s", self.world.host, exc)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)

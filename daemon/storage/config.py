@@ -1,0 +1,78 @@
+"""Which backends a daemon runs on: ``--store`` and ``--blobs`` (or
+``$WORLDLINE_STORE``, ``$WORLDLINE_BLOBS``), and the host id that names it in a fleet.
+
+- store ``sqlite`` (the default): ``<root>/meta.db``; ``postgresql://...``: a
+  PostgreSQL database shared by a fleet.
+- blobs ``local`` (the default): ``<root>/blobs``; ``s3://bucket/prefix``: a bucket
+  shared by a fleet, with ``<root>/blobs`` as this host's cache (at most
+  ``cache_bytes``). Its endpoint, region and credentials come the SDK's usual way
+  (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ...).
+- host id: ``--host-id`` or ``$WORLDLINE_HOST_ID``; on PostgreSQL, the hostname when
+  not given. The embedded default has none: one data root is one host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from worldline.client.errors import InvalidArgument
+
+from .blobs import LocalBlobStore
+
+DEFAULT_CACHE_BYTES = 16 << 30
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    store: str = "sqlite"
+    blobs: str = "local"
+    host_id: str = ""
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    lease_seconds: float = 30.0
+
+    @classmethod
+    def resolve(cls, store: str | None = None, blobs: str | None = None,
+                host_id: str | None = None, cache_bytes: int | None = None,
+                lease_seconds: float = 30.0) -> StorageConfig:
+        """Flags first, then the environment, then the defaults; checked."""
+        env = os.environ
+        store = store or env.get("WORLDLINE_STORE") or "sqlite"
+        blobs = blobs or env.get("WORLDLINE_BLOBS") or "local"
+        if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgument(f"store {_shown(store)!r} is not sqlite or postgresql://...")
+        if blobs != "local" and not blobs.startswith("s3://"):
+            raise InvalidArgument(f"blobs {blobs!r} is not local or s3://bucket/prefix")
+        host_id = host_id or env.get("WORLDLINE_HOST_ID") or ""
+        if not host_id and store != "sqlite":
+            host_id = socket.gethostname()
+        if host_id and not all(c.isalnum() or c in "-_.:" for c in host_id):
+            raise InvalidArgument(f"host id {host_id!r}: letters, digits and -_.: only")
+        if not 1.0 <= lease_seconds <= 3600.0:
+            raise InvalidArgument(f"lease of {lease_seconds} s: from 1 to 3600 seconds")
+        return cls(store, blobs, host_id, cache_bytes or DEFAULT_CACHE_BYTES, lease_seconds)
+
+    @property
+    def shown_store(self) -> str:
+        return _shown(self.store)
+
+    def open_store(self, root: str):
+        if self.store == "sqlite":
+            from .sqlite_store import SqliteStore
+            return SqliteStore(os.path.join(root, "meta.db"))
+        from .postgres_store import PostgresStore
+        return PostgresStore(self.store)
+
+    def open_blobs(self, root: str, store):
+        local = LocalBlobStore(os.path.join(root, "blobs"))
+        if self.blobs == "local":
+            return local
+        from .s3_blobs import S3BlobStore
+        return S3BlobStore(self.blobs, local, store, self.host_id or socket.gethostname(),
+                           self.cache_bytes)
+
+
+def _shown(url: str) -> str:
+    from .postgres_db import redact
+    return redact(url)

@@ -1,0 +1,246 @@
+"""Two hosts sharing one history: two daemons, each with its own data root and
+socket, on one PostgreSQL database and one bucket (moto's S3 server, an emulator).
+The agent's side acts as uid 1000; a canary folder beside the workspaces must stay
+untouched by everything the hosts do."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from worldline.client.errors import FailedPrecondition
+
+from .conftest import DaemonProcess
+from .fidelity import AGENT_UID, as_agent, build_host_tree, differences, fingerprint
+
+
+GRACE = 2  # seconds: gc's grace period on these hosts
+
+
+class Fleet:
+    def __init__(self, tmp_path, pg_url: str, bucket: str, s3_env: dict) -> None:
+        self.tmp = tmp_path
+        self.url = pg_url
+        self.bucket = bucket
+        self.env = s3_env
+        self.hosts: dict[str, DaemonProcess] = {}
+
+    def host(self, name: str, faults: str = "", start: bool = True) -> DaemonProcess:
+        env = dict(self.env)
+        if faults:
+            env["WORLDLINE_FAULTS"] = faults
+        d = DaemonProcess(self.tmp / f"root-{name}", [
+            "--store", self.url, "--blobs", f"s3://{self.bucket}/fleet", "--host-id", name,
+            "--lease-seconds", "2", "--gc-grace", str(GRACE)], env=env)
+        self.hosts[name] = d
+        return d.start() if start else d
+
+    def stop_all(self) -> None:
+        for d in self.hosts.values():
+            if d.proc is not None:
+                d.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def fleet(tmp_path, postgres_url, s3_server):
+    f = Fleet(tmp_path, postgres_url, s3_server.new_bucket(), s3_server.env)
+    yield f
+    f.stop_all()
+
+
+@pytest.fixture
+def canary(tmp_path):
+    c = tmp_path / "canary"
+    c.mkdir()
+    (c / "keep.txt").write_text("untouched\n")
+    before = fingerprint(c)
+    yield c
+    assert differences(before, fingerprint(c)) == []
+
+
+@pytest.fixture
+def agent_tree(tmp_path):
+    ws = tmp_path / "ws-a"
+    ws.mkdir()
+    build_host_tree(ws)
+    as_agent("mkdir -p pkg && for i in $(seq 1 200); do printf 'module %s\\n' $i >"
+             " pkg/m$i.py; done", ws)
+    return ws
+
+
+def _edit(ws, n: int) -> None:
+    as_agent(f"printf 'edit {n}\\n' >> pkg/m{n % 200 + 1}.py && printf 'new' > new{n}.txt", ws)
+
+
+def test_a_checkpoint_made_on_one_host_is_forked_on_another_byte_for_byte(
+        fleet, agent_tree, tmp_path, canary):
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca, b.client() as cb:
+        s = ca.create_session(str(agent_tree))
+        _edit(agent_tree, 1)
+        cp = s.checkpoint(label="on a")
+        want = fingerprint(agent_tree)
+        listed = {x.id: x for x in cb.list_sessions()}
+        assert listed[s.id].host == "a"
+        assert [c.id for c in cb.get_session(s.id).log()][-1] == cp.id
+        first = cb.get_session(s.id).log()[0].id  # log, diff and show answer on any host
+        assert "new1.txt" in cb.diff(first, cp.id).added
+        assert cb.show(cp.id).label == "on a"
+        fork = cb.get_session(s.id).fork(cp.id, workspace=str(tmp_path / "fork-on-b"))
+        assert fork.host == "b"
+        assert differences(want, fingerprint(fork.workspace)) == []
+        # b cannot act on a's session while a holds it
+        with pytest.raises(FailedPrecondition, match="held by host a"):
+            cb.get_session(s.id).checkpoint(label="not b's")
+        with pytest.raises(FailedPrecondition, match="held by host a"):
+            cb.get_session(s.id).record_tool_call("edit", effect="local")
+        with pytest.raises(FailedPrecondition):
+            cb.move_session(s.id, take_over=True, workspace=str(tmp_path / "taken"))
+        # ...and a cannot act on b's fork
+        with pytest.raises(FailedPrecondition, match="held by host b"):
+            ca.get_session(fork.id).checkpoint()
+
+
+def test_a_host_stops_another_takes_over_and_the_old_one_is_fenced(
+        fleet, agent_tree, tmp_path, canary):
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        for n in range(3):
+            _edit(agent_tree, n)
+            s.checkpoint(label=f"edit {n}")
+        want = fingerprint(agent_tree)
+    assert a.stop() == 0  # a graceful stop ends a's leases at once
+    target = tmp_path / "taken-by-b"
+    with b.client() as cb:
+        taken = cb.move_session(s.id, take_over=True, workspace=str(target))
+        assert (taken.host, taken.workspace, taken.needs_attention) == ("b", str(target), None)
+        assert differences(want, fingerprint(target)) == []
+        log = cb.get_session(s.id).log()
+        assert log[-1].kind == "restore" and log[-1].label == "taken over by b"
+        as_agent("printf 'on b\\n' > after.txt", target)
+        cp = cb.get_session(s.id).checkpoint(label="continued on b")
+        assert cb.diff(log[-1].id, cp.id).added == ["after.txt"]
+    a.start()  # a comes back: the session is b's now
+    with a.client() as ca:
+        with pytest.raises(FailedPrecondition, match="held by host b"):
+            ca.get_session(s.id).checkpoint()
+    assert os.stat(target / "after.txt").st_uid == AGENT_UID
+
+
+def test_a_move_releases_to_one_host_and_the_holder_stops_serving_it(
+        fleet, agent_tree, tmp_path, canary):
+    a, b, c = fleet.host("a"), fleet.host("b"), fleet.host("c")
+    with a.client() as ca, b.client() as cb, c.client() as cc:
+        s = ca.create_session(str(agent_tree))
+        moved = ca.move_session(s.id, to_host="b")
+        assert moved.released_to == "b"
+        with pytest.raises(FailedPrecondition, match="released to b"):
+            ca.get_session(s.id).checkpoint()
+        with pytest.raises(FailedPrecondition, match="released to host b"):
+            cc.move_session(s.id, take_over=True, workspace=str(tmp_path / "on-c"))
+        taken = cb.move_session(s.id, take_over=True, workspace=str(tmp_path / "on-b"))
+        assert taken.host == "b" and taken.released_to is None
+
+
+def test_gc_on_one_host_while_another_checkpoints_loses_nothing(fleet, agent_tree,
+                                                                 tmp_path, canary):
+    """The dangerous case: a checkpoint on a brings back content whose checkpoints were
+    pruned (garbage older than the grace period) while b collects. a's sync renews the
+    blob in the index, or finds it gone and sends it again; either way nothing a
+    checkpoint names goes missing."""
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca, b.client() as cb:
+        s = ca.create_session(str(agent_tree))
+        for n in range(5):
+            as_agent(f"printf 'version {n}\\n%.0s' $(seq 1 300) > churn.txt", agent_tree)
+            s.checkpoint(label=f"v{n}")
+        cb.gc(keep_last=1)  # the older versions pruned: their blobs are garbage now
+        time.sleep(GRACE + 0.5)
+        done, errors, made = threading.Event(), [], []
+
+        def checkpoints():
+            try:
+                for n in range(20):
+                    as_agent(f"printf 'version {n % 5}\\n%.0s' $(seq 1 300) > churn.txt",
+                             agent_tree)
+                    _edit(agent_tree, n)
+                    made.append((s.checkpoint(label=f"{n}").id, fingerprint(agent_tree)))
+            except Exception as exc:  # collected: pytest sees nothing raised in threads
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=checkpoints)
+        worker.start()
+        collected = 0
+        while not done.is_set():
+            collected += cb.gc()["blobs_removed"]
+        worker.join()
+        assert errors == [] and collected > 0
+        time.sleep(GRACE + 0.5)
+        cb.gc()
+        for i, (cp_id, want) in enumerate(made[::4]):
+            fork = cb.get_session(s.id).fork(cp_id, workspace=str(tmp_path / f"check{i}"))
+            assert differences(want, fingerprint(fork.workspace)) == []
+        assert cb.fsck()["ok"], cb.fsck()
+
+
+def test_killed_between_the_pack_put_and_the_commit_loses_nothing(fleet, agent_tree,
+                                                                  s3_server, canary):
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+    a.stop()
+    a = fleet.host("a", faults="blobs.after_put")  # the next pack's PUT is the checkpoint's
+    with a.client() as ca:
+        s = ca.get_session(s.id)
+        _edit(agent_tree, 7)
+        with pytest.raises(Exception):
+            s.checkpoint(label="dies after its PUT")
+    a.proc.wait(20)
+    a.proc = None
+    keys = s3_server.keys(fleet.bucket)
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.get_session(s.id)
+        assert len(s.log()) == 1  # nothing was acknowledged
+        _edit(agent_tree, 8)  # so the next pack is not the orphan's very bytes
+        cp = s.checkpoint(label="after the restart")
+        assert "new7.txt" in ca.diff(s.log()[0].id, cp.id).added
+        time.sleep(GRACE + 1.1)  # past the grace (the bucket's clock is in whole seconds)
+        ca.gc()
+        assert ca.fsck()["ok"], ca.fsck()
+    left = s3_server.keys(fleet.bucket)
+    orphans = set(keys) - set(left)
+    assert orphans  # the pack of the killed checkpoint, no longer in the bucket
+
+
+def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree, tmp_path,
+                                                              canary):
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        _edit(agent_tree, 3)
+        s.checkpoint()
+        want = fingerprint(agent_tree)
+    a.stop()
+    b = fleet.host("b", faults="takeover.mid")
+    target = tmp_path / "half"
+    with b.client() as cb:
+        with pytest.raises(Exception):
+            cb.move_session(s.id, take_over=True, workspace=str(target))
+    b.proc.wait(20)
+    b.proc = None
+    assert not target.exists()  # the half-made workspace is beside it, not in its place
+    time.sleep(2.5)  # b's lease runs out: any host may finish the take-over
+    c = fleet.host("c")
+    with c.client() as cc:
+        assert "take-over" in cc.get_session(s.id).needs_attention
+        taken = cc.move_session(s.id, take_over=True, workspace=str(target))
+        assert taken.host == "c" and taken.needs_attention is None
+        assert differences(want, fingerprint(target)) == []
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
