@@ -16,7 +16,6 @@ from worldline.client.errors import FailedPrecondition
 from .conftest import DaemonProcess
 from .fidelity import AGENT_UID, as_agent, build_host_tree, differences, fingerprint
 
-
 GRACE = 2  # seconds: gc's grace period on these hosts
 
 
