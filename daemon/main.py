@@ -42,7 +42,6 @@ from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .server import ErrorInterceptor, WorldlineServicer
 from .storage.config import StorageConfig
-from .storage.graph_store import SqliteGraphStore
 from .storage.statcache import StatCache
 from .tracker import ChangeMonitor
 from .trees import TreeReader
@@ -168,7 +167,7 @@ class Daemon:
             self.leases = Leases(self.world, every=self.storage.lease_seconds / 3)
             self.leases.start()
         self.gates = Gates(self.world, policy)
-        self.graph_store = SqliteGraphStore(os.path.join(self.root, "graphs.db"))
+        self.graph_store = self.storage.open_graph_store(self.root)
 
         interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(

@@ -16,10 +16,15 @@ from worldline.daemon.storage.graph_store import (
 )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request, tmp_path):
-    s = MemoryGraphStore() if request.param == "memory" else SqliteGraphStore(
-        str(tmp_path / "graphs.db"))
+    if request.param == "postgres":
+        from worldline.daemon.storage.graph_store import PostgresGraphStore
+        s = PostgresGraphStore(request.getfixturevalue("postgres_url"))
+    elif request.param == "sqlite":
+        s = SqliteGraphStore(str(tmp_path / "graphs.db"))
+    else:
+        s = MemoryGraphStore()
     yield s
     s.close()
 

@@ -64,6 +64,13 @@ class StorageConfig:
         from .postgres_store import PostgresStore
         return PostgresStore(self.store)
 
+    def open_graph_store(self, root: str):
+        if self.store == "sqlite":
+            from .graph_store import SqliteGraphStore
+            return SqliteGraphStore(os.path.join(root, "graphs.db"))
+        from .graph_store import PostgresGraphStore
+        return PostgresGraphStore(self.store)
+
     def open_blobs(self, root: str, store):
         local = LocalBlobStore(os.path.join(root, "blobs"))
         if self.blobs == "local":

@@ -21,8 +21,9 @@ Contract of every ``GraphStore``:
 - Errors: none of its own. Unknown keys read as nothing and delete nothing; binding
   a thread that is bound keeps the first binding and reports it.
 
-Implementations: ``MemoryGraphStore`` (the reference) and ``SqliteGraphStore``;
-tests/test_graph_store_contract.py runs against both.
+Implementations: ``MemoryGraphStore`` (the reference), ``SqliteGraphStore`` and
+``PostgresGraphStore`` (one ``SqlGraphStore`` of statements);
+tests/test_graph_store_contract.py runs against each.
 """
 
 from __future__ import annotations
@@ -279,15 +280,24 @@ def _gcp(row) -> GraphCheckpoint:
                            json.loads(versions), world, created)
 
 
-class SqliteGraphStore(SqliteDatabase):
-    """Graph records in their own SQLite file beside the world's metadata."""
+_REPLACE_CHECKPOINT = (
+    " ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,"
+    " type = excluded.type, data = excluded.data, metadata = excluded.metadata,"
+    " versions = excluded.versions, world_checkpoint_id = excluded.world_checkpoint_id,"
+    " created_at = excluded.created_at, run_id = excluded.run_id")
+_REPLACE_WRITE = (
+    " ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO UPDATE SET"
+    " channel = excluded.channel, type = excluded.type, data = excluded.data,"
+    " task_path = excluded.task_path")
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path, GRAPH_SCHEMA)
+
+class SqlGraphStore:
+    """The GraphStore statements, written once for SQLite and PostgreSQL (the database
+    class mixed in gives ``_tx``, ``_one`` and ``_all`` with ``?`` placeholders)."""
 
     def bind_thread(self, thread_id, session_id):
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO graph_threads VALUES (?, ?)",
+            db.execute("INSERT INTO graph_threads VALUES (?, ?) ON CONFLICT DO NOTHING",
                        (thread_id, session_id))
             return db.execute("SELECT session_id FROM graph_threads WHERE thread_id = ?",
                               (thread_id,)).fetchone()[0]
@@ -299,12 +309,13 @@ class SqliteGraphStore(SqliteDatabase):
     def put_checkpoint(self, cp, blobs):
         with self._tx() as db:
             db.execute(
-                f"INSERT OR REPLACE INTO graph_checkpoints ({_GCP_COLS}, run_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO graph_checkpoints ({_GCP_COLS}, run_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + _REPLACE_CHECKPOINT,
                 (*cp.key, cp.parent_id, cp.checkpoint.type, cp.checkpoint.data,
                  cp.metadata_json, json.dumps(cp.versions), cp.world_checkpoint_id,
                  cp.created_at, cp.run_id))
-            db.executemany("INSERT OR IGNORE INTO graph_blobs VALUES (?, ?, ?, ?, ?, ?)",
+            db.executemany("INSERT INTO graph_blobs VALUES (?, ?, ?, ?, ?, ?)"
+                           " ON CONFLICT DO NOTHING",
                            [(b.thread_id, b.ns, b.channel, b.version, b.value.type,
                              b.value.data) for b in blobs])
 
@@ -312,10 +323,10 @@ class SqliteGraphStore(SqliteDatabase):
         rows = [(w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx, w.channel,
                  w.value.type, w.value.data, w.task_path) for w in writes]
         with self._tx() as db:
-            db.executemany("INSERT OR REPLACE INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)",
-                           [r for r in rows if r[4] < 0])
-            db.executemany("INSERT OR IGNORE INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)",
-                           [r for r in rows if r[4] >= 0])
+            db.executemany("INSERT INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)"
+                           + _REPLACE_WRITE, [r for r in rows if r[4] < 0])
+            db.executemany("INSERT INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)"
+                           " ON CONFLICT DO NOTHING", [r for r in rows if r[4] >= 0])
 
     def checkpoints(self, query):
         where, args = [], []
@@ -335,7 +346,7 @@ class SqliteGraphStore(SqliteDatabase):
                " ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC")
         if not query.filter:
             sql += f" LIMIT {int(query.limit)}"
-        rows = (_gcp(r) for r in self._reader().execute(sql, tuple(args)))
+        rows = (_gcp(r) for r in self._all(sql, tuple(args)))
         return _select(rows, query)
 
     def blobs(self, thread_id, ns, versions):
@@ -398,12 +409,53 @@ class SqliteGraphStore(SqliteDatabase):
     def copy_thread(self, source, target):
         with self._tx() as db:
             n = db.execute(
-                f"INSERT OR REPLACE INTO graph_checkpoints ({_GCP_COLS}, run_id)"
+                f"INSERT INTO graph_checkpoints ({_GCP_COLS}, run_id)"
                 f" SELECT ?, {_GCP_COLS.split(', ', 1)[1]}, run_id FROM graph_checkpoints"
-                " WHERE thread_id = ?", (target, source)).rowcount
-            db.execute("INSERT OR IGNORE INTO graph_blobs SELECT ?, ns, channel, version, type,"
-                       " data FROM graph_blobs WHERE thread_id = ?", (target, source))
-            db.execute("INSERT OR IGNORE INTO graph_writes SELECT ?, ns, checkpoint_id, task_id,"
+                " WHERE thread_id = ?" + _REPLACE_CHECKPOINT, (target, source)).rowcount
+            db.execute("INSERT INTO graph_blobs SELECT ?, ns, channel, version, type,"
+                       " data FROM graph_blobs WHERE thread_id = ? ON CONFLICT DO NOTHING",
+                       (target, source))
+            db.execute("INSERT INTO graph_writes SELECT ?, ns, checkpoint_id, task_id,"
                        " idx, channel, type, data, task_path FROM graph_writes"
-                       " WHERE thread_id = ?", (target, source))
+                       " WHERE thread_id = ? ON CONFLICT DO NOTHING", (target, source))
             return n
+
+
+class SqliteGraphStore(SqlGraphStore, SqliteDatabase):
+    """Graph records in their own SQLite file beside the world's metadata."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, GRAPH_SCHEMA)
+
+
+# PostgreSQL's types for the same tables (bytes are BYTEA).
+PG_GRAPH_SCHEMA = "\n".join(
+    line.replace(" WITHOUT ROWID", "").replace("BLOB", "BYTEA")
+    for line in GRAPH_SCHEMA.splitlines())
+
+
+class PostgresGraphStore(SqlGraphStore):
+    """Graph records in the fleet's PostgreSQL database, so a thread is read and
+    resumed from any host."""
+
+    def __init__(self, url: str) -> None:
+        from .postgres_db import LOCK_MIGRATIONS, PostgresDatabase
+        self._db = PostgresDatabase(url)
+        with self._db.advisory_lock(LOCK_MIGRATIONS), self._db._tx() as db:
+            db.execute(PG_GRAPH_SCHEMA)
+        self.path = self._db.path
+
+    def _tx(self):
+        return self._db._tx()
+
+    def _one(self, sql, args=()):
+        return self._db._one(sql, args)
+
+    def _all(self, sql, args=()):
+        return self._db._all(sql, args)
+
+    def compact_wal(self, idle_seconds: float) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._db.close()

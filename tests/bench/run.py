@@ -326,6 +326,10 @@ class Bench:
         from . import hook
         return self.add(hook.case(self))
 
+    def fleet_case(self) -> Case:
+        from . import fleet
+        return self.add(fleet.case(self))
+
     def container_case(self) -> Case:
         from . import container
         return self.add(container.case(self))
@@ -412,6 +416,7 @@ def main() -> int:
         ("container-checkpoint", bench.container_case),
         ("storage-100", bench.storage_case),
         ("throughput", bench.throughput_case),
+        ("fleet", bench.fleet_case),
         ("context", bench.context_case),
     ]
     needs = {"checkpoint-flat": "checkpoint-small", "checkpoint-rescan": "checkpoint-small",

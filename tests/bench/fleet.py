@@ -1,0 +1,88 @@
+"""The fleet case: checkpoint-small on PostgreSQL + an S3 bucket (moto's server, an
+emulator, on loopback) beside the same on the embedded default, alternating in one
+run; the bucket's PUTs per checkpoint; and a cold fork of the Django tree on a second
+daemon holding none of its blobs, beside `cp -a` of the tree."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+
+from ..conftest import DaemonProcess, unmount_below
+
+
+def case(bench):
+    from ..services import PostgresCluster, S3Emulator
+    from . import peers
+    from .run import ROUNDS, WARMUP, Case, stat, timed
+    from .trees import edit, pick_files
+
+    cluster, s3 = PostgresCluster().start(), S3Emulator().start()
+    hosts: list[DaemonProcess] = []
+    try:
+        url, bucket = cluster.new_database(), s3.new_bucket()
+        env = {**s3.env, "WORLDLINE_LOG_LEVEL": "WARNING"}
+
+        def host(name: str) -> DaemonProcess:
+            root = bench.run_dir / f"fleet-{name}"
+            shutil.rmtree(root, ignore_errors=True)
+            d = DaemonProcess(root, ["--store", url, "--blobs", f"s3://{bucket}/bench",
+                                     "--host-id", name], env=env).start()
+            hosts.append(d)
+            return d
+
+        a = host("a")
+        ws_fleet, ws_local = bench.copy("fleet-wl"), bench.copy("fleet-local")
+        with a.client() as ca:
+            fleet_session = ca.create_session(str(ws_fleet))
+            local_session = bench.client.create_session(str(ws_local))
+            rng = random.Random(11)
+            fleet, local, puts = [], [], []
+            for i in range(WARMUP + ROUNDS):
+                files = pick_files(bench.django, rng)
+                edit(ws_fleet, files, f"fleet {i}")
+                before = len(s3.keys(bucket))
+                t_fleet = timed(fleet_session.checkpoint)
+                added = len(s3.keys(bucket)) - before
+                edit(ws_local, files, f"fleet {i}")
+                t_local = timed(local_session.checkpoint)
+                if i >= WARMUP:
+                    fleet.append(t_fleet)
+                    local.append(t_local)
+                    puts.append(added)
+            cp = fleet_session.checkpoint()
+
+        cold, cp_a = [], []
+        for i in range(max(3, ROUNDS // 10)):
+            b = host(f"b{i}")  # a new host: an empty cache, none of the tree's blobs
+            target = bench.run_dir / f"fleet-fork-{i}"
+            with b.client() as cb:
+                cold.append(timed(lambda cb=cb, t=target: cb.fork(cp.id, workspace=str(t))))
+            b.stop()
+            subprocess.run(["umount", "-l", str(target)], capture_output=True)
+            unmount_below(bench.run_dir / f"fleet-b{i}")
+            dst = bench.run_dir / f"fleet-cp-{i}"
+            cp_a.append(timed(lambda d=dst: peers.run(["cp", "-a", str(ws_fleet), str(d)])))
+            shutil.rmtree(dst)
+        fleet_s, local_s, cold_s, cp_s = stat(fleet), stat(local), stat(cold), stat(cp_a)
+        per_cp = sum(puts) / len(puts)
+        ratio = fleet_s.median / local_s.median
+        cold_ratio = cold_s.median / cp_s.median
+        ok = ratio <= 2.0 and cold_ratio <= 3.0 and per_cp <= 1.0
+        return Case("fleet", "checkpoint-small on PostgreSQL + S3 (moto's server); a cold"
+                    " fork on a second host", fleet_s,
+                    {"checkpoint-small on the embedded default": local_s,
+                     "cold fork of django on a host with no blobs": cold_s,
+                     "cp -a of the tree": cp_s,
+                     "PUTs per checkpoint": stat(puts, unit="PUTs", scale=1.0)},
+                    round(ratio, 4), "fleet / embedded",
+                    "≤ 2 × embedded; cold fork ≤ 3 × cp -a; 1 PUT per checkpoint", ok,
+                    f"cold fork / cp -a = {cold_ratio:.3f}; PUTs per checkpoint ="
+                    f" {per_cp:.2f} (S3 is moto's emulator on loopback, not a real bucket)")
+    finally:
+        for d in hosts:
+            if d.proc is not None:
+                d.stop()
+        s3.stop()
+        cluster.remove()
