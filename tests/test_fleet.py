@@ -216,6 +216,7 @@ def test_killed_between_the_pack_put_and_the_commit_loses_nothing(fleet, agent_t
     left = s3_server.keys(fleet.bucket)
     orphans = set(keys) - set(left)
     assert orphans  # the pack of the killed checkpoint, no longer in the bucket
+    assert _indexed_objects(fleet.url) <= {k.removeprefix("fleet/") for k in left}
 
 
 def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree, tmp_path,
@@ -243,3 +244,69 @@ def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree,
         assert taken.host == "c" and taken.needs_attention is None
         assert differences(want, fingerprint(target)) == []
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
+
+
+def _indexed_objects(url: str) -> set[str]:
+    import psycopg
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT DISTINCT object FROM blob_index")}
+
+
+def test_no_index_row_names_a_missing_object(fleet, agent_tree, s3_server):
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        for n in range(4):
+            _edit(agent_tree, n)
+            s.checkpoint()
+        ca.gc(keep_last=1)
+        time.sleep(GRACE + 1.1)
+        ca.gc()
+    keys = {k.removeprefix("fleet/") for k in s3_server.keys(fleet.bucket)}
+    assert _indexed_objects(fleet.url) <= keys
+
+
+def test_gc_runs_on_one_host_at_a_time(fleet, agent_tree):
+    import psycopg
+    from worldline.client.errors import Aborted
+    from worldline.daemon.storage.postgres_db import LOCK_GC
+    a = fleet.host("a")
+    with psycopg.connect(fleet.url, autocommit=True) as other_host:
+        other_host.execute("SELECT pg_advisory_lock(%s)", (LOCK_GC,))
+        with a.client() as ca:
+            with pytest.raises(Aborted, match="another host"):
+                ca.gc()
+        other_host.execute("SELECT pg_advisory_unlock(%s)", (LOCK_GC,))
+    with a.client() as ca:
+        ca.gc()
+
+
+def test_postgres_restarted_under_load_is_unavailable_then_served_again(
+        tmp_path, agent_tree, s3_server):
+    from tests.services import PostgresCluster
+    cluster = PostgresCluster().start()
+    f = Fleet(tmp_path, cluster.new_database(), s3_server.new_bucket(), s3_server.env)
+    try:
+        a = f.host("a")
+        with a.client() as ca:
+            s = ca.create_session(str(agent_tree))
+            cluster.stop("immediate")
+            _edit(agent_tree, 1)
+            with pytest.raises(Unavailable):
+                s.checkpoint()
+            with pytest.raises(Unavailable):
+                ca.list_sessions()
+            cluster.start()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    cp = s.checkpoint(label="after the restart")
+                    break
+                except Unavailable:
+                    assert time.monotonic() < deadline, "the daemon never recovered"
+                    time.sleep(0.5)
+            assert "new1.txt" in ca.diff(s.log()[0].id, cp.id).added
+        assert a.proc.poll() is None  # the same daemon process served throughout
+    finally:
+        f.stop_all()
+        cluster.remove()
