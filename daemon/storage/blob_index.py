@@ -35,7 +35,7 @@ class Location(NamedTuple):
     off: int
     len: int
     size: int
-    codec: str  # "zlib": a deflated entry of a pack; "raw": the bytes as they are
+    codec: str  # "pack": packs.compress() of the bytes; "raw": the bytes as they are
     stored_at: float
 
 
@@ -76,10 +76,14 @@ class BlobIndexSql:
         with self._tx() as db:
             db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
                        " DO NOTHING", (name, nbytes, created_at, host))
-            db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)"
-                           " ON CONFLICT (digest) DO NOTHING",
-                           [(d, name, off, ln, size, codec, created_at)
-                            for d, off, ln, size, codec in entries])
+            self._insert_index_rows(db, [(d, name, off, ln, size, codec, created_at)
+                                         for d, off, ln, size, codec in entries])
+
+    def _insert_index_rows(self, db, rows: list[tuple]) -> None:
+        """Index rows, a digest indexed already keeping its first location (PostgreSQL
+        overrides this with one statement for all the rows)."""
+        db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)"
+                       " ON CONFLICT (digest) DO NOTHING", rows)
 
     def touch_blobs(self, digests, now):
         found: set[str] = set()

@@ -36,7 +36,7 @@ from typing import Protocol
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .packs import MAX_BLOB, Pack
+from .packs import MAX_BLOB, RAW, ZLIB, Pack, Row
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -199,6 +199,21 @@ class LocalBlobStore:
                         self._pins[base] -= 1
         self.pack.remember(digest, data, row.depth if added else None)
         return digest
+
+    def put_verified(self, digest: str, data: bytes, packed: bytes | None) -> None:
+        """Store ``data``, already verified to be ``digest`` by the caller, given also
+        as the pack's own compression of it (``packs.compress``) when it has that: the
+        row takes those bytes as they are, with no compression again (a cache filled
+        from a bucket whose packs hold that encoding)."""
+        if len(data) > MAX_BLOB or self._reuse(digest):
+            if len(data) > MAX_BLOB:
+                self.put_bytes(data)
+            return
+        row = (Row(ZLIB, None, 0, len(data), time.time(), packed) if packed is not None
+               else Row(RAW, None, 0, len(data), time.time(), data))
+        with self._lock:
+            if not self._in_flight(digest):
+                self.pack.pending[digest] = row
 
     def put_many(self, blobs: list[bytes]) -> list[str]:
         digests = [digest_of(data) for data in blobs]

@@ -74,8 +74,11 @@ class PostgresDatabase:
                               " 'worldline[fleet]'")
         self.url = url
         self.path = redact(url)  # what logs name this database by
+        # Connections are in autocommit: a read is one round trip, not three (BEGIN,
+        # SELECT, COMMIT); a write transaction is explicit (``_tx``).
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False,
                                    timeout=connect_timeout, name="worldline",
+                                   kwargs={"autocommit": True},
                                    check=ConnectionPool.check_connection)
         self.pool.open(wait=False)
 
@@ -86,17 +89,26 @@ class PostgresDatabase:
     def _tx(self) -> Iterator[_Connection]:
         """One transaction: committed when the block ends, rolled back if it raises."""
         try:
+            with self._connection() as conn, conn.transaction():
+                yield _Connection(conn)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise _mapped(exc, self.path) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[_Connection]:
+        """A connection for one statement on its own (autocommit)."""
+        try:
             with self._connection() as conn:
                 yield _Connection(conn)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise _mapped(exc, self.path) from None
 
     def _one(self, sql: str, args: tuple = ()):
-        with self._tx() as db:
+        with self._read() as db:
             return db.execute(sql, args).fetchone()
 
     def _all(self, sql: str, args: tuple = ()) -> list:
-        with self._tx() as db:
+        with self._read() as db:
             return db.execute(sql, args).fetchall()
 
     @contextmanager
@@ -106,7 +118,6 @@ class PostgresDatabase:
         False at once when another holds it."""
         try:
             with self._connection() as conn:
-                conn.autocommit = True
                 if wait:
                     conn.execute("SELECT pg_advisory_lock(%s)", (key,))
                     got = True
@@ -118,7 +129,6 @@ class PostgresDatabase:
                 finally:
                     if got:
                         conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                    conn.autocommit = False
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise _mapped(exc, self.path) from None
 

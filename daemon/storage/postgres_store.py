@@ -92,6 +92,13 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
                 raise Aborted("garbage collection is running on another host; try later")
             yield
 
+    def _insert_index_rows(self, db, rows):
+        if rows:  # one statement, one round trip, however many rows
+            db.execute("INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
+                       " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[],"
+                       " ?::double precision[]) ON CONFLICT (digest) DO NOTHING",
+                       [list(column) for column in zip(*rows, strict=True)])
+
     def _lock_chain(self, db) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_AUDIT_CHAIN,))
 

@@ -7,7 +7,8 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   for upload. ``sync()`` makes the cache durable, asks the blob index once which of
   the noted digests the bucket has (renewing their ``stored_at``, so gc on another
   host leaves them be), and uploads the rest: small blobs as **one pack object**
-  (entries deflated one by one, concatenated), large ones (over ``ALONE``) as
+  (entries compressed one by one as the local pack compresses its rows, so a host
+  filling its cache stores them as they come, concatenated), large ones (over ``ALONE``) as
   objects of their own (obstore uploads them in parts). Each object is written under
   a write-once name (``If-None-Match: *``; packs are named by their content's
   SHA-256, large blobs by their digest) and only then indexed, in one transaction
@@ -47,6 +48,7 @@ from collections.abc import Iterator
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from ..faults import crash_point
+from . import packs
 from .blob_index import BlobIndex, Location
 from .blobs import LocalBlobStore, check_digest, digest_of
 
@@ -195,10 +197,11 @@ class S3BlobStore:
                     self._upload_alone(digest, size, now)
                     continue
                 data = self.cache.read_bytes(digest)
-            packed = zlib.compress(data, 6)
-            codec = "zlib"
-            if len(packed) >= len(data):
-                packed, codec = data, "raw"
+            packed, codec = data, "raw"
+            if len(data) >= 64:
+                squeezed = packs.compress(data)
+                if len(squeezed) < len(data) * 7 // 8:
+                    packed, codec = squeezed, "pack"
             entries.append((digest, len(pack), len(packed), len(data), codec))
             pack += packed
             if len(pack) >= PACK_LIMIT:
@@ -267,11 +270,14 @@ class S3BlobStore:
             raw = body[loc.off:loc.off + loc.len]
             if len(raw) != loc.len:
                 raise DataLoss(f"object {name} of {self.url} is shorter than its index says")
-            data = zlib.decompress(raw) if loc.codec == "zlib" else raw
+            try:
+                data = packs.decompress(raw) if loc.codec == "pack" else raw
+            except (zlib.error, ValueError):
+                data = b""  # not what was written: the digest check below says so
             if digest_of(data) != digest:
                 raise DataLoss(f"blob {digest} in {name} of {self.url} does not match its"
                                " digest")
-            self.cache.put_bytes(data)
+            self.cache.put_verified(digest, data, raw if loc.codec == "pack" else None)
             with self._lock:
                 self._used(digest, len(data))
 
