@@ -63,6 +63,7 @@ except ImportError:  # pragma: no cover - the fleet extra is not installed
 
 ALONE = 8 << 20  # a blob larger than this is an object of its own
 PACK_LIMIT = 64 << 20  # entries in one pack object, at most
+RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
 
 
@@ -98,6 +99,8 @@ class S3BlobStore:
         self._uploading: dict[str, bytes | None] = {}  # taken by the running sync
         self._lru: OrderedDict[str, int] = OrderedDict()  # digest -> size, in the cache
         self._lru_bytes = 0
+        self._recent: OrderedDict[str, bytes] = OrderedDict()  # verified, just fetched
+        self._recent_bytes = 0
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
@@ -247,6 +250,10 @@ class S3BlobStore:
             self._fetch(digest)
 
     def _fetch(self, digest: str) -> None:
+        with self._lock:  # put or fetched by this process, not evicted since: cached
+            if digest in self._lru:
+                self._lru.move_to_end(digest)
+                return
         if self.cache.has(digest):
             with self._lock:
                 if digest in self._lru:
@@ -280,6 +287,7 @@ class S3BlobStore:
             self.cache.put_verified(digest, data, raw if loc.codec == "pack" else None)
             with self._lock:
                 self._used(digest, len(data))
+                self._keep_recent(digest, data)
 
     def _fetch_alone(self, digest: str, loc: Location) -> None:
         """A large blob: streamed to a temporary beside the cache, hashed on the way,
@@ -323,17 +331,52 @@ class S3BlobStore:
                 return True
         return self.cache.has(digest) or bool(self.index.locate_blobs([digest]))
 
+    def _keep_recent(self, digest: str, data: bytes) -> None:
+        """Verified bytes just fetched, kept in memory a while (the caller holds the
+        lock): a restore or fork reads what it made this host fetch right after, and
+        is spared reading each blob back from the cache."""
+        self._recent[digest] = data
+        self._recent_bytes += len(data)
+        while self._recent_bytes > RECENT_BYTES:
+            _, old = self._recent.popitem(last=False)
+            self._recent_bytes -= len(old)
+
+    def _recently_fetched(self, digest: str) -> bytes | None:
+        with self._lock:
+            return self._recent.get(digest)
+
     def read_bytes(self, digest: str) -> bytes:
+        data = self._recently_fetched(digest)
+        if data is not None:
+            return data
         try:
             self._ensure_cached(digest)
             return self.cache.read_bytes(digest)
-        except NotFound:  # evicted between the two: once more
+        except NotFound:  # evicted (or lost) between the two: from the bucket once more
+            self._not_cached(digest)
             self._ensure_cached(digest)
             return self.cache.read_bytes(digest)
 
     def copy_to_fd(self, digest: str, fd: int) -> int:
+        data = self._recently_fetched(digest)
+        if data is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            return len(data)
         self._ensure_cached(digest)
-        return self.cache.copy_to_fd(digest, fd)
+        try:
+            return self.cache.copy_to_fd(digest, fd)
+        except NotFound:  # raised before a byte is written: as read_bytes
+            self._not_cached(digest)
+            self._ensure_cached(digest)
+            return self.cache.copy_to_fd(digest, fd)
+
+    def _not_cached(self, digest: str) -> None:
+        with self._lock:
+            size = self._lru.pop(digest, None)
+            if size is not None:
+                self._lru_bytes -= size
 
     def verify(self, digest: str) -> None:
         """The blob is readable and whole: from the cache if it has it, else fetched
@@ -377,6 +420,9 @@ class S3BlobStore:
             size = self._lru.pop(digest, None)
             if size is not None:
                 self._lru_bytes -= size
+            data = self._recent.pop(digest, None)
+            if data is not None:
+                self._recent_bytes -= len(data)
 
     def compact(self, older_than: float) -> tuple[int, int]:
         """Delete objects no index row names (and objects of the bucket the index never
