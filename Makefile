@@ -15,9 +15,9 @@ install: $(STAMP)
 # A strict editable install: the package is a tree of symlinks to these folders (no
 # import hook at every start, which cost each `worldline hook` process ~25 ms). A new or
 # removed module changes its folder, and the tree is made again.
-PKG_DIRS := daemon daemon/storage client client/hooks client/langgraph proto/worldline/v1
+PKG_DIRS := daemon daemon/capture daemon/edge daemon/storage client client/hooks client/langgraph proto/worldline/v1
 
-$(STAMP): pyproject.toml daemon/_walk.c daemon/_codec.c $(PKG_DIRS)
+$(STAMP): pyproject.toml daemon/capture/_walk.c daemon/_codec.c $(PKG_DIRS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=strict

@@ -798,7 +798,7 @@ def _main(argv: list[str] | None = None) -> int:
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
     if args.command == "daemon":
-        from worldline.daemon.limits import Limits
+        from worldline.daemon.capture.limits import Limits
         from worldline.daemon.main import run
         from worldline.daemon.storage.config import StorageConfig
         limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,

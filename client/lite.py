@@ -3,7 +3,7 @@
 ``connect(address)`` gives an object with one method, ``call(method, request)``:
 the daemon's Worldline calls by name, requests and responses as dicts with the
 .proto's field names (every response field present). On a Unix socket it speaks
-JSON lines to the daemon's gateway at ``<socket>.json`` (daemon/gateway.py) and
+JSON lines to the daemon's gateway at ``<socket>.json`` (daemon/edge/gateway.py) and
 imports nothing heavier than ``json`` and ``socket``; importing grpc would cost a
 new process about 70 ms. On TCP it goes through the gRPC client with the same
 interface. Errors are the usual ``WorldlineError`` subclasses.
@@ -115,7 +115,7 @@ def parse_request(method: str, request: dict | None):
     """The JSON form of a Worldline call, read: (the method's descriptor, its request
     message); the descriptor is None for a method the service does not have. Raises
     ``google.protobuf.json_format.ParseError`` for a request that does not fit. One
-    reading for the gateway (daemon/gateway.py) and this client's gRPC fallback."""
+    reading for the gateway (daemon/edge/gateway.py) and this client's gRPC fallback."""
     from google.protobuf import json_format
     from worldline.v1 import worldline_pb2 as pb
     descriptor = pb.DESCRIPTOR.services_by_name["Worldline"].methods_by_name.get(method)

@@ -7,7 +7,7 @@
  * The packed form is varint(literal length), literal, varint(run length), run, ...,
  * a literal last.
  *
- * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/trees.py), from
+ * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/capture/trees.py), from
  * its (name, Entry) pairs sorted by name: json.dumps of [[name, codes[kind], mode, ref,
  * size], ...] with ensure_ascii and the separators "," and ":"; an entry whose uid is
  * not -1 (one with an owner) adds uid, gid, mtime and extra to its row.

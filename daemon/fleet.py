@@ -31,10 +31,10 @@ from dataclasses import replace
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import ids
+from .capture.layers import CONTAINER, WORKSPACE
+from .capture.snapshot import Capture
 from .faults import crash_point
-from .layers import CONTAINER, WORKSPACE
 from .records import AuditEvent, Checkpoint, Session
-from .snapshot import Capture
 from .storage.store import claimable
 from .world import World
 

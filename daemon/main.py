@@ -28,24 +28,24 @@ from worldline.client.errors import WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from . import walk
-from .auth import PeerRelay, TokenInterceptor, read_token
-from .containers import Engine
+from .capture import walk
+from .capture.containers import Engine
+from .capture.limits import Limits
+from .capture.tracker import ChangeMonitor
+from .capture.trees import TreeReader
+from .capture.views import Views
+from .edge.auth import PeerRelay, TokenInterceptor, read_token
+from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
+from .edge.gateway import JsonGateway
+from .edge.graph_server import GraphsServicer
+from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
-from .gateway import SUFFIX as GATEWAY_SUFFIX
-from .gateway import JsonGateway
-from .graph_server import GraphsServicer
 from .graphs import Graphs
-from .limits import Limits
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
-from .server import ErrorInterceptor, WorldlineServicer
 from .storage.config import StorageConfig
 from .storage.statcache import StatCache
-from .tracker import ChangeMonitor
-from .trees import TreeReader
-from .views import Views
 from .world import World
 
 log = logging.getLogger("worldline.daemon")
@@ -219,8 +219,8 @@ class Daemon:
                  os.getpid(), self.listen, self.root, self.storage.shown_store,
                  self.storage.blobs, f", host {self.world.host}" if self.world.host else "")
         if walk.walk_native is None:
-            log.warning("the native walker (worldline.daemon._walk) is not built: full scans"
-                        " use its Python twin, several times slower (see README, Set-up)")
+            log.warning("the native walker (worldline.daemon.capture._walk) is not built: full"
+                        " scans use its Python twin, several times slower (see README, Set-up)")
 
     def _serve_metrics(self) -> None:
         from prometheus_client import start_http_server

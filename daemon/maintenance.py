@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 from worldline.client.errors import DataLoss, NotFound
 
-from . import ids, progress, sparse
-from .containers import LABEL_CHECKPOINT, LABEL_ROOT
+from . import ids, progress
+from .capture import sparse
+from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
+from .capture.trees import FILE, SPARSE
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
-from .trees import FILE, SPARSE
 from .world import World
 
 GC_GRACE_SECONDS = 600.0

@@ -31,9 +31,10 @@ from worldline.client.errors import (
 )
 from worldline.client.paths import escape
 
-from . import ids, progress, sparse
-from .admission import FairGate
-from .containers import (
+from . import ids, progress
+from .capture import sparse
+from .capture.admission import FairGate
+from .capture.containers import (
     DEFAULT_MOUNT,
     LABEL_CHECKPOINT,
     LABEL_MANAGED,
@@ -42,24 +43,11 @@ from .containers import (
     Engine,
     extra_mounts,
 )
-from .faults import crash_point
-from .layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
-from .limits import Limits
-from .records import (
-    AuditEvent,
-    Checkpoint,
-    Session,
-    Task,
-    ToolCall,
-    tasks_from_json,
-    tasks_to_json,
-)
-from .snapshot import Capture, WorkspaceSnapshotter
-from .storage.blobs import BlobStore
-from .storage.statcache import StatCache
-from .storage.store import Store, calls_on_path
-from .tracker import ChangeMonitor
-from .trees import (
+from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
+from .capture.limits import Limits
+from .capture.snapshot import Capture, WorkspaceSnapshotter
+from .capture.tracker import ChangeMonitor
+from .capture.trees import (
     BLOCK,
     CHAR,
     EMPTY_TREE,
@@ -73,6 +61,20 @@ from .trees import (
     entry_at,
     entry_key,
 )
+from .capture.views import Views
+from .faults import crash_point
+from .records import (
+    AuditEvent,
+    Checkpoint,
+    Session,
+    Task,
+    ToolCall,
+    tasks_from_json,
+    tasks_to_json,
+)
+from .storage.blobs import BlobStore
+from .storage.statcache import StatCache
+from .storage.store import Store, calls_on_path
 from .validate import (
     EMPTY_STATE,
     check_id,
@@ -81,7 +83,6 @@ from .validate import (
     parse_resume,
     parse_state,
 )
-from .views import Views
 
 log = logging.getLogger(__name__)
 

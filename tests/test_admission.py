@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from worldline.daemon.admission import FairGate
+from worldline.daemon.capture.admission import FairGate
 
 
 @pytest.mark.parametrize("limit", [1, 2])

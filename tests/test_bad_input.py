@@ -17,7 +17,7 @@ from worldline.client import (
 )
 from worldline.client.errors import DataLoss
 from worldline.daemon import ids
-from worldline.daemon.trees import decode
+from worldline.daemon.capture.trees import decode
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 

@@ -7,11 +7,11 @@ import json
 import os
 import sqlite3
 
-from worldline.daemon.apply import TreeWriter
-from worldline.daemon.snapshot import Capture
+from worldline.daemon.capture.apply import TreeWriter
+from worldline.daemon.capture.snapshot import Capture
+from worldline.daemon.capture.trees import EMPTY_TREE, TreeReader, decode
 from worldline.daemon.storage.blobs import MemoryBlobStore
 from worldline.daemon.storage.sqlite_store import SCHEMA_VERSION, SqliteStore
-from worldline.daemon.trees import EMPTY_TREE, TreeReader, decode
 
 
 def test_a_tree_written_by_0_3_restores_as_before(tmp_path):

@@ -133,8 +133,8 @@ def test_owner_that_cannot_be_set_never_leaves_a_privilege(tmp_path):
     path.write_bytes(b"#!/bin/sh\n")
     script = (
         "import os\n"
-        "from worldline.daemon.fsmeta import Applier\n"
-        "from worldline.daemon.trees import Entry\n"
+        "from worldline.daemon.capture.fsmeta import Applier\n"
+        "from worldline.daemon.capture.trees import Entry\n"
         f"e = Entry('file', 0o6755, '0' * 64, 10, {NOBODY}, {NOBODY}, 10**18, '')\n"
         "fd = os.open('tool', os.O_RDONLY)\n"
         "a = Applier()\n"

@@ -164,8 +164,8 @@ names = st.one_of(
 def test_tree_encoding_in_c_is_the_python_encoding(rows):
     """Trees are content-addressed: the C encoder (daemon/_codec.c) must write exactly
     the bytes json.dumps writes, or one folder would get two digests."""
-    from worldline.daemon import trees
-    from worldline.daemon.trees import Entry
+    from worldline.daemon.capture import trees
+    from worldline.daemon.capture.trees import Entry
     try:
         from worldline.daemon._codec import encode_tree
     except ImportError:

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from worldline.daemon.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
+from worldline.daemon.capture.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
+from worldline.daemon.capture.trees import DIR, FILE, SYMLINK, TreeReader, diff
 from worldline.daemon.storage.blobs import MemoryBlobStore
 from worldline.daemon.storage.statcache import StatCache
-from worldline.daemon.trees import DIR, FILE, SYMLINK, TreeReader, diff
 
 from .conftest import tree_state
 

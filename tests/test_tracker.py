@@ -199,7 +199,7 @@ def test_barrier_waits_for_a_slow_reader(tmp_path, monkeypatch):
     """Forces the race the barrier exists for: the reader thread lags far behind."""
     import time
 
-    from worldline.daemon.tracker import ChangeMonitor
+    from worldline.daemon.capture.tracker import ChangeMonitor
 
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)

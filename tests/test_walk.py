@@ -7,8 +7,8 @@ import os
 import struct
 
 import pytest
-from worldline.daemon import walk as walk_mod
-from worldline.daemon.walk import SIG, signature, walk_python
+from worldline.daemon.capture import walk as walk_mod
+from worldline.daemon.capture.walk import SIG, signature, walk_python
 
 IMPLEMENTATIONS = [pytest.param(walk_python, id="python")]
 if walk_mod.walk_native is not None:
@@ -18,9 +18,9 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def test_the_native_walker_is_built():
-    """`make install` compiles daemon/_walk.c; a missing compiler must not pass silently."""
+    """`make install` compiles daemon/capture/_walk.c; a missing compiler must not pass silently."""
     assert walk_mod.walk_native is not None, (
-        "worldline.daemon._walk was not built: install gcc and the Python headers, then"
+        "worldline.daemon.capture._walk was not built: install gcc and the Python headers, then"
         " `make install` (the daemon falls back to the slower Python walk)")
 
 
@@ -213,10 +213,10 @@ def test_a_scan_with_memos_equals_a_scan_without(tmp_path):
     scan that knows nothing, after every kind of change a stopped daemon could miss."""
     import time
 
-    from worldline.daemon.snapshot import WorkspaceSnapshotter
+    from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+    from worldline.daemon.capture.trees import TreeReader
     from worldline.daemon.storage.blobs import MemoryBlobStore
     from worldline.daemon.storage.statcache import RACY_NS, StatCache
-    from worldline.daemon.trees import TreeReader
 
     root = tmp_path / "ws"
     for i in range(6):
@@ -257,7 +257,7 @@ def test_a_scan_with_memos_equals_a_scan_without(tmp_path):
 def test_folders_below_holds_one_descriptor_per_level(tmp_path):
     """The small walks (removing a tree, clearing leftovers, watching a new folder) keep
     one descriptor per level, not one per folder waiting its turn, and never recurse."""
-    from worldline.daemon.walk import folders_below
+    from worldline.daemon.capture.walk import folders_below
 
     for i in range(300):
         (tmp_path / "wide" / f"s{i}" / "leaf").mkdir(parents=True)

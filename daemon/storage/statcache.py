@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 
-from ..walk import SIG, signature
+from ..capture.walk import SIG, signature
 
 __all__ = ["RACY_NS", "Signature", "Memo", "StatCache", "signature", "is_racy",
            "is_racy_signature"]

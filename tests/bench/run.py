@@ -207,7 +207,7 @@ class Bench:
             cp = self.session_small.checkpoint()
         wl_s, cp_s = stat(wl), stat(cp_a)
         ratio = wl_s.median / cp_s.median
-        from worldline.daemon.views import overlay_permitted
+        from worldline.daemon.capture.views import overlay_permitted
         overlay = overlay_permitted()
         target, bound = ("median ≤ 0.05 × cp -a (overlay mounts permitted)", 0.05) if overlay \
             else ("median ≤ 0.5 × cp -a", 0.5)

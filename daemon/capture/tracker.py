@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .observe import TRACKER_FALLBACKS
+from ..observe import TRACKER_FALLBACKS
 from .walk import MAX_DEPTH, folders_below
 
 log = logging.getLogger(__name__)

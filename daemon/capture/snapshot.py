@@ -41,11 +41,11 @@ from typing import Protocol
 
 from worldline.client.errors import FailedPrecondition
 
+from ..storage.blobs import CHUNK, BlobStore, digest_of
+from ..storage.statcache import Memo, StatCache, is_racy, is_racy_signature
 from . import sparse
 from .fsmeta import at, entry_of, read_xattrs
 from .limits import Budget, Limits
-from .storage.blobs import CHUNK, BlobStore, digest_of
-from .storage.statcache import Memo, StatCache, is_racy, is_racy_signature
 from .tracker import TEMP_PREFIX, Changes
 from .trees import (
     BLOCK,

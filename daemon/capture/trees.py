@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from worldline.client.errors import DataLoss, InvalidArgument
 
-from .storage.blobs import BlobStore, digest_of
+from ..storage.blobs import BlobStore, digest_of
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only
@@ -135,7 +135,7 @@ def encode_python(tree: Mapping[str, Entry]) -> bytes:
 
 
 try:  # the same encoding in C (daemon/_codec.c), byte for byte
-    from ._codec import encode_tree as _encode_tree
+    from .._codec import encode_tree as _encode_tree
 
     def encode(tree: Mapping[str, Entry]) -> bytes:
         return _encode_tree(_items(tree), _CODES)

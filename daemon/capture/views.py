@@ -24,11 +24,11 @@ import os
 import shutil
 from dataclasses import replace
 
-from . import progress
+from .. import progress
+from ..storage.blobs import BlobStore
+from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
 from .snapshot import Capture, WorkspaceSnapshotter
-from .storage.blobs import BlobStore
-from .storage.statcache import StatCache, signature
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode
 
 log = logging.getLogger(__name__)

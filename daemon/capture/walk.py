@@ -28,7 +28,7 @@ returns ``(records, reused, root)``:
 - Paths are relative to the workspace: the root's is ``prefix`` ("" for the workspace
   itself, "a/b" when a subtree is scanned).
 
-Two implementations keep this contract: ``_walk`` (C, daemon/_walk.c, built with the
+Two implementations keep this contract: ``_walk`` (C, daemon/capture/_walk.c, built with the
 package) and ``walk_python`` below; tests/test_walk.py holds them to the same output.
 """
 

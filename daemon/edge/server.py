@@ -19,11 +19,11 @@ from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from . import fleet, maintenance
-from .gates import Gates
-from .progress import Progress
-from .records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
-from .world import World
+from .. import fleet, maintenance
+from ..gates import Gates
+from ..progress import Progress
+from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
+from ..world import World
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from worldline.client.errors import DataLoss
 
-from .storage.blobs import BlobStore, digest_of
+from ..storage.blobs import BlobStore, digest_of
 
 MIN_HOLE = 1 << 20  # a file missing less allocation than this is stored whole
 PIECE = 4 << 20

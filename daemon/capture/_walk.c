@@ -4,7 +4,7 @@
  *     -> (records, reused, root)
  *
  * The pure-Python twin, the contract and the tests that hold both to it are in
- * daemon/walk.py and tests/test_walk.py; this file does the same work without an
+ * daemon/capture/walk.py and tests/test_walk.py; this file does the same work without an
  * interpreter round trip per entry. Every folder is opened with O_NOFOLLOW relative to
  * its parent's descriptor, watched (when inotify_fd >= 0) through /proc/self/fd before
  * it is listed, then listed with one fstatat(AT_SYMLINK_NOFOLLOW) per entry.

@@ -8,9 +8,9 @@ from worldline.client.errors import InvalidArgument
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .graphs import Graphs
-from .storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
-from .validate import load_json
+from ..graphs import Graphs
+from ..storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
+from ..validate import load_json
 
 
 def _typed(v: pb.TypedValue) -> Typed:

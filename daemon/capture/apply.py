@@ -28,11 +28,12 @@ import stat as st_
 
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
-from . import progress, sparse
-from .faults import crash_point
+from .. import progress
+from ..faults import crash_point
+from ..storage.blobs import BlobStore
+from . import sparse
 from .fsmeta import Applier
 from .snapshot import _DIR_FLAGS, _READ_FLAGS, Capture, _remove, link_groups, open_below
-from .storage.blobs import BlobStore
 from .tracker import TEMP_PREFIX
 from .trees import (
     BLOCK,
