@@ -6,16 +6,17 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
 - **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
   for upload. ``sync()`` makes the cache durable, asks the blob index once which of
   the noted digests the bucket has (renewing their ``stored_at``, so gc on another
-  host leaves them be), and uploads the rest: small blobs as **one pack object**
-  (entries compressed one by one as the local pack compresses its rows, so a host
-  filling its cache stores them as they come, concatenated), large ones (over ``ALONE``) as
-  objects of their own (obstore uploads them in parts). Each object is written under
-  a write-once name (``If-None-Match: *``; packs are named by their content's
-  SHA-256, large blobs by their digest) and only then indexed, in one transaction
-  per object. A checkpoint commits its metadata after ``sync()``, so an acknowledged
-  checkpoint's blobs are in the bucket and findable from any host, and no index row
-  ever names a missing object. A crash between the PUT and the index leaves an
-  object no row names: gc removes it after the grace period.
+  host leaves them be), and uploads the rest. Small blobs go as **one pack object**:
+  entries compressed one by one as the local pack compresses its rows (so a host
+  filling its cache stores them as they come), concatenated, written under a
+  write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).
+  Large ones (over ``ALONE``) are objects of their own, uploaded in parts and named by
+  their digest (an upload again writes the same bytes). Each object is indexed only
+  after its upload, in one transaction per object. A checkpoint commits its metadata
+  after ``sync()``, so an acknowledged checkpoint's blobs are in the bucket and
+  findable from any host, and no index row ever names a missing object. A crash
+  between an upload and its index leaves an object no row names: gc removes it after
+  the grace period.
 - **Reads** are served by the cache when it has the blob. On a miss the whole object
   holding it is fetched once (a pack holds what one checkpoint added, so a restore or
   fork on a cold host reads a few packs, not thousands of ranges), every entry
@@ -62,6 +63,7 @@ except ImportError:  # pragma: no cover - the fleet extra is not installed
     obstore = None
 
 ALONE = 8 << 20  # a blob larger than this is an object of its own
+PART_BYTES = 16 << 20  # its parts
 PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
@@ -122,11 +124,20 @@ class S3BlobStore:
                               f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
     def _put_object(self, name: str, body) -> None:
+        """A pack: one PUT under a write-once name (If-None-Match: *)."""
         self.requests["put"] += 1
         try:
             self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
         except AlreadyExistsError:
             pass  # write-once names: what is there is these very bytes
+
+    def _put_parts(self, name: str, body) -> None:
+        """A large blob: a multipart upload. S3 has no write-once condition on
+        multipart uploads that every server honours; the name is the blob's digest, so
+        a second upload writes the very same bytes."""
+        self.requests["put"] += 1
+        self._call(f"PUT {name} (multipart)", obstore.put, self.bucket, name, body,
+                   use_multipart=True, chunk_size=PART_BYTES)
 
     def _get_object(self, name: str) -> bytes:
         self.requests["get"] += 1
@@ -226,7 +237,7 @@ class S3BlobStore:
         try:
             self.cache.copy_to_fd(digest, fd)
             with open(tmp, "rb") as f:
-                self._put_object(name, f)
+                self._put_parts(name, f)
         finally:
             os.close(fd)
             os.unlink(tmp)
