@@ -159,6 +159,7 @@ class World:
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
         self.root_id = _root_id(self.root)
         self._locks: dict[str, threading.Lock] = {}
+        self._workspace_of: dict[str, str] = {}  # session id -> workspace, as last read
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
@@ -201,9 +202,20 @@ class World:
         left half-done was completed; ABORTED when its head is not ``expected_head``."""
         if expected_head:
             check_id("checkpoint", expected_head)
-        with self.lock(self.session(session_id).workspace):
-            self._pending_restore(session_id)
-            session = self.session(session_id)
+        check_id("session", session_id)
+        # The lock is the workspace's: known from the last call (a read less on the hot
+        # path), checked under the lock, and looked up again if a take-over moved it.
+        workspace = self._workspace_of.get(session_id) or self.session(session_id).workspace
+        lock = self.lock(workspace)
+        lock.acquire()
+        try:
+            session = self._pending_restore(session_id)
+            if session.workspace != workspace:
+                lock.release()
+                lock = self.lock(session.workspace)
+                lock.acquire()
+                session = self._pending_restore(session_id)
+            self._workspace_of[session_id] = session.workspace
             if session.deleted_at:
                 raise FailedPrecondition(f"session {session_id} was deleted at"
                                          f" {session.deleted_at}: its history can be read,"
@@ -212,6 +224,8 @@ class World:
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
             yield session
+        finally:
+            lock.release()
 
     def held_here(self, session: Session) -> bool:
         """Whether this host holds the session (a session of a one-host data root, with
@@ -736,10 +750,11 @@ class World:
                 {"action": "complete" if complete else "abandon"}, ids.now())])
         return self.session(session_id)
 
-    def _pending_restore(self, session_id: str) -> None:
+    def _pending_restore(self, session_id: str) -> Session:
         """A restore of this session that failed midway is completed before anything else
         happens to the session, if nothing changed since (the caller holds the lock);
-        a session that needs attention takes no operation that changes its world."""
+        a session that needs attention takes no operation that changes its world.
+        Returns the session as it now is."""
         entry = self.journal.get(session_id)
         if entry is not None:
             log.warning("session %s: %s", session_id, self._finish_restore(entry))
@@ -747,6 +762,7 @@ class World:
         if session.needs_attention:
             raise FailedPrecondition(f"session {session_id} needs attention:"
                                      f" {session.needs_attention}")
+        return session
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "",

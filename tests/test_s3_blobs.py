@@ -15,9 +15,14 @@ from worldline.daemon.storage.sqlite_store import SqliteStore
 from .test_blob_contract import s3_blob_store
 
 
-@pytest.fixture
-def index(tmp_path):
-    store = SqliteStore(str(tmp_path / "meta.db"))
+@pytest.fixture(params=["sqlite", "postgres"])
+def index(request, tmp_path):
+    """The blob index, in either SQL store (the fleet's is PostgreSQL)."""
+    if request.param == "postgres":
+        from worldline.daemon.storage.postgres_store import PostgresStore
+        store = PostgresStore(request.getfixturevalue("postgres_url"))
+    else:
+        store = SqliteStore(str(tmp_path / "meta.db"))
     yield store
     store.close()
 

@@ -89,10 +89,9 @@ class BlobIndexSql:
         found: set[str] = set()
         for i in range(0, len(digests), 1000):
             chunk = digests[i:i + 1000]
-            with self._tx() as db:
-                rows = db.execute("UPDATE blob_index SET stored_at = ? WHERE "
-                                  + self.IN_LIST.format(column="digest") + " RETURNING digest",
-                                  (now, self._list_arg(chunk))).fetchall()
+            rows = self._write_one("UPDATE blob_index SET stored_at = ? WHERE "
+                                   + self.IN_LIST.format(column="digest") + " RETURNING digest",
+                                   (now, self._list_arg(chunk)))
             found.update(r[0] for r in rows)
         return found
 

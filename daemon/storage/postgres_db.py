@@ -4,9 +4,8 @@ shape ``SqliteDatabase`` has: ``_tx()`` for one write transaction, ``_one`` and
 
 Failures map to the domain's errors here, once: a server that cannot be reached (down,
 restarting, every connection broken) is ``Unavailable``, so callers retry and the
-daemon never needs a restart; a full disk is ``ResourceExhausted``. The pool checks
-each connection before lending it, so one broken by a server restart is replaced
-rather than handed out.
+daemon never needs a restart; a full disk is ``ResourceExhausted``. A connection a
+server restart broke fails the one call that finds it so, and the pool replaces it.
 """
 
 from __future__ import annotations
@@ -75,11 +74,13 @@ class PostgresDatabase:
         self.url = url
         self.path = redact(url)  # what logs name this database by
         # Connections are in autocommit: a read is one round trip, not three (BEGIN,
-        # SELECT, COMMIT); a write transaction is explicit (``_tx``).
+        # SELECT, COMMIT); a write transaction is explicit (``_tx``). They are not
+        # checked before each use (a round trip more on every call): one a server
+        # restart broke fails its call UNAVAILABLE once and the pool drops it
+        # (psycopg_pool discards a connection returned broken).
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False,
                                    timeout=connect_timeout, name="worldline",
-                                   kwargs={"autocommit": True},
-                                   check=ConnectionPool.check_connection)
+                                   kwargs={"autocommit": True})
         self.pool.open(wait=False)
 
     def _connection(self):
@@ -102,6 +103,12 @@ class PostgresDatabase:
                 yield _Connection(conn)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise _mapped(exc, self.path) from None
+
+    def _write_one(self, sql: str, args: tuple = ()) -> list:
+        """One writing statement on its own (atomic by itself: one round trip)."""
+        with self._read() as db:
+            cur = db.execute(sql, args)
+            return cur.fetchall() if cur.description else []
 
     def _one(self, sql: str, args: tuple = ()):
         with self._read() as db:

@@ -92,6 +92,17 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
                 raise Aborted("garbage collection is running on another host; try later")
             yield
 
+    def add_blob_object(self, name, nbytes, host, created_at, entries):
+        # One statement, atomic by itself: the object and its rows in one round trip.
+        rows = [(d, name, off, ln, size, codec, created_at) for d, off, ln, size, codec in entries]
+        self._write_one(
+            "WITH o AS (INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+            " DO NOTHING) INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
+            " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::double precision[])"
+            " ON CONFLICT (digest) DO NOTHING",
+            (name, nbytes, created_at, host,
+             *([list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7)))
+
     def _insert_index_rows(self, db, rows):
         if rows:  # one statement, one round trip, however many rows
             db.execute("INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"

@@ -142,6 +142,11 @@ class SqliteDatabase:
                 self._readers.append(db)
         return db
 
+    def _write_one(self, sql: str, args: tuple = ()) -> list:
+        """One writing statement on its own; the rows it returns."""
+        with self._tx() as db:
+            return db.execute(sql, args).fetchall()
+
     def _one(self, sql: str, args: tuple):
         return self._reader().execute(sql, args).fetchone()
 
