@@ -132,3 +132,20 @@ def test_a_crash_between_the_put_and_the_index_leaves_an_orphan_gc_removes(
     removed, _ = a.compact(older_than=time.time())  # the orphan goes; the indexed pack stays
     assert removed == 1 and len(s3_server.keys(_bucket_of(a))) == 1
     assert index.blob_objects()[0][3] > 0 and a.read_bytes(d) == b"never indexed"
+
+
+def test_the_cache_bound_counts_what_earlier_runs_cached(request, tmp_path, index,
+                                                         s3_server):
+    a = s3_blob_store(request, tmp_path, index=index, cache_bytes=1 << 30)
+    old = [a.put_bytes(os.urandom(4096)) for _ in range(16)]
+    a.sync()
+    a.cache.close()
+    # the same cache opened again, now bounded at 32 KiB: the blobs of the last run count
+    again = s3_blob_store(request, tmp_path, index=index, cache_bytes=32 << 10,
+                          bucket=_bucket_of(a))
+    assert again._lru_bytes >= 16 * 4096
+    again.put_bytes(b"one more")
+    again.sync()
+    assert again._lru_bytes <= 32 << 10
+    assert sum(again.cache.has(d) for d in old) <= 8
+    assert all(len(again.read_bytes(d)) == 4096 for d in old)  # from the bucket

@@ -481,6 +481,20 @@ class LocalBlobStore:
                              if _DIGEST_RE.match(prefix + rest))
         return iter(packed + sorted(found - set(packed)))
 
+    def inventory(self) -> Iterator[tuple[str, int]]:
+        """(digest, size) of every blob stored (committed rows of the pack, then files)."""
+        for raw, size in self.pack._all("SELECT digest, size FROM objects"):
+            yield bytes(raw).hex(), size
+        for prefix in os.listdir(self.root):
+            if len(prefix) != 2:
+                continue
+            for rest in os.listdir(os.path.join(self.root, prefix)):
+                if _DIGEST_RE.match(prefix + rest):
+                    try:
+                        yield prefix + rest, os.stat(os.path.join(self.root, prefix, rest)).st_size
+                    except FileNotFoundError:
+                        continue
+
     def recover(self) -> tuple[int, int]:
         """At start, before any put: finish the renames a crash interrupted (a temporary
         whose bytes match the digest it is named after) and remove every other

@@ -107,6 +107,8 @@ class S3BlobStore:
         self._sync_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
         self.requests = {"put": 0, "get": 0, "delete": 0}  # since start, for metrics/bench
+        for digest, size in cache.inventory():  # what earlier runs cached: oldest first
+            self._used(digest, size)
 
     def close(self) -> None:
         self.cache.close()
@@ -494,5 +496,9 @@ class S3BlobStore:
                     continue
                 doomed.append(digest)
                 total -= size
+        # Only what the bucket holds leaves the cache (a blob an earlier run cached but
+        # never uploaded stays, and goes out with the next sync that puts it).
+        indexed = self.index.locate_blobs(doomed) if doomed else {}
         for digest in doomed:  # in the bucket: a later read fetches it again
-            self._uncache(digest)
+            if digest in indexed:
+                self._uncache(digest)
