@@ -516,6 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      " on PostgreSQL, the hostname)")
     d.add_argument("--cache-bytes", type=_size, default="16G", metavar="SIZE",
                    help="with s3 blobs: the most the local cache holds (default 16G)")
+    d.add_argument("--advertise", metavar="ADDR",
+                   help="in a fleet: the address others reach this daemon at, named when"
+                        " they call a host that does not hold a session (default: --listen"
+                        " when it is host:port; $WORLDLINE_ADVERTISE)")
     d.add_argument("--lease-seconds", type=float, default=30.0, metavar="SECONDS",
                    help="in a fleet: how long a stopped host keeps its sessions before"
                         " another may take them over (default 30)")
@@ -805,7 +809,8 @@ def _main(argv: list[str] | None = None) -> int:
                         args.min_free_bytes)
         try:
             storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
-                                            args.cache_bytes, args.lease_seconds)
+                                            args.cache_bytes, args.lease_seconds,
+                                            args.advertise)
         except WorldlineError as exc:
             return _failed(exc, False)
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,

@@ -161,7 +161,9 @@ class Leases:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="leases", daemon=True)
 
-    def start(self) -> None:
+    def start(self, address: str = "") -> None:
+        """Say where this host answers, then keep its leases."""
+        self.world.store.announce_host(self.world.host, address, time.time())
         self.renew()
         self.thread.start()
 

@@ -165,7 +165,8 @@ class Daemon:
         if self.world.host:
             self.world.lease_seconds = self.storage.lease_seconds
             self.leases = Leases(self.world, every=self.storage.lease_seconds / 3)
-            self.leases.start()
+            self.leases.start(self.storage.advertise or (
+                self.listen if unix_path(self.listen) is None else ""))
         self.gates = Gates(self.world, policy)
         self.graph_store = self.storage.open_graph_store(self.root)
 

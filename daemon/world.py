@@ -242,8 +242,10 @@ class World:
             raise FailedPrecondition(
                 f"session {session.id} was released to {session.released_to} by this host:"
                 f" take it over there (`worldline session move {session.id} --take-over`)")
+        address = self.store.host_address(session.host)
         raise FailedPrecondition(
-            f"session {session.id} is held by host {session.host} (lease until"
+            f"session {session.id} is held by host {session.host}"
+            f"{f' at {address}' if address else ''} (lease until"
             f" {_clock(session.lease_expires)}): send its checkpoints, restores and tool"
             f" calls there, or take it over here once that host is gone or has released it"
             f" (`worldline session move {session.id} --take-over`)")

@@ -27,13 +27,14 @@ class Fleet:
         self.env = s3_env
         self.hosts: dict[str, DaemonProcess] = {}
 
-    def host(self, name: str, faults: str = "", start: bool = True) -> DaemonProcess:
+    def host(self, name: str, faults: str = "", start: bool = True,
+             extra: tuple[str, ...] = ()) -> DaemonProcess:
         env = dict(self.env)
         if faults:
             env["WORLDLINE_FAULTS"] = faults
         d = DaemonProcess(self.tmp / f"root-{name}", [
             "--store", self.url, "--blobs", f"s3://{self.bucket}/fleet", "--host-id", name,
-            "--lease-seconds", "2", "--gc-grace", str(GRACE)], env=env)
+            "--lease-seconds", "2", "--gc-grace", str(GRACE), *extra], env=env)
         self.hosts[name] = d
         return d.start() if start else d
 
@@ -76,7 +77,8 @@ def _edit(ws, n: int) -> None:
 
 def test_a_checkpoint_made_on_one_host_is_forked_on_another_byte_for_byte(
         fleet, agent_tree, tmp_path, canary):
-    a, b = fleet.host("a"), fleet.host("b")
+    a = fleet.host("a", extra=("--advertise", "a.internal:7070"))
+    b = fleet.host("b")
     with a.client() as ca, b.client() as cb:
         s = ca.create_session(str(agent_tree))
         _edit(agent_tree, 1)
@@ -92,7 +94,7 @@ def test_a_checkpoint_made_on_one_host_is_forked_on_another_byte_for_byte(
         assert fork.host == "b"
         assert differences(want, fingerprint(fork.workspace)) == []
         # b cannot act on a's session while a holds it
-        with pytest.raises(FailedPrecondition, match="held by host a"):
+        with pytest.raises(FailedPrecondition, match="held by host a at a.internal:7070"):
             cb.get_session(s.id).checkpoint(label="not b's")
         with pytest.raises(FailedPrecondition, match="held by host a"):
             cb.get_session(s.id).record_tool_call("edit", effect="local")

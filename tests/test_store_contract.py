@@ -277,3 +277,10 @@ def test_two_hosts_claiming_one_session_exactly_one_wins(store):
         t.join()
     winners = [o for o in outcomes if o]
     assert len(winners) == 1 and store.get_session(s.id).host == winners[0]
+
+
+def test_hosts_announce_where_they_answer(store):
+    assert store.host_address("a") == ""
+    store.announce_host("a", "a.internal:7070", 1.0)
+    store.announce_host("a", "a2.internal:7070", 2.0)
+    assert store.host_address("a") == "a2.internal:7070"

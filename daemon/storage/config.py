@@ -31,11 +31,12 @@ class StorageConfig:
     host_id: str = ""
     cache_bytes: int = DEFAULT_CACHE_BYTES
     lease_seconds: float = 30.0
+    advertise: str = ""  # the address other hosts' users reach this daemon at
 
     @classmethod
     def resolve(cls, store: str | None = None, blobs: str | None = None,
                 host_id: str | None = None, cache_bytes: int | None = None,
-                lease_seconds: float = 30.0) -> StorageConfig:
+                lease_seconds: float = 30.0, advertise: str | None = None) -> StorageConfig:
         """Flags first, then the environment, then the defaults; checked."""
         env = os.environ
         store = store or env.get("WORLDLINE_STORE") or "sqlite"
@@ -51,7 +52,9 @@ class StorageConfig:
             raise InvalidArgument(f"host id {host_id!r}: letters, digits and -_.: only")
         if not 1.0 <= lease_seconds <= 3600.0:
             raise InvalidArgument(f"lease of {lease_seconds} s: from 1 to 3600 seconds")
-        return cls(store, blobs, host_id, cache_bytes or DEFAULT_CACHE_BYTES, lease_seconds)
+        advertise = advertise or env.get("WORLDLINE_ADVERTISE") or ""
+        return cls(store, blobs, host_id, cache_bytes or DEFAULT_CACHE_BYTES, lease_seconds,
+                   advertise)
 
     @property
     def shown_store(self) -> str:

@@ -54,6 +54,8 @@ CREATE TABLE approvals (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
     status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
     expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
+CREATE TABLE hosts (
+    host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL);
 CREATE TABLE audit (
     seq BIGINT PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
@@ -68,6 +70,9 @@ MIGRATIONS = (
         " ALTER TABLE sessions ADD COLUMN IF NOT EXISTS lease_expires DOUBLE PRECISION"
         " NOT NULL DEFAULT 0; ALTER TABLE sessions ADD COLUMN IF NOT EXISTS released_to TEXT;"
         " CREATE INDEX IF NOT EXISTS sessions_by_host ON sessions (host)")),
+    Migration(6, "0.6: where each host answers", lambda db: db.execute(
+        "CREATE TABLE IF NOT EXISTS hosts (host TEXT PRIMARY KEY, address TEXT NOT NULL,"
+        " seen_at DOUBLE PRECISION NOT NULL)")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -143,6 +143,16 @@ class SqlStore:
                               f" (lease until {row[1]:.0f}); it was not claimed")
         return self.get_session(session_id)
 
+    def announce_host(self, host, address, now):
+        with self._tx() as db:
+            db.execute("INSERT INTO hosts VALUES (?, ?, ?) ON CONFLICT (host) DO UPDATE SET"
+                       " address = excluded.address, seen_at = excluded.seen_at",
+                       (host, address, now))
+
+    def host_address(self, host):
+        row = self._one("SELECT address FROM hosts WHERE host = ?", (host,))
+        return row[0] if row else ""
+
     def release_session(self, session_id, host, to):
         with self._tx() as db:
             cur = db.execute("UPDATE sessions SET released_to = ?, lease_expires = 0"

@@ -55,6 +55,8 @@ CREATE TABLE IF NOT EXISTS approvals (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
     status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
     expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
+CREATE TABLE IF NOT EXISTS hosts (
+    host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
@@ -91,6 +93,7 @@ MIGRATIONS = (
     Migration(5, "0.6: the host that holds a session, its lease", _add_columns(
         "sessions", "host TEXT NOT NULL DEFAULT ''", "lease_expires REAL NOT NULL DEFAULT 0",
         "released_to TEXT")),
+    Migration(6, "0.6: where each host answers (table made at open)", lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -68,6 +68,12 @@ class Store(Protocol):
         before ``now`` or the session was released to ``host``: else ``Aborted``. Two
         hosts claiming one session: exactly one wins."""
 
+    def announce_host(self, host: str, address: str, now: float) -> None:
+        """Record where ``host`` answers (its advertised address, "" if none)."""
+
+    def host_address(self, host: str) -> str:
+        """The address ``host`` last announced, "" if none."""
+
     def release_session(self, session_id: str, host: str, to: str) -> Session:
         """``host`` lets go of the session for ``to`` (a host id, or "*" for any):
         its lease ends now. ``FailedPrecondition`` unless ``host`` holds it."""
@@ -184,6 +190,7 @@ class MemoryStore:
         self._tasks: dict[str, dict[str, Task]] = {}
         self._approvals: dict[str, Approval] = {}
         self._audit: list[AuditEvent] = []
+        self._hosts: dict[str, str] = {}
 
     def create_session(self, session, first, tasks, events):
         with self._lock:
@@ -232,6 +239,14 @@ class MemoryStore:
             s = replace(s, host=host, lease_expires=until, released_to=None, **fields)
             self._sessions[session_id] = s
             return s
+
+    def announce_host(self, host, address, now):
+        with self._lock:
+            self._hosts[host] = address
+
+    def host_address(self, host):
+        with self._lock:
+            return self._hosts.get(host, "")
 
     def release_session(self, session_id, host, to):
         with self._lock:
