@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
-from worldline.daemon.storage.packs import DELTA, MAX_BLOB, MAX_DEPTH
+from worldline.daemon.storage.packs import DELTA, MAX_BLOB, MAX_DEPTH, ZDELTA, Row, encode_delta
 
 from .conftest import corrupt_blob
 
@@ -236,7 +236,7 @@ def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     d2 = blobs.put_bytes(v2, base=d1)
     blobs.sync()
     row = blobs.pack.row(d2)
-    assert row.kind == DELTA and row.base == d1 and len(row.data) < 300
+    assert row.kind == ZDELTA and row.base == d1 and len(row.data) < 300
     assert [p for p in os.listdir(blobs.root) if len(p) == 2] == []  # no files
     reopened = LocalBlobStore(str(tmp_path / "b"))  # synced rows survive a restart
     assert reopened.read_bytes(d2) == v2 and reopened.read_bytes(d1) == v1
@@ -246,6 +246,39 @@ def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     assert order.index(d2) < order.index(d1)
     assert reopened.delete(d2) > 0 and reopened.delete(d1) > 0
     assert list(reopened.digests()) == []
+
+
+def test_a_delta_copies_from_anywhere_in_its_base(tmp_path):
+    """Edits far apart in a large file, and a block moved from its end to its start,
+    store about what changed, not everything between the edits (the old prefix/suffix
+    delta stored 70 KB here)."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    lines = [f"line {i}: {os.urandom(12).hex()}\n".encode() for i in range(4000)]
+    v1 = b"".join(lines)
+    d1 = blobs.put_bytes(v1)
+    lines[10] = b"an edit near the start\n"
+    lines[3990] = b"an edit near the end\n"
+    v2 = b"".join(lines[3000:] + lines[:3000])
+    d2 = blobs.put_bytes(v2, base=d1)
+    blobs.sync()
+    row = blobs.pack.row(d2)
+    assert row.kind == ZDELTA and len(row.data) < 400, len(row.data)
+    assert len(encode_delta(v1, v2)) > 50_000  # what 0.6 stored
+    assert LocalBlobStore(str(tmp_path / "b")).read_bytes(d2) == v2
+
+
+def test_rows_of_the_old_delta_encoding_still_read(tmp_path):
+    """A pack written before 0.7 holds prefix/suffix deltas (kind DELTA): they read."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"base content\n" * 500
+    d1 = blobs.put_bytes(v1)
+    blobs.sync()
+    v2 = v1[:3000] + b"old-style edit" + v1[3000:]
+    d2 = hashlib.sha256(v2).hexdigest()
+    with blobs._lock:
+        blobs.pack.pending[d2] = Row(DELTA, d1, 1, len(v2), 0.0, encode_delta(v1, v2))
+    blobs.sync()
+    assert LocalBlobStore(str(tmp_path / "b")).read_bytes(d2) == v2
 
 
 def test_unsynced_pack_rows_are_readable_here_and_gone_after_a_crash(tmp_path):

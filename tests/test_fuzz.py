@@ -116,8 +116,14 @@ def test_pack_codecs_round_trip(a, b):
         encode_delta,
         pack_hex,
         unpack_hex,
+        zstd_apply,
+        zstd_delta,
+        zstd_whole,
     )
     assert unpack_hex(pack_hex(b)) == b
+    assert zstd_apply(a, zstd_delta(a, b), len(b)) == b
+    assert zstd_apply(a, zstd_delta(a, a + b + a, 19), len(a + b + a)) == a + b + a
+    assert zstd_apply(None, zstd_whole(b), len(b)) == b
     assert decompress(compress(b)) == b
     assert apply_delta(a, encode_delta(a, b)) == b
     assert apply_delta(a, encode_delta(a, a + b)) == a + b

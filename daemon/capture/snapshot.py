@@ -343,7 +343,9 @@ class WorkspaceSnapshotter:
                 if st_.S_ISREG(mode) or st_.S_ISLNK(mode):
                     entry = _cached_file(path, sig, fields, scan, cache)
                     if entry is None:
-                        entry = (self._read_file(dfd, name, path, scan, cache)
+                        entry = (self._read_file(dfd, name, path, scan, cache,
+                                                 old.ref if old is not None
+                                                 and old.kind == FILE else None)
                                  if st_.S_ISREG(mode) else self._read_symlink(
                                      dfd, name, path, os.readlink(name, dir_fd=dfd), sig,
                                      fields, scan))
@@ -398,9 +400,15 @@ class WorkspaceSnapshotter:
             scan.seen[path] = (sig, target, entry.extra, SYMLINK)
         return entry
 
-    def _read_file(self, dfd: int, name: str, path: str, scan: _Scan, cache) -> Entry | None:
-        """Read and store a file the stat cache could not vouch for."""
-        known = cache.get(path)
+    def _read_file(self, dfd: int, name: str, path: str, scan: _Scan, cache,
+                   previous: str | None = None) -> Entry | None:
+        """Read and store a file the stat cache could not vouch for. Its delta base is
+        ``previous`` (its entry in the tree being updated) or what the stat cache knew
+        of the path (a file written just before the last checkpoint has no stat cache
+        entry: its time could not vouch for it)."""
+        if previous is None:
+            known = cache.get(path)
+            previous = known[1] if known is not None else None
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except FileNotFoundError:
@@ -425,8 +433,7 @@ class WorkspaceSnapshotter:
                 size = before.st_size
             else:
                 kind = FILE
-                ref, size = self._read_content(fd, before.st_size, scan.persist,
-                                               known[1] if known is not None else None)
+                ref, size = self._read_content(fd, before.st_size, scan.persist, previous)
             xattrs = read_xattrs(fd)
             after = os.fstat(fd)
         finally:

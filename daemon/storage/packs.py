@@ -5,9 +5,13 @@ Why: a checkpoint after a small edit stores a few changed files and the trees of
 the folders above them, a dozen blobs of a few KB each. As files, each costs a
 file-system block and an inode, and each stores the whole content again although
 one line changed. In the pack each is a row; a changed file or tree whose previous
-version is given as its *base* is stored as a *delta*: the length of the prefix and
-suffix it shares with the base, and the zlib-compressed middle. Other rows are
-zlib-compressed when that saves an eighth, else raw.
+version is given as its *base* is stored as a *delta*: a zstd frame compressed with
+the whole base as a raw-content dictionary, so every part of the new version that the
+base holds, anywhere in it and in any order, is a copy (git's copy/insert delta, with
+zstd's entropy coding of what is new). Other rows are zlib-compressed when that saves
+an eighth, else raw. Rows written before 0.7 may hold the older delta (``DELTA``: the
+shared prefix and suffix, the middle deflated); they are read as ever, and the idle
+repack rewrites them.
 
 Rules that keep every blob readable:
 - A delta's base is itself in the pack, and a chain of deltas is at most
@@ -36,13 +40,15 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import zstandard
 from worldline.client.errors import DataLoss, NotFound
 
 from .sqlite_store import SqliteDatabase
 
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
-RAW, ZLIB, DELTA = 0, 1, 2
+RAW, ZLIB, DELTA, ZDELTA, ZSTD = 0, 1, 2, 3, 4  # DELTA: read only (rows before 0.7)
+FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
 
 SCHEMA = """
@@ -163,6 +169,36 @@ def encode_delta(base: bytes, data: bytes) -> bytes:
     packer = (zlib.compressobj(6, zlib.DEFLATED, -15, zdict=replaced) if replaced
               else zlib.compressobj(6, zlib.DEFLATED, -15))
     return _varint(prefix) + _varint(suffix) + packer.compress(middle) + packer.flush()
+
+
+def zstd_delta(base: bytes, data: bytes, level: int = FAST) -> bytes:
+    """``data`` as a zstd frame compressed with ``base`` as its dictionary (raw content:
+    the frame may copy from anywhere in it). The frame records its content size."""
+    if not base:
+        return zstd_whole(data, level)
+    dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    return zstandard.ZstdCompressor(level=level, dict_data=dictionary, write_checksum=False,
+                                    write_content_size=True, write_dict_id=False).compress(data)
+
+
+def zstd_whole(data: bytes, level: int = SMALL) -> bytes:
+    return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
+                                    write_dict_id=False).compress(data)
+
+
+def zstd_apply(base: bytes | None, frame: bytes, size: int) -> bytes:
+    """The bytes of a ``zstd_delta`` (or, with no base, ``zstd_whole``) frame, which must
+    say it holds ``size`` bytes: a damaged header never makes a huge allocation."""
+    try:
+        said = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"not a zstd frame: {exc}") from None
+    if said != size:
+        raise ValueError(f"a zstd frame says {said} bytes, the row {size}")
+    if not base:
+        return zstandard.ZstdDecompressor().decompress(frame)
+    dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(frame)
 
 
 def _varint(n: int) -> bytes:
@@ -315,11 +351,15 @@ class Pack(SqliteDatabase):
                 data = row.data
             elif row.kind == ZLIB:
                 data = decompress(row.data)
+            elif row.kind == ZDELTA:
+                data = zstd_apply(self.read(row.base, cached), row.data, row.size)
+            elif row.kind == ZSTD:
+                data = zstd_apply(None, row.data, row.size)
             elif row.kind == DELTA:
                 data = apply_delta(self.read(row.base, cached), row.data)
             else:
                 raise DataLoss(f"blob {digest} has an unknown encoding {row.kind}")
-        except (zlib.error, ValueError) as exc:
+        except (zlib.error, zstandard.ZstdError, ValueError) as exc:
             raise DataLoss(f"blob {digest} is corrupt: {exc}") from None
         except NotFound:
             raise DataLoss(f"blob {digest} is corrupt: its base {row.base} is gone") from None
@@ -358,8 +398,8 @@ class Pack(SqliteDatabase):
         now = time.time()
         delta = None
         if base is not None and base_data is not None and base_depth < MAX_DEPTH:
-            delta = Row(DELTA, base, base_depth + 1, len(data), now,
-                        encode_delta(base_data, data))
+            delta = Row(ZDELTA, base, base_depth + 1, len(data), now,
+                        zstd_delta(base_data, data))
             if len(delta.data) * 16 <= len(data):
                 return delta  # the usual edit: no compression could come close
         best = Row(RAW, None, 0, len(data), now, data)

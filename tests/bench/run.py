@@ -326,6 +326,10 @@ class Bench:
         from . import hook
         return self.add(hook.case(self))
 
+    def history_case(self) -> Case:
+        from . import history
+        return self.add(history.case(self))
+
     def fleet_case(self) -> Case:
         from . import fleet
         return self.add(fleet.case(self))
@@ -379,6 +383,8 @@ def fmt(s: Stat | None) -> str:
         return "-"
     if s.unit == "bytes":
         return f"{s.median / 1e6:,.2f} MB"
+    if s.unit not in ("ms", "checkpoints/s"):
+        return f"{s.median:,.2f} {s.unit} (p90 {s.p90:,.2f})"
     if s.unit == "checkpoints/s":
         return f"{s.median:,.1f}/s"
     return f"{s.median:,.2f} ms (p90 {s.p90:,.2f})"
@@ -416,6 +422,7 @@ def main() -> int:
         ("container-checkpoint", bench.container_case),
         ("storage-100", bench.storage_case),
         ("throughput", bench.throughput_case),
+        ("history-400", bench.history_case),
         ("fleet", bench.fleet_case),
         ("context", bench.context_case),
     ]

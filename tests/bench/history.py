@@ -1,0 +1,169 @@
+"""The history-400 case: a real project's last 400 commits replayed into a workspace the
+way an agent edits (only the paths a commit changes are written or removed: `git
+read-tree -u -m PREV NEXT` under a private index), a checkpoint after each, beside `git
+add -A && git commit` of the same commit on a copy. Then the storage once the daemon
+has been idle long enough to repack (`blobs/` + `meta.db`) against the pack `git gc
+--aggressive` makes of the same commits; and a sample of restores checked against
+`git ls-tree -r` (git is the oracle)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ..conftest import DaemonProcess
+from . import peers
+
+BUNDLE = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "flask-400.bundle"
+BRANCH = "origin/replay"
+SAMPLES = 8  # restores checked against git
+
+
+def _git(repo: Path, *args: str, index: Path | None = None, work: Path | None = None,
+         text: bool = True) -> str:
+    env = {**os.environ, "GIT_INDEX_FILE": str(index)} if index else None
+    cmd = ["git", "-C", str(repo)] + (["--work-tree", str(work)] if work else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, check=True, text=text, env=env).stdout
+
+
+def source(cache: Path) -> tuple[Path, list[str]]:
+    """The bundle cloned once into the cache, and its commits oldest first."""
+    repo = cache / "flask-400"
+    if not (repo / ".git").exists():
+        shutil.rmtree(repo, ignore_errors=True)
+        subprocess.run(["git", "clone", "-q", "--no-checkout", str(BUNDLE), str(repo)],
+                       check=True, capture_output=True)
+    commits = _git(repo, "rev-list", "--first-parent", "--reverse", BRANCH).split()
+    return repo, commits
+
+
+class Replay:
+    """Applies commits to a work tree through a private index: only what changes is
+    written or removed, as an agent's edits would be."""
+
+    def __init__(self, repo: Path, work: Path, index: Path) -> None:
+        self.repo, self.work, self.index = repo, work, index
+        work.mkdir(parents=True, exist_ok=True)
+
+    def first(self, commit: str) -> None:
+        _git(self.repo, "read-tree", "-u", "--reset", commit, index=self.index, work=self.work)
+
+    def step(self, prev: str, commit: str) -> None:
+        _git(self.repo, "read-tree", "-u", "-m", prev, commit, index=self.index, work=self.work)
+
+
+def git_tree(repo: Path, commit: str) -> dict[bytes, tuple[str, str]]:
+    """path -> (mode, blob id) of every file in the commit."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-z", commit],
+                         capture_output=True, check=True).stdout
+    found = {}
+    for entry in out.split(b"\0"):
+        if entry:
+            meta, path = entry.split(b"\t", 1)
+            mode, _kind, oid = meta.decode().split()
+            found[path] = (mode, oid)
+    return found
+
+
+def work_tree(root: Path) -> dict[bytes, tuple[str, str]]:
+    """The same for a folder on disk (git's blob ids of its files and symlinks)."""
+    found = {}
+    base = os.fsencode(root)
+    for dirpath, dirs, files in os.walk(base):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if os.path.islink(path):
+                mode, data = "120000", os.readlink(path)
+            else:
+                mode = "100755" if st.st_mode & 0o100 else "100644"
+                with open(path, "rb") as f:
+                    data = f.read()
+            oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            found[os.fsdecode(os.path.relpath(path, base))] = (mode, oid)
+    return found
+
+
+def size_of(root: Path) -> int:
+    """Bytes of `blobs/` and `meta.db` (with any write-ahead log) in a data root."""
+    from .trees import du_bytes
+    total = du_bytes(root / "blobs")
+    for name in ("meta.db", "meta.db-wal"):
+        p = root / name
+        if p.exists():
+            total += p.stat().st_blocks * 512
+    return total
+
+
+def case(bench):
+    from .run import Case, Stat, settle, stat, timed
+
+    repo, commits = source(bench.cache)
+    ws, peer = bench.run_dir / "history-wl", bench.run_dir / "history-git"
+    wl_replay = Replay(repo, ws, bench.run_dir / "history-wl.index")
+    git_replay = Replay(repo, peer, bench.run_dir / "history-git.index")
+    wl_replay.first(commits[0])
+    git_replay.first(commits[0])
+    peers.git_init(peer)
+    root = bench.run_dir / "history-data"
+    shutil.rmtree(root, ignore_errors=True)
+    daemon = DaemonProcess(root).start()
+    try:
+        with daemon.client() as client:
+            session = client.create_session(str(ws))
+            checkpoints = [session.head]
+            wl, git = [], []
+            for prev, commit in zip(commits, commits[1:], strict=False):
+                wl_replay.step(prev, commit)
+                wl.append(timed(session.checkpoint))
+                checkpoints.append(session.head)
+                git_replay.step(prev, commit)
+                git.append(timed(lambda c=commit: peers.run(
+                    f"git add -A && git commit -q --allow-empty -m {c[:12]}", peer)))
+            # storage, once the daemon has been idle long enough to repack
+            stored = _settled_size(root, settle)
+            peers.run(["git", "gc", "-q", "--aggressive"], peer)
+            git_pack = sum(p.stat().st_size for p in (peer / ".git" / "objects" / "pack")
+                           .glob("*.pack"))
+            # a sample of restores, checked against git
+            wrong = []
+            picks = sorted({round(i * (len(commits) - 1) / (SAMPLES - 1))
+                            for i in range(SAMPLES)})
+            for i in picks:
+                session.restore(checkpoints[i], acknowledge_side_effects=True)
+                want = {os.fsdecode(k): v for k, v in git_tree(repo, commits[i]).items()}
+                if work_tree(ws) != want:
+                    wrong.append(commits[i][:12])
+    finally:
+        daemon.stop()
+    wl_s, git_s = stat(wl), stat(git)
+    ratio, storage_ratio = wl_s.median / git_s.median, stored / max(git_pack, 1)
+    ok = ratio <= 0.10 and storage_ratio <= 2.0 and not wrong
+    note = (f"storage {stored / 1e6:.2f} MB vs git's pack {git_pack / 1e6:.2f} MB ="
+            f" {storage_ratio:.2f} ×; {len(picks)} restores "
+            + ("equal git ls-tree -r" if not wrong else f"DIFFER from git at {wrong}"))
+    return Case("history-400", "checkpoint per replayed commit of flask-400", wl_s,
+                {"git add -A && git commit": git_s,
+                 "blobs/ + meta.db after idle": Stat(stored, stored, 1, "bytes"),
+                 "git gc --aggressive pack": Stat(git_pack, git_pack, 1, "bytes")},
+                round(ratio, 4), "worldline / git commit",
+                "median ≤ 0.10 × git commit; storage ≤ 2 × git's pack; restores equal git",
+                ok, note)
+
+
+def _settled_size(root: Path, settle, patience: float = 120.0) -> int:
+    """The data root's size once it stops shrinking (the idle repack has run)."""
+    deadline = time.monotonic() + patience
+    settle()
+    size = size_of(root)
+    while time.monotonic() < deadline:
+        settle()
+        now = size_of(root)
+        if now >= size:
+            return now
+        size = now
+    return size
