@@ -34,6 +34,8 @@ POINTS = (
     "fork.mid",                    # some of the fork's files written
     "blobs.after_put",             # a pack is in the bucket, not yet in the index
     "takeover.mid",                # a take-over claimed the session, its workspace half made
+    "repack.mid",                  # the idle repack rewrote a row, its transaction open
+    "repack.step",                 # a repack step committed, the next not begun
 )
 
 

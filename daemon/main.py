@@ -32,7 +32,7 @@ from .capture import walk
 from .capture.containers import Engine
 from .capture.limits import Limits
 from .capture.tracker import ChangeMonitor
-from .capture.trees import TreeReader
+from .capture.trees import TreeReader, files_named
 from .capture.views import Views
 from .edge.auth import PeerRelay, TokenInterceptor, read_token
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
@@ -45,6 +45,7 @@ from .graphs import Graphs
 from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .storage.config import StorageConfig
+from .storage.repack import Repacker
 from .storage.statcache import StatCache
 from .world import World
 
@@ -53,6 +54,8 @@ log = logging.getLogger("worldline.daemon")
 SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
 GRAPHS_SERVICE = pb.DESCRIPTOR.services_by_name["Graphs"].full_name
 WAL_IDLE_SECONDS = 1.0
+REPACK_IDLE_SECONDS = 2.0  # no checkpoint for this long: the idle repack may run
+REPACK_STEP_SECONDS = 0.8  # then works in slices this long, between housekeeping
 
 
 class StartupError(Exception):
@@ -91,6 +94,7 @@ class Daemon:
         self.root = os.path.abspath(root)
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
+        self._housekeeping: threading.Thread | None = None
         self.limits = limits or Limits()
         self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
@@ -151,6 +155,7 @@ class Daemon:
             log.warning("blob recovery: finished %d interrupted rename(s), removed %d"
                         " incomplete temporary file(s)", renamed, removed)
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
+        self.repacker = Repacker(getattr(self.blobs, "cache", self.blobs), files_named)
         self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
                         if self.track else None)
         self.engine = Engine(os.environ.get("DOCKER_HOST") or None)
@@ -261,13 +266,22 @@ class Daemon:
                     self.stat_cache.compact(WAL_IDLE_SECONDS)
                 except Exception:
                     log.exception("compacting the stat cache failed")
+                try:
+                    self.repacker.run(REPACK_STEP_SECONDS, self._idle_for_repack)
+                except Exception:
+                    log.exception("the idle repack failed")
                 if time.monotonic() >= self._next_health:
                     self._next_health = time.monotonic() + 2.0
                     check()
 
         check()
         self._next_health = time.monotonic() + 2.0
-        threading.Thread(target=loop, name="housekeeping", daemon=True).start()
+        self._housekeeping = threading.Thread(target=loop, name="housekeeping", daemon=True)
+        self._housekeeping.start()
+
+    def _idle_for_repack(self) -> bool:
+        return (not self.stopping.is_set() and time.monotonic()
+                - self.repacker.pack.last_commit >= REPACK_IDLE_SECONDS)
 
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:
@@ -280,6 +294,8 @@ class Daemon:
         self.server = None
         if self.monitor is not None:
             self.monitor.close()
+        if self._housekeeping is not None:
+            self._housekeeping.join(timeout=5.0)  # its repack step ends before the stores close
         if self.leases is not None:
             self.leases.stop()
             try:  # this host serves no more: its sessions may be taken over at once

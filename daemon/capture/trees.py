@@ -166,6 +166,18 @@ def decode(data: bytes, digest: str = "?") -> Tree:
         raise DataLoss(f"tree {digest} is malformed: {exc}") from None
 
 
+def files_named(data: bytes) -> list[tuple[str, str]] | None:
+    """(name, content digest) of the files a tree lists; None if ``data`` is no tree.
+    The idle repack learns from it which blobs are versions of a same-named file."""
+    if not data.startswith(b'[["'):
+        return None
+    try:
+        tree = decode(data)
+    except DataLoss:
+        return None
+    return [(name, e.ref) for name, e in tree.items() if e.kind == FILE]
+
+
 EMPTY_TREE = encode({})
 EMPTY_TREE_DIGEST = digest_of(EMPTY_TREE)
 

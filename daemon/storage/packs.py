@@ -29,6 +29,7 @@ Durability is the blob store's: rows are *pending* (readable by this process) un
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -43,7 +44,10 @@ from dataclasses import dataclass
 import zstandard
 from worldline.client.errors import DataLoss, NotFound
 
+from ..faults import crash_point
 from .sqlite_store import SqliteDatabase
+
+log = logging.getLogger("worldline.pack")
 
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
@@ -59,7 +63,19 @@ CREATE TABLE IF NOT EXISTS objects (
     dependents INTEGER NOT NULL DEFAULT 0);  -- rows whose base this row is
 -- found by the digest's first 8 bytes (a short key to index), then checked whole
 CREATE INDEX IF NOT EXISTS objects_by_key ON objects (substr(digest, 1, 8));
+-- the rows built on a row (the repack moves them when it gives the row a new base)
+CREATE INDEX IF NOT EXISTS objects_by_base ON objects (base) WHERE base IS NOT NULL;
+-- how far the idle repack has come (the last row id it looked at)
+CREATE TABLE IF NOT EXISTS marks (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+# A new pack gives freed pages back to the file system a few at a time (the repack's
+# `incremental_vacuum`); a pack made before 0.7 is converted once at open when small.
+FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
+CONVERT_AT_OPEN = 1 << 30
+
+_BELOW = ("WITH RECURSIVE d(id) AS (SELECT id FROM objects WHERE base = ?"
+          " UNION SELECT o.id FROM objects AS o JOIN d ON o.base = d.id)"
+          " SELECT o.id, o.depth, o.digest FROM objects AS o JOIN d ON o.id = d.id")
 
 
 _BY_DIGEST = "substr(digest, 1, 8) = ? AND digest = ?"  # with _key(digest): uses the index
@@ -273,7 +289,8 @@ class Pack(SqliteDatabase):
     ``committing`` changes and every ``delete``; reads take no lock of the store's."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path, SCHEMA)
+        super().__init__(path, SCHEMA, FIRST)
+        self._convert_to_incremental_vacuum()
         # Commits are made durable by an fsync of the WAL (``commit``); deletions need
         # none: one lost to a crash only leaves garbage for the next gc.
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -284,6 +301,20 @@ class Pack(SqliteDatabase):
         self._cache_lock = threading.Lock()
         self._ids: OrderedDict[str, int] = OrderedDict()  # digest -> row id, recent rows
         self._bloom = self._load_bloom()
+        self.last_commit = 0.0  # monotonic time of the last sync's commit (repack waits)
+
+    def _convert_to_incremental_vacuum(self) -> None:
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 0:
+            return
+        size = os.path.getsize(self.path)
+        if size > CONVERT_AT_OPEN:
+            log.warning("%s (%d MB) was made before 0.7: the space gc frees in it is reused"
+                        " but not given back to the file system", self.path, size >> 20)
+            return
+        log.info("converting %s (%d MB) to give freed space back, once", self.path,
+                 size >> 20)
+        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        self._db.execute("VACUUM")
 
     def _load_bloom(self) -> _Bloom:
         rows = self._all("SELECT digest FROM objects")
@@ -429,6 +460,7 @@ class Pack(SqliteDatabase):
         rows = self.committing
         if not rows:
             return
+        self.last_commit = time.monotonic()
         inserted: dict[str, int] = {}
         with self._tx() as db:
             next_id = (db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0) + 1
@@ -495,6 +527,78 @@ class Pack(SqliteDatabase):
                 db.execute("UPDATE objects SET dependents = dependents - 1 WHERE id = ?",
                            (r[2],))
             return r[1]
+
+    # -- the idle repack (repack.py) -------------------------------------------------------
+    def mark(self, name: str) -> int:
+        found = self._one("SELECT value FROM marks WHERE name = ?", (name,))
+        return found[0] if found is not None else 0
+
+    def row_id(self, digest: str) -> tuple[int, int] | None:
+        """(row id, depth) of a committed row."""
+        return self._one(f"SELECT id, depth FROM objects WHERE {_BY_DIGEST}", _key(digest))
+
+    def below(self, row_id: int, db=None) -> dict[int, tuple[int, str]]:
+        """The rows built on this one, directly or not: id -> (depth, digest)."""
+        rows = (db.execute(_BELOW, (row_id,)).fetchall() if db is not None
+                else self._all(_BELOW, (row_id,)))
+        return {r[0]: (r[1], bytes(r[2]).hex()) for r in rows}
+
+    def rewrite(self, changes, mark: str, through: int) -> set[str]:
+        """Give rows new encodings (``repack._Change``s), each only if it is still as it
+        was read and its new base is still there, is not built on it, and keeps the chain
+        within MAX_DEPTH; move the rows built on it to their new depth; record ``mark``.
+        One transaction. Returns the digests whose depth changed."""
+        shifted: set[str] = set()
+        with self._tx() as db:
+            for c in changes:
+                cur = db.execute("SELECT kind, base, length(data), depth FROM objects"
+                                 " WHERE id = ?", (c.row_id,)).fetchone()
+                if cur is None or tuple(cur[:3]) != c.old:
+                    continue
+                new_depth = 0
+                built_on = self.below(c.row_id, db)
+                deepest = max((d for d, _ in built_on.values()), default=-1)
+                if c.base_id is not None:
+                    base = db.execute("SELECT depth FROM objects WHERE id = ?",
+                                      (c.base_id,)).fetchone()
+                    if base is None or c.base_id == c.row_id or c.base_id in built_on:
+                        continue
+                    new_depth = base[0] + 1
+                shift = new_depth - cur[3]
+                if max(deepest, cur[3]) + shift > MAX_DEPTH:
+                    continue
+                db.execute("UPDATE objects SET kind = ?, base = ?, depth = ?, data = ?"
+                           " WHERE id = ?", (c.kind, c.base_id, new_depth, c.data, c.row_id))
+                if cur[1] is not None:
+                    db.execute("UPDATE objects SET dependents = dependents - 1 WHERE id = ?",
+                               (cur[1],))
+                if c.base_id is not None:
+                    db.execute("UPDATE objects SET dependents = dependents + 1 WHERE id = ?",
+                               (c.base_id,))
+                if shift and built_on:
+                    db.executemany("UPDATE objects SET depth = depth + ? WHERE id = ?",
+                                   [(shift, i) for i in built_on])
+                    shifted.update(digest for _, digest in built_on.values())
+                shifted.add(c.digest)
+                crash_point("repack.mid")
+            db.execute("INSERT INTO marks VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                       " SET value = excluded.value", (mark, through))
+        return shifted
+
+    def forget_depth(self, digest: str) -> None:
+        """A row's depth changed: the next put asks the database, not the memory."""
+        with self._cache_lock:
+            found = self._cache.get(digest)
+            if found is not None:
+                self._cache[digest] = (found[0], None)
+
+    def vacuum_step(self, pages: int) -> bool:
+        """Give up to ``pages`` free pages back to the file system; False if none."""
+        if self._one("PRAGMA freelist_count", ())[0] == 0:
+            return False
+        with self._tx() as db:
+            db.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+        return True
 
     def digests_dependents_first(self) -> Iterator[str]:
         for (digest,) in self._all("SELECT digest FROM objects ORDER BY depth DESC"):

@@ -102,9 +102,12 @@ class SqliteDatabase:
     """One SQLite file in WAL mode: a writer connection behind a lock for write
     transactions (``_tx``), a read connection per thread (``_one``, ``_all``)."""
 
-    def __init__(self, path: str, schema: str) -> None:
+    def __init__(self, path: str, schema: str, first: str = "") -> None:
+        """``first``: pragmas that only a new file takes (run before anything else)."""
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        if first:
+            self._db.executescript(first)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
