@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
@@ -284,3 +285,55 @@ def test_hosts_announce_where_they_answer(store):
     store.announce_host("a", "a.internal:7070", 1.0)
     store.announce_host("a", "a2.internal:7070", 2.0)
     assert store.host_address("a") == "a2.internal:7070"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_digests_are_kept_as_bytes_and_hex_text_of_0_6_is_migrated(kind, request, tmp_path):
+    """0.7 keeps digests as their 32 bytes; a database of 0.6 (hex text, schema 6) is
+    rewritten once at open, reads back the same, and its audit chain still verifies."""
+    store = make_store(kind, request, tmp_path)
+    s, first = new_session(store)
+    tree = "ab" * 32
+    cp = make_cp(s.id, first.id)
+    cp = store.append_checkpoint(replace(cp, tree=tree, container="cd" * 32), [], first.id,
+                                 None, [AuditEvent("checkpoint", s.id, cp.id, {"tree": tree},
+                                                   ids.now())])
+    column = ("SELECT typeof(tree), length(tree) FROM checkpoints WHERE id = ?"
+              if kind == "sqlite" else
+              "SELECT pg_typeof(tree)::text, octet_length(tree) FROM checkpoints WHERE id = ?")
+    assert tuple(store._one(column, (cp.id,))) in (("blob", 32), ("bytea", 32))
+    events = store.list_audit()
+    with store._tx() as db:  # as 0.6 wrote it
+        if kind == "sqlite":
+            db.execute("UPDATE checkpoints SET tree = hex(tree), state_digest ="
+                       " hex(state_digest), tasks_digest = hex(tasks_digest), container ="
+                       " hex(container)")
+            db.execute("UPDATE checkpoints SET tree = lower(tree), state_digest ="
+                       " lower(state_digest), tasks_digest = lower(tasks_digest), container ="
+                       " lower(container)")
+            db.execute("UPDATE audit SET prev_hash = lower(hex(prev_hash)),"
+                       " hash = lower(hex(hash))")
+        else:
+            db.execute("ALTER TABLE checkpoints ALTER COLUMN tree TYPE TEXT USING"
+                       " encode(tree, 'hex'), ALTER COLUMN state_digest TYPE TEXT USING"
+                       " encode(state_digest, 'hex'), ALTER COLUMN tasks_digest TYPE TEXT"
+                       " USING encode(tasks_digest, 'hex'), ALTER COLUMN container TYPE TEXT"
+                       " USING encode(container, 'hex')")
+            db.execute("ALTER TABLE audit ALTER COLUMN prev_hash TYPE TEXT USING"
+                       " encode(prev_hash, 'hex'), ALTER COLUMN hash TYPE TEXT USING"
+                       " encode(hash, 'hex')")
+        db.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    store.close()
+    again = make_store(kind, request, tmp_path)
+    try:
+        assert again.schema_found == 6 and again.schema_version >= 7
+        got = again.get_checkpoint(cp.id)
+        assert (got.tree, got.container, got.state_digest) == (tree, "cd" * 32, D)
+        assert tuple(again._one(column, (cp.id,))) in (("blob", 32), ("bytea", 32))
+        assert again.list_audit() == events
+        prev = GENESIS_HASH
+        for event in again.list_audit():
+            assert event.prev_hash == prev and chain_hash(prev, event) == event.hash
+            prev = event.hash
+    finally:
+        again.close()

@@ -32,10 +32,10 @@ CREATE INDEX sessions_by_host ON sessions (host);
 CREATE TABLE checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
-    tree TEXT NOT NULL, bytes BIGINT NOT NULL, state_digest TEXT NOT NULL,
-    tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
+    tree BYTEA NOT NULL, bytes BIGINT NOT NULL, state_digest BYTEA NOT NULL,
+    tasks_digest BYTEA NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
-    trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
+    trace_id TEXT NOT NULL, restored_from TEXT, container BYTEA, acknowledged TEXT NOT NULL,
     pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
     UNIQUE (session_id, seq));
 CREATE TABLE messages (
@@ -58,7 +58,7 @@ CREATE TABLE hosts (
     host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL);
 CREATE TABLE audit (
     seq BIGINT PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
-    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BYTEA NOT NULL, hash BYTEA NOT NULL);
 """
 
 # Version 3 is the first PostgreSQL schema (SQLite's numbering: the same columns).
@@ -73,6 +73,13 @@ MIGRATIONS = (
     Migration(6, "0.6: where each host answers", lambda db: db.execute(
         "CREATE TABLE IF NOT EXISTS hosts (host TEXT PRIMARY KEY, address TEXT NOT NULL,"
         " seen_at DOUBLE PRECISION NOT NULL)")),
+    Migration(7, "0.7: digests as bytes, not hex text", lambda db: db.execute(
+        "ALTER TABLE checkpoints ALTER COLUMN tree TYPE BYTEA USING decode(tree, 'hex'),"
+        " ALTER COLUMN state_digest TYPE BYTEA USING decode(state_digest, 'hex'),"
+        " ALTER COLUMN tasks_digest TYPE BYTEA USING decode(tasks_digest, 'hex'),"
+        " ALTER COLUMN container TYPE BYTEA USING decode(container, 'hex');"
+        " ALTER TABLE audit ALTER COLUMN prev_hash TYPE BYTEA USING decode(prev_hash, 'hex'),"
+        " ALTER COLUMN hash TYPE BYTEA USING decode(hash, 'hex')")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -41,24 +41,44 @@ _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, stat
             " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume")
 
 
+def digest_in(digest: str | None) -> bytes | str | None:
+    """A SHA-256 digest as the database keeps it: its 32 bytes (half the hex text).
+    Anything that is not 64 hex digits is kept as it is."""
+    if digest is None or len(digest) not in (0, 64):
+        return digest
+    try:
+        return bytes.fromhex(digest)
+    except ValueError:
+        return digest
+
+
+def digest_out(value) -> str | None:
+    """The hex text of a digest the database gives back (bytes, or text as written)."""
+    return bytes(value).hex() if isinstance(value, (bytes, memoryview)) else value
+
+
 def _cp(row) -> Checkpoint:
-    *head, acknowledged, pruned, resume = row
-    return Checkpoint(*head, acknowledged=tuple(json.loads(acknowledged)), pruned=bool(pruned),
-                      resume=resume)
+    (id_, session_id, seq, parent_id, kind, created_at, tree, size, state_digest, tasks_digest,
+     *middle, container, acknowledged, pruned, resume) = row
+    return Checkpoint(id_, session_id, seq, parent_id, kind, created_at, digest_out(tree), size,
+                      digest_out(state_digest), digest_out(tasks_digest), *middle,
+                      digest_out(container), acknowledged=tuple(json.loads(acknowledged)),
+                      pruned=bool(pruned), resume=resume)
 
 
 def _cp_row(cp: Checkpoint) -> tuple:
-    return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at, cp.tree,
-            cp.bytes, cp.state_digest, cp.tasks_digest, cp.conversation_parent,
-            cp.messages_added, cp.message_count, cp.label, cp.reasoning, cp.trace_id,
-            cp.restored_from, cp.container, json.dumps(list(cp.acknowledged)), int(cp.pruned),
+    return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at,
+            digest_in(cp.tree), cp.bytes, digest_in(cp.state_digest),
+            digest_in(cp.tasks_digest), cp.conversation_parent, cp.messages_added,
+            cp.message_count, cp.label, cp.reasoning, cp.trace_id, cp.restored_from,
+            digest_in(cp.container), json.dumps(list(cp.acknowledged)), int(cp.pruned),
             cp.resume)
 
 
 def _event(row) -> AuditEvent:
     seq, kind, session_id, subject_id, detail, created_at, prev_hash, hash_ = row
     return AuditEvent(kind, session_id, subject_id, json.loads(detail), created_at, seq,
-                      prev_hash, hash_)
+                      digest_out(prev_hash), digest_out(hash_))
 
 
 def _approval_row(a: Approval) -> tuple:
@@ -341,14 +361,15 @@ class SqlStore:
             return
         self._lock_chain(db)
         row = db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-        seq, prev = row if row else (0, GENESIS_HASH)
+        seq, prev = (row[0], digest_out(row[1])) if row else (0, GENESIS_HASH)
         for event in events:
             seq += 1
             event = replace(event, seq=seq)
             digest = chain_hash(prev, event)
             db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (seq, event.kind, event.session_id, event.subject_id,
-                        json.dumps(event.detail, sort_keys=True), event.created_at, prev, digest))
+                        json.dumps(event.detail, sort_keys=True), event.created_at,
+                        digest_in(prev), digest_in(digest)))
             prev = digest
 
     def list_audit(self, session_id=None, kind=None, limit=0):

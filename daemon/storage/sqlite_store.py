@@ -22,7 +22,7 @@ from worldline.client.errors import ResourceExhausted
 from . import blob_index
 from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
-from .sql_store import SqlStore
+from .sql_store import SqlStore, digest_in
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -33,10 +33,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
     seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
-    tree TEXT NOT NULL, bytes INTEGER NOT NULL, state_digest TEXT NOT NULL,
-    tasks_digest TEXT NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
+    tree BLOB NOT NULL, bytes INTEGER NOT NULL, state_digest BLOB NOT NULL,
+    tasks_digest BLOB NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
-    trace_id TEXT NOT NULL, restored_from TEXT, container TEXT, acknowledged TEXT NOT NULL,
+    trace_id TEXT NOT NULL, restored_from TEXT, container BLOB, acknowledged TEXT NOT NULL,
     pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
     UNIQUE (session_id, seq));
 CREATE TABLE IF NOT EXISTS messages (
@@ -59,8 +59,9 @@ CREATE TABLE IF NOT EXISTS hosts (
     host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
-    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL);
 """
+# Digests are kept as their 32 bytes (sql_store.digest_in), not 64 hex digits.
 
 
 def _add_columns(table: str, *columns: str):
@@ -94,7 +95,19 @@ MIGRATIONS = (
         "sessions", "host TEXT NOT NULL DEFAULT ''", "lease_expires REAL NOT NULL DEFAULT 0",
         "released_to TEXT")),
     Migration(6, "0.6: where each host answers (table made at open)", lambda db: None),
+    Migration(7, "0.7: digests as bytes, not hex text", lambda db: _binary_digests(db)),
 )
+
+
+def _binary_digests(db) -> None:
+    """Rewrite the digests a data root made before 0.7 holds as hex text."""
+    for table, key, columns in (
+            ("checkpoints", "id", ("tree", "state_digest", "tasks_digest", "container")),
+            ("audit", "seq", ("prev_hash", "hash"))):
+        rows = db.execute(f"SELECT {key}, {', '.join(columns)} FROM {table}").fetchall()
+        db.executemany(
+            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} WHERE {key} = ?",
+            [tuple(digest_in(v) for v in row[1:]) + (row[0],) for row in rows])
 SCHEMA_VERSION = latest(MIGRATIONS)
 
 
