@@ -84,6 +84,26 @@ def test_the_cache_stays_within_its_bound_and_refetches(request, tmp_path, index
     assert len(a.read_bytes(oldest)) == 4096
 
 
+def test_a_cached_base_that_deltas_are_built_on_stays_counted(request, tmp_path, index,
+                                                               s3_server):
+    """Eviction cannot remove a cached row other rows are built on: it stays in the
+    cache and in the bound's count (to go with its dependents), never forgotten."""
+    a = s3_blob_store(request, tmp_path, index=index, cache_bytes=1 << 30)
+    text = b"".join(b"line %d of a file under edit\n" % i for i in range(2000))
+    base = a.put_bytes(text)
+    a.sync()
+    delta = a.put_bytes(text + b"one more line\n", base=base)
+    a.sync()
+    assert a.cache.pack.row(delta).base == base
+    a.cache_bytes = 1  # now everything should go
+    a._evict()
+    assert a.cache.has(base) and base in a._lru  # kept, and still counted
+    assert not a.cache.has(delta)  # the delta went first
+    a._evict()
+    assert not a.cache.has(base) and base not in a._lru  # then its base
+    assert a.read_bytes(delta).endswith(b"one more line\n")
+
+
 def test_gc_sweeps_the_bucket_and_never_what_a_sync_relies_on(request, tmp_path, index,
                                                              s3_server):
     a = s3_blob_store(request, tmp_path, host="a", index=index)

@@ -428,7 +428,11 @@ class S3BlobStore:
         return freed
 
     def _uncache(self, digest: str) -> None:
-        self.cache.delete(digest)
+        if self.cache.delete(digest) == 0 and self.cache.has(digest):
+            with self._lock:  # a base other cached rows are built on: kept, counted, later
+                if digest in self._lru:
+                    self._lru.move_to_end(digest)
+            return
         with self._lock:
             size = self._lru.pop(digest, None)
             if size is not None:
