@@ -42,7 +42,7 @@ from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
 from .graphs import Graphs
-from .observe import PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
+from .observe import ACTIVITY, PENDING_APPROVALS, JsonFormatter, MetricsInterceptor
 from .policy import Policy
 from .storage.config import StorageConfig
 from .storage.repack import Repacker
@@ -280,8 +280,9 @@ class Daemon:
         self._housekeeping.start()
 
     def _idle_for_repack(self) -> bool:
-        return (not self.stopping.is_set() and time.monotonic()
-                - self.repacker.pack.last_commit >= REPACK_IDLE_SECONDS)
+        """No call for a while, and none now; nothing committed to the pack lately."""
+        return (not self.stopping.is_set() and ACTIVITY.quiet_for() >= REPACK_IDLE_SECONDS
+                and time.monotonic() - self.repacker.pack.last_commit >= REPACK_IDLE_SECONDS)
 
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:

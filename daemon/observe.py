@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import threading
 import time
 
 import grpc
@@ -41,6 +42,32 @@ TRACKER_FALLBACKS = Counter("worldline_tracker_fallbacks_total",
                             "Captures forced to scan everything (overflow, watch limit, ...)")
 
 
+class Activity:
+    """Calls in flight, and when the last one ended: background work (the idle repack)
+    waits until the daemon has been quiet for a while."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.last = time.monotonic()
+
+    def begin(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.last = time.monotonic()
+
+    def quiet_for(self) -> float:
+        """Seconds since the last call ended; 0 while one is in flight."""
+        return 0.0 if self.in_flight else time.monotonic() - self.last
+
+
+ACTIVITY = Activity()
+
+
 class MetricsInterceptor(grpc.ServerInterceptor):
     """Times every unary call and gives it a request id for the logs."""
 
@@ -55,12 +82,14 @@ class MetricsInterceptor(grpc.ServerInterceptor):
             token = REQUEST_ID.set(given if isinstance(given, str) and given else ids.new_id())
             start = time.perf_counter()
             code = "OK"
+            ACTIVITY.begin()
             try:
                 return inner(request, context)
             except Exception:
                 code = context.code().name if context.code() else "UNKNOWN"
                 raise
             finally:
+                ACTIVITY.end()
                 RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
                 REQUEST_ID.reset(token)
 

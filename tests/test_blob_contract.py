@@ -248,6 +248,16 @@ def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     assert list(reopened.digests()) == []
 
 
+def test_an_edit_in_one_place_is_a_splice_of_a_few_bytes(tmp_path):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"".join(b"line %d of the module\n" % i for i in range(3000))
+    d1 = blobs.put_bytes(v1)
+    d2 = blobs.put_bytes(v1 + b"# one more line\n", base=d1)
+    blobs.sync()
+    row = blobs.pack.row(d2)
+    assert row.kind == DELTA and len(row.data) < 24, len(row.data)
+
+
 def test_a_delta_copies_from_anywhere_in_its_base(tmp_path):
     """Edits far apart in a large file, and a block moved from its end to its start,
     store about what changed, not everything between the edits (the old prefix/suffix

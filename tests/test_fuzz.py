@@ -110,7 +110,9 @@ hexish = st.lists(st.one_of(
 def test_pack_codecs_round_trip(a, b):
     """The pack's encodings give back exactly the bytes they were given."""
     from worldline.daemon.storage.packs import (
+        DELTA,
         apply_delta,
+        best_delta,
         compress,
         decompress,
         encode_delta,
@@ -124,6 +126,9 @@ def test_pack_codecs_round_trip(a, b):
     assert zstd_apply(a, zstd_delta(a, b), len(b)) == b
     assert zstd_apply(a, zstd_delta(a, a + b + a, 19), len(a + b + a)) == a + b + a
     assert zstd_apply(None, zstd_whole(b), len(b)) == b
+    for new in (b, a + b, a[:len(a) // 2] + b + a[len(a) // 2:]):
+        kind, delta = best_delta(a, new)
+        assert (apply_delta(a, delta) if kind == DELTA else zstd_apply(a, delta, len(new))) == new
     assert decompress(compress(b)) == b
     assert apply_delta(a, encode_delta(a, b)) == b
     assert apply_delta(a, encode_delta(a, a + b)) == a + b

@@ -32,6 +32,7 @@ from google.protobuf import json_format
 from worldline.client.lite import parse_request, response_json
 from worldline.v1 import worldline_pb2 as pb
 
+from ..observe import ACTIVITY
 from .server import WorldlineServicer, status_of
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,14 @@ class JsonGateway:
             if self._closed:
                 return _error("UNAVAILABLE", "the worldline daemon is stopping")
             self._active += 1
+        ACTIVITY.begin()
         try:
             reply = getattr(self.servicer, method.name)(request, _Context(timeout))
         except Exception as exc:  # noqa: BLE001 -- mapped exactly as the gRPC edge maps it
             code, message = status_of(exc, method.name)
             return _error(code, message)
         finally:
+            ACTIVITY.end()
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()

@@ -5,13 +5,17 @@ Why: a checkpoint after a small edit stores a few changed files and the trees of
 the folders above them, a dozen blobs of a few KB each. As files, each costs a
 file-system block and an inode, and each stores the whole content again although
 one line changed. In the pack each is a row; a changed file or tree whose previous
-version is given as its *base* is stored as a *delta*: a zstd frame compressed with
-the whole base as a raw-content dictionary, so every part of the new version that the
-base holds, anywhere in it and in any order, is a copy (git's copy/insert delta, with
-zstd's entropy coding of what is new). Other rows are zlib-compressed when that saves
-an eighth, else raw. Rows written before 0.7 may hold the older delta (``DELTA``: the
-shared prefix and suffix, the middle deflated); they are read as ever, and the idle
-repack rewrites them.
+version is given as its *base* is stored as a *delta*, one of two kinds:
+- a *splice* (``DELTA``) when the change is one small region, the usual single edit:
+  the length of the prefix and suffix it shares with the base, and the middle
+  deflated (a few bytes of framing);
+- else a *zstd frame* (``ZDELTA``) compressed with the whole base as a raw-content
+  dictionary, so every part of the new version that the base holds, anywhere in it
+  and in any order, is a copy (git's copy/insert delta, with zstd's entropy coding of
+  what is new). Until 0.7 every delta was a splice, which stores everything between
+  two edits far apart.
+Other rows are zlib-compressed when that saves an eighth, else raw; the idle repack
+(repack.py) may later store a row at zstd's strongest level (``ZSTD``).
 
 Rules that keep every blob readable:
 - A delta's base is itself in the pack, and a chain of deltas is at most
@@ -51,7 +55,7 @@ log = logging.getLogger("worldline.pack")
 
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
-RAW, ZLIB, DELTA, ZDELTA, ZSTD = 0, 1, 2, 3, 4  # DELTA: read only (rows before 0.7)
+RAW, ZLIB, DELTA, ZDELTA, ZSTD = 0, 1, 2, 3, 4  # DELTA: a splice; ZDELTA: a zstd frame
 FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
 
@@ -175,16 +179,35 @@ def decompress(data: bytes) -> bytes:
     return unpack_hex(zlib.decompress(data))
 
 
-def encode_delta(base: bytes, data: bytes) -> bytes:
-    """varint(shared prefix), varint(shared suffix), then the middle of ``data``,
-    hex-packed and deflated with the part of ``base`` it replaces as dictionary."""
+def shared_ends(base: bytes, data: bytes) -> tuple[int, int]:
+    """The lengths of the prefix and the suffix ``data`` shares with ``base``."""
     prefix = _shared_prefix(base, data)
-    suffix = _shared_suffix(base, data, min(len(base), len(data)) - prefix)
+    return prefix, _shared_suffix(base, data, min(len(base), len(data)) - prefix)
+
+
+def encode_delta(base: bytes, data: bytes, ends: tuple[int, int] | None = None) -> bytes:
+    """A *splice*: varint(shared prefix), varint(shared suffix), then the middle of
+    ``data``, hex-packed and deflated with the part of ``base`` it replaces as
+    dictionary. The smallest delta of an edit in one place (a few bytes of framing)."""
+    prefix, suffix = ends or shared_ends(base, data)
     middle = pack_hex(data[prefix:len(data) - suffix])
     replaced = pack_hex(base[prefix:len(base) - suffix])[-32768:]
     packer = (zlib.compressobj(6, zlib.DEFLATED, -15, zdict=replaced) if replaced
               else zlib.compressobj(6, zlib.DEFLATED, -15))
     return _varint(prefix) + _varint(suffix) + packer.compress(middle) + packer.flush()
+
+
+SPLICE_MAX = 512  # changed bytes (old and new) in one region up to which a splice wins
+
+
+def best_delta(base: bytes, data: bytes, level: int = FAST) -> tuple[int, bytes]:
+    """(kind, bytes) of the better delta of ``data`` from ``base``: a splice when the
+    change is one small region (its framing is a few bytes, a zstd frame's a dozen),
+    else a zstd frame that copies from anywhere in the base."""
+    prefix, suffix = ends = shared_ends(base, data)
+    if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
+        return DELTA, encode_delta(base, data, ends)
+    return ZDELTA, zstd_delta(base, data, level)
 
 
 def zstd_delta(base: bytes, data: bytes, level: int = FAST) -> bytes:
@@ -433,12 +456,13 @@ class Pack(SqliteDatabase):
     # -- writing -------------------------------------------------------------------------
     def encode(self, data: bytes, base: str | None, base_data: bytes | None,
                base_depth: int) -> Row:
-        """The smallest encoding of ``data``: a delta from ``base`` when given."""
+        """The smallest encoding of ``data``: a delta from ``base`` when given (a splice
+        when one region changed, else a zstd frame)."""
         now = time.time()
         delta = None
         if base is not None and base_data is not None and base_depth < MAX_DEPTH:
-            delta = Row(ZDELTA, base, base_depth + 1, len(data), now,
-                        zstd_delta(base_data, data))
+            kind, encoded = best_delta(base_data, data)
+            delta = Row(kind, base, base_depth + 1, len(data), now, encoded)
             if len(delta.data) * 16 <= len(data):
                 return delta  # the usual edit: no compression could come close
         best = Row(RAW, None, 0, len(data), now, data)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..faults import crash_point
-from .packs import MAX_DEPTH, SMALL, ZDELTA, ZSTD, zstd_delta, zstd_whole
+from .packs import MAX_DEPTH, SMALL, ZSTD, best_delta, zstd_whole
 
 log = logging.getLogger("worldline.repack")
 
@@ -76,13 +76,14 @@ class Repacker:
         before = self.rows_rewritten
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and idle():
-            if not self.step():
+            if not self.step(idle):
                 break
         return self.rows_rewritten - before
 
-    def step(self) -> bool:
+    def step(self, idle: Callable[[], bool] = lambda: True) -> bool:
         """Repack the next few rows, or give a few free pages back; False when there
-        was nothing left to do."""
+        was nothing left to do, or ``idle()`` stopped holding (asked between rows: a
+        call that arrives waits for one row's work at most)."""
         through = self.pack.mark("repacked")
         rows = self.pack._all(
             "SELECT id, digest, kind, base, depth, length(data) FROM objects WHERE id > ?"
@@ -90,18 +91,25 @@ class Repacker:
         if not rows:
             return self.pack.vacuum_step(VACUUM_PAGES)
         looked = []
-        for row_id, raw, kind, base_id, depth, stored in rows:
+        for row_id, raw, kind, base_id, depth, stored in rows:  # reads: quick
             digest = bytes(raw).hex()
             data = self._verified(digest)
-            if data is None:
-                continue  # damaged or gone: verify and gc deal with it
-            self._learn_names(data)
+            if data is not None:  # damaged or gone: verify and gc deal with it
+                self._learn_names(data)
             looked.append((row_id, digest, kind, base_id, depth, stored, data))
-        changes = [c for c in map(self._better, looked) if c is not None]
-        if not self._apply(changes, rows[-1][0]):
-            return False  # a checkpoint is under way: the next idle moment goes on
+        changes = []
+        for i, row in enumerate(looked):  # encodings at the strongest level: slow
+            if not idle():
+                looked = looked[:i]
+                break
+            if row[-1] is not None:
+                change = self._better(row)
+                if change is not None:
+                    changes.append(change)
+        if not looked or not self._apply(changes, looked[-1][0]):
+            return False  # a call or a checkpoint is under way: the next idle moment goes on
         crash_point("repack.step")
-        return True
+        return len(looked) == len(rows) or idle()
 
     # -- choosing --------------------------------------------------------------------------
     def _verified(self, digest: str) -> bytes | None:
@@ -166,10 +174,10 @@ class Repacker:
             base = self._verified(cand)
             if base is None:
                 continue
-            delta = zstd_delta(base, data, SMALL)
+            kind, delta = best_delta(base, data, SMALL)
             # a delta costs its readers a rebuild: it must at least halve the whole row
             if len(delta) < min(len(best.data), whole // 2):
-                best = _Change(row_id, digest, ZDELTA, cand_id, cand_depth + 1, delta,
+                best = _Change(row_id, digest, kind, cand_id, cand_depth + 1, delta,
                                best.old)
         if len(best.data) > stored - max(stored // 8, 16):
             return None  # not worth a rewrite

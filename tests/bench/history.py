@@ -11,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 from ..conftest import DaemonProcess
@@ -156,23 +154,7 @@ def case(bench):
                 ok, note)
 
 
-def repack_done(root: Path) -> bool:
-    """The idle repack has looked at every row of the pack and given back every free
-    page (read from the pack itself, read-only)."""
-    db = sqlite3.connect(f"file:{root / 'blobs' / 'pack.db'}?mode=ro", uri=True)
-    try:
-        last = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
-        mark = db.execute("SELECT value FROM marks WHERE name = 'repacked'").fetchone()
-        free = db.execute("PRAGMA freelist_count").fetchone()[0]
-        return mark is not None and mark[0] >= last and free == 0
-    finally:
-        db.close()
-
-
-def _settled_size(root: Path, settle, patience: float = 300.0) -> int:
+def _settled_size(root: Path, settle) -> int:
     """The data root's size once the daemon has been idle long enough to repack."""
-    deadline = time.monotonic() + patience
-    while not repack_done(root) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    settle()
+    settle(root)
     return size_of(root)

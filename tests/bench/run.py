@@ -17,6 +17,7 @@ import platform
 import random
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -35,11 +36,27 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
 WARMUP = 3
 
 
-def settle() -> None:
-    """Both storage measurements are taken with the daemon idle: once idle it moves its
-    SQLite write-ahead logs into the databases and truncates them (main.WAL_IDLE_SECONDS),
-    so neither side of the difference counts a log at its high-water mark."""
+def repack_done(root: Path) -> bool:
+    """The daemon's idle repack has looked at every row of its pack and given back every
+    free page (read from the pack itself, read-only)."""
+    db = sqlite3.connect(f"file:{root / 'blobs' / 'pack.db'}?mode=ro", uri=True)
+    try:
+        last = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
+        mark = db.execute("SELECT value FROM marks WHERE name = 'repacked'").fetchone()
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        return (mark[0] if mark else 0) >= last and free == 0
+    finally:
+        db.close()
+
+
+def settle(root: Path | None = None, patience: float = 300.0) -> None:
+    """Storage is measured with the daemon idle: its idle repack done (when ``root``, its
+    data root, is given), then the SQLite write-ahead logs moved into the databases and
+    truncated (main.WAL_IDLE_SECONDS), so no side counts a log at its high-water mark."""
     from worldline.daemon.main import WAL_IDLE_SECONDS
+    deadline = time.monotonic() + patience
+    while root is not None and not repack_done(root) and time.monotonic() < deadline:
+        time.sleep(0.5)
     time.sleep(WAL_IDLE_SECONDS * 2.5)
     os.sync()
 
@@ -223,7 +240,7 @@ class Bench:
         peers.git_init(repo)
         peers.run(["git", "gc", "-q"], repo)
         session = self.client.create_session(str(ws))
-        settle()
+        settle(self.daemon.root)
         data_before = du_bytes(self.daemon.root)
         git_before = du_bytes(repo / ".git" / "objects")
         rng = random.Random(100)
@@ -234,7 +251,7 @@ class Bench:
             edit(repo, files, f"storage {i}")
             peers.git_commit(repo, f"storage {i}")
         peers.run(["git", "gc", "-q"], repo)
-        settle()
+        settle(self.daemon.root)
         wl_growth = du_bytes(self.daemon.root) - data_before
         git_growth = du_bytes(repo / ".git" / "objects") - git_before
         case = Case("storage-100", "bytes added to the data root by 100 checkpoints",
@@ -287,7 +304,7 @@ class Bench:
         times, stored = [], []
         rng = random.Random(20)
         for i in range(rounds):
-            settle()
+            settle(self.daemon.root)
             before = du_bytes(self.daemon.root)
             path = ws / f"disk-{i}.img"
             with open(path, "wb") as f:
@@ -295,7 +312,7 @@ class Bench:
                 f.seek(rng.randrange(0, (20 << 30) - 4096))
                 f.write(os.urandom(4096))
             times.append(timed(s.checkpoint))
-            settle()
+            settle(self.daemon.root)
             stored.append(du_bytes(self.daemon.root) - before)
         cp = s.checkpoint()
         for i in range(rounds):
