@@ -54,10 +54,12 @@ from .walk import OPAQUE_XATTR
 
 
 class TreeWriter:
-    def __init__(self, blobs: BlobStore, trees: TreeReader, overlay: bool, watch=None) -> None:
+    def __init__(self, blobs: BlobStore, trees: TreeReader, overlay: bool, watch=None,
+                 private: bool = False) -> None:
         self.blobs = blobs
         self.trees = trees
         self.overlay = overlay
+        self.private = private  # a new folder of the daemon's own: no temporaries
         self.watch = watch
         self.meta = Applier()
         self.pending: dict = {}
@@ -176,7 +178,7 @@ class TreeWriter:
 
     def _write_file(self, dfd: int, name: str, want: Entry, path: str) -> None:
         crash_point("restore.between_files")
-        tmp = _temp_name()
+        tmp = name if self.private else _temp_name()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)
         try:
@@ -191,7 +193,8 @@ class TreeWriter:
             raise
         os.close(fd)
         crash_point("restore.before_rename")  # the file written aside, not yet in place
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        if tmp != name:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         progress.advance(want.size if want.kind != SPARSE else 0, files=1)
 
     def _write_special(self, dfd: int, name: str, have: Entry | None, want: Entry,

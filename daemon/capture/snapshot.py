@@ -515,17 +515,21 @@ class WorkspaceSnapshotter:
         return removed
 
     # -- apply -----------------------------------------------------------------
-    def apply(self, current: Capture, target_root: str, watch_new: bool = False) -> list[str]:
+    def apply(self, current: Capture, target_root: str, watch_new: bool = False,
+              private: bool = False) -> list[str]:
         """Make the layer equal to ``target_root`` (apply.py); returns the warnings.
         With ``watch_new`` (a fork into a fresh folder), every folder is handed to the
         watch hook once its contents are written, so the tracker starts from the target
-        tree without a scan and never sees the fork's own writes."""
+        tree without a scan and never sees the fork's own writes. ``private``: the layer
+        is an empty folder of the daemon's own that nobody else writes and that is
+        discarded whole on failure (a view being built): files are made at their names,
+        with no temporary to rename."""
         from .apply import TreeWriter
         watch = self.watcher.watch_folder if watch_new and self.watcher is not None else None
         root_fd = self._open_root()
         try:
-            return TreeWriter(self.blobs, self.trees, self.overlay, watch).write(
-                root_fd, current, target_root)
+            return TreeWriter(self.blobs, self.trees, self.overlay, watch,
+                              private=private).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
 

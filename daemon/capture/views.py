@@ -86,7 +86,7 @@ class Views:
             snap = WorkspaceSnapshotter(tmp, self.blobs, self.trees, self.stat_cache,
                                         overlay=overlay)
             progress.begin("fork: building a read-only view of the checkpoint", size)
-            snap.apply(Capture(encode_empty(self.blobs), 0), tree)
+            snap.apply(Capture(encode_empty(self.blobs), 0), tree, private=True)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
