@@ -488,19 +488,20 @@ class World:
                                 if state is not None else head.state_digest)
                 tasks_digest = self.blobs.put_bytes(
                     tasks_to_json(self.store.list_tasks(session.id)), base=head.tasks_digest)
-            self.blobs.sync()
-            crash_point("checkpoint.after_blobs")
-            cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
-                            captures[0].root, captures[0].bytes, state_digest, tasks_digest,
-                            head.id, len(messages), head.message_count + len(messages),
-                            label=label, reasoning=reasoning, trace_id=trace_id,
-                            container=captures[1].root if len(captures) > 1
-                            else head.container,  # a container gone: its last layer
-                            resume=head.resume if resume is None else resume)
-            cp = self.store.append_checkpoint(cp, messages, head.id, None, [
-                AuditEvent("checkpoint", session.id, cp.id,
-                           {"tree": cp.tree, "container": cp.container, "label": label,
-                            "messages": len(messages)}, ids.now())])
+            with self.blobs.committing() as objects:  # the bucket's, indexed in the commit
+                crash_point("checkpoint.after_blobs")
+                cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint",
+                                ids.now(), captures[0].root, captures[0].bytes, state_digest,
+                                tasks_digest, head.id, len(messages),
+                                head.message_count + len(messages), label=label,
+                                reasoning=reasoning, trace_id=trace_id,
+                                container=captures[1].root if len(captures) > 1
+                                else head.container,  # a container gone: its last layer
+                                resume=head.resume if resume is None else resume)
+                cp = self.store.append_checkpoint(cp, messages, head.id, None, [
+                    AuditEvent("checkpoint", session.id, cp.id,
+                               {"tree": cp.tree, "container": cp.container, "label": label,
+                                "messages": len(messages)}, ids.now())], objects)
         except BaseException:
             for layer, _, changes in taken:
                 layer.give_back(changes)

@@ -24,9 +24,12 @@ def _pg_bin() -> str:
 
 class PostgresCluster:
     """A cluster owned by the ``postgres`` system user (initdb refuses root), trusting
-    local connections, listening only on a socket in its own folder."""
+    local connections, listening only on a socket in its own folder. Tests run it with
+    ``fsync=off`` (nothing here must survive a power cut); the benchmark with
+    ``fsync=True``, as a real server runs, so a commit costs what it costs there."""
 
-    def __init__(self) -> None:
+    def __init__(self, fsync: bool = False) -> None:
+        self.fsync = fsync
         self.bin = _pg_bin()
         self.user = pwd.getpwnam("postgres")
         self.dir = tempfile.mkdtemp(prefix="worldline-pg-")
@@ -47,7 +50,7 @@ class PostgresCluster:
         self._as_postgres(
             f"{self.bin}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "-o",
             f"-c listen_addresses='' -c unix_socket_directories='{self.dir}'"
-            " -c fsync=off -c max_connections=200", "start")
+            f" -c fsync={'on' if self.fsync else 'off'} -c max_connections=200", "start")
         return self
 
     def stop(self, mode: str = "fast") -> None:

@@ -8,7 +8,8 @@ import os
 import time
 
 import pytest
-from worldline.client.errors import NotFound
+from worldline.client.errors import Aborted, NotFound, Unavailable
+from worldline.daemon.storage import s3_blobs
 from worldline.daemon.storage.s3_blobs import ALONE
 from worldline.daemon.storage.sqlite_store import SqliteStore
 
@@ -144,7 +145,9 @@ def test_a_crash_between_the_put_and_the_index_leaves_an_orphan_gc_removes(
     monkeypatch.undo()
     assert len(s3_server.keys(_bucket_of(a))) == 1  # in the bucket, named by no row
     assert not index.locate_blobs([d])
-    assert a.has(d)  # still to be uploaded by the next sync
+    a = s3_blob_store(request, tmp_path, index=index, bucket=_bucket_of(a))  # restarted
+    assert a.has(d)  # in the cache: it goes out with the next sync that puts it
+    a.put_bytes(b"never indexed")
     a.put_bytes(b"and one more")  # so the next pack is another object
     a.sync()
     assert index.locate_blobs([d]) and len(s3_server.keys(_bucket_of(a))) == 2
@@ -152,6 +155,69 @@ def test_a_crash_between_the_put_and_the_index_leaves_an_orphan_gc_removes(
     removed, _ = a.compact(older_than=time.time())  # the orphan goes; the indexed pack stays
     assert removed == 1 and len(s3_server.keys(_bucket_of(a))) == 1
     assert index.blob_objects()[0][3] > 0 and a.read_bytes(d) == b"never indexed"
+
+
+def test_a_checkpoint_records_its_objects_in_its_own_commit(request, tmp_path, index,
+                                                             s3_server):
+    from .test_store_contract import make_cp, new_session
+    a = s3_blob_store(request, tmp_path, index=index)
+    s, first = new_session(index)
+    d = a.put_bytes(b"indexed by the checkpoint's own transaction")
+    with a.committing() as objects:
+        assert [e[0] for o in objects for e in o.entries] == [d]
+        assert a.requests["put"] == 1 and not index.locate_blobs([d])  # sent, not recorded
+        cp = index.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [], objects)
+    assert index.locate_blobs([d])[d].object == objects[0].name
+    # One sync sends what another session put; that session's checkpoint, committed
+    # first, records the object too.
+    e = a.put_bytes(b"put for one checkpoint, sent by another's sync")
+    with a.committing() as sent:
+        with a.committing() as other:
+            assert other == sent and e in {x[0] for o in other for x in o.entries}
+            cp = index.append_checkpoint(make_cp(s.id, cp.id), [], cp.id, None, [], other)
+        assert index.locate_blobs([e])
+        with pytest.raises(Aborted):  # this one lost its compare-and-set: nothing lost
+            index.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [], sent)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    assert b.read_bytes(e) == b"put for one checkpoint, sent by another's sync"
+
+
+def test_a_checkpoint_that_fails_still_indexes_what_it_uploaded(request, tmp_path, index,
+                                                                s3_server, monkeypatch):
+    from .test_store_contract import make_cp, new_session
+    a = s3_blob_store(request, tmp_path, index=index)
+    s, first = new_session(index)
+    d = a.put_bytes(b"uploaded for a checkpoint that is refused")
+    with pytest.raises(Aborted):
+        with a.committing() as objects:
+            index.append_checkpoint(make_cp(s.id, first.id), [], "moved", None, [], objects)
+    assert index.locate_blobs([d])  # recorded on its own: findable, gc's to judge
+    # The metadata store away: the upload waits, and is recorded by the next sync.
+    e = a.put_bytes(b"uploaded while the metadata store is away")
+
+    def away(*args, **kwargs):
+        raise Unavailable("the metadata store is away")
+
+    monkeypatch.setattr(index, "add_blob_object", away)
+    with pytest.raises(Unavailable):
+        a.sync()
+    monkeypatch.undo()
+    assert not index.locate_blobs([e])
+    a.sync()
+    assert index.locate_blobs([e])
+    # Away for longer than an unrecorded upload may wait (gc elsewhere could delete an
+    # object nothing names): its blobs are sent again, then recorded.
+    f = a.put_bytes(b"uploaded before a long outage")
+    monkeypatch.setattr(index, "add_blob_object", away)
+    with pytest.raises(Unavailable):
+        a.sync()
+    monkeypatch.undo()
+    puts = a.requests["put"]
+    monkeypatch.setattr(s3_blobs, "UNINDEXED_SECONDS", -1.0)
+    a.sync()
+    assert a.requests["put"] == puts + 1 and index.locate_blobs([f])
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    assert b.read_bytes(f) == b"uploaded before a long outage"
 
 
 def test_the_cache_bound_counts_what_earlier_runs_cached(request, tmp_path, index,

@@ -6,7 +6,13 @@ import threading
 from dataclasses import replace
 
 import pytest
-from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.client.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from worldline.daemon import ids
 from worldline.daemon.records import (
     GENESIS_HASH,
@@ -337,3 +343,31 @@ def test_digests_are_kept_as_bytes_and_hex_text_of_0_6_is_migrated(kind, request
             prev = event.hash
     finally:
         again.close()
+
+
+def test_a_checkpoints_bucket_objects_are_indexed_in_its_transaction(store):
+    from worldline.daemon.storage.blob_index import StoredObject
+    s, first = new_session(store)
+    objects = [StoredObject("packs/b.pack", 30, "a", 1.0, [("b" * 64, 0, 10, 12, "pack"),
+                                                          ("c" * 64, 10, 20, 20, "raw")]),
+               StoredObject("packs/a.pack", 5, "a", 1.0, [("d" * 64, 0, 5, 5, "raw")])]
+    if isinstance(store, MemoryStore):  # it serves no bucket: told, and nothing changes
+        with pytest.raises(InvalidArgument):
+            store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [], objects)
+        assert store.get_session(s.id).head == first.id
+        return
+    with pytest.raises(Aborted):  # the head moved: neither the checkpoint nor the index
+        store.append_checkpoint(make_cp(s.id, first.id), [], "nope", None, [], objects)
+    assert store.locate_blobs(["b" * 64, "d" * 64]) == {}
+    assert store.blob_objects() == []
+    cp = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [], objects)
+    assert store.get_session(s.id).head == cp.id
+    found = store.locate_blobs(["b" * 64, "c" * 64, "d" * 64])
+    assert {d: (loc.object, loc.off, loc.len) for d, loc in found.items()} == {
+        "b" * 64: ("packs/b.pack", 0, 10), "c" * 64: ("packs/b.pack", 10, 20),
+        "d" * 64: ("packs/a.pack", 0, 5)}
+    assert sorted(o[0] for o in store.blob_objects()) == ["packs/a.pack", "packs/b.pack"]
+    # Recorded again by a second checkpoint (it shared a sync): kept as they are.
+    again = store.append_checkpoint(make_cp(s.id, cp.id), [], cp.id, None, [], objects)
+    assert store.get_session(s.id).head == again.id
+    assert len(store.blob_objects()) == 2

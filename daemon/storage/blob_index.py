@@ -3,7 +3,9 @@ s3_blobs.py), kept in the metadata store so every host finds every blob.
 
 - ``blob_objects``: the bucket's objects (packs of small blobs, large blobs alone),
   recorded once their PUT has succeeded: an index row never names an object the
-  bucket does not have.
+  bucket does not have. A checkpoint's objects are recorded in the checkpoint's own
+  transaction (``add_objects``, called by ``append_checkpoint``); other uploads in
+  one transaction per object (``add_blob_object``).
 - ``blob_index``: digest -> (object, offset, length, size, codec, stored_at).
   ``stored_at`` is renewed whenever a host finds the blob already stored and relies
   on it (``touch_blobs``), in one statement with the finding, so garbage collection,
@@ -37,6 +39,16 @@ class Location(NamedTuple):
     size: int
     codec: str  # "pack": packs.compress() of the bytes; "raw": the bytes as they are
     stored_at: float
+
+
+class StoredObject(NamedTuple):
+    """An object the bucket holds, not yet in the index: its name, size, the host
+    that wrote it, when, and its entries (digest, offset, length, size, codec)."""
+    name: str
+    nbytes: int
+    host: str
+    created_at: float
+    entries: list[tuple[str, int, int, int, str]]
 
 
 class BlobIndex(Protocol):
@@ -74,10 +86,17 @@ class BlobIndex(Protocol):
 class BlobIndexSql:
     def add_blob_object(self, name, nbytes, host, created_at, entries):
         with self._tx() as db:
+            self.add_objects(db, [StoredObject(name, nbytes, host, created_at, entries)])
+
+    def add_objects(self, db, objects: list[StoredObject]) -> None:
+        """Record ``objects`` inside the caller's transaction ``db``, in name order (two
+        transactions recording the same objects wait for each other in one order, never
+        in a cycle); what is recorded already stays as it is."""
+        for o in sorted(objects):
             db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
-                       " DO NOTHING", (name, nbytes, created_at, host))
-            self._insert_index_rows(db, [(d, name, off, ln, size, codec, created_at)
-                                         for d, off, ln, size, codec in entries])
+                       " DO NOTHING", (o.name, o.nbytes, o.created_at, o.host))
+            self._insert_index_rows(db, [(d, o.name, off, ln, size, codec, o.created_at)
+                                         for d, off, ln, size, codec in o.entries])
 
     def _insert_index_rows(self, db, rows: list[tuple]) -> None:
         """Index rows, a digest indexed already keeping its first location (PostgreSQL

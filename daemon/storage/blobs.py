@@ -31,12 +31,16 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Protocol
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
 from .packs import MAX_BLOB, RAW, ZLIB, Pack, Row
+
+if TYPE_CHECKING:
+    from .blob_index import StoredObject
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -92,6 +96,12 @@ class BlobStore(Protocol):
     def sync(self) -> None:
         """Make every blob put so far durable."""
 
+    def committing(self) -> AbstractContextManager[list[StoredObject]]:
+        """``sync()`` for a checkpoint: yields the bucket objects whose index rows the
+        checkpoint's transaction must write (``Store.append_checkpoint(objects=)``),
+        none for a store with no bucket. Should the block raise, the store records them
+        itself, so nothing it uploaded stays unfindable."""
+
 
 def _disk_full(exc: OSError) -> Exception:
     """The error to raise for an OSError: a full disk becomes ResourceExhausted."""
@@ -104,19 +114,18 @@ class LocalBlobStore:
     """Small blobs (up to ``packs.MAX_BLOB``) in the pack, ``<root>/pack.db`` (see
     packs.py); bigger ones as read-only files ``<root>/<2 hex>/<62 hex>``.
 
-    Pack rows put since the last sync are pending, readable by this process;
-    ``sync()`` commits them in one transaction, made durable by an fsync of the
-    pack's WAL. A file is written to a temporary ``<root>/tmp/<digest>.<random>`` and
-    remembered as pending; ``sync()`` flushes every pending temporary with one
-    ``syncfs`` (one flush per checkpoint, not one per blob), then renames each into
-    place. A name therefore never exists before its bytes are durable. The renames
-    themselves need no second flush: a crash can only lose a rename whose temporary
-    is durable and named after its digest, and ``recover()`` at the next start
-    verifies such a temporary against its name and finishes the rename. Anything
-    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed.
-    """
+    Pack rows put since the last sync are pending, readable by this process; ``sync()``
+    commits them in one transaction, made durable by an fsync of the pack's WAL (skipped
+    with ``durable=False``: a bucket's cache). A file is written to a temporary
+    ``<root>/tmp/<digest>.<random>`` and remembered as pending; ``sync()`` flushes every
+    pending temporary with one ``syncfs`` (one flush per checkpoint, not one per blob),
+    then renames each into place. A name therefore never exists before its bytes are
+    durable. The renames themselves need no second flush: a crash can only lose a rename
+    whose temporary is durable and named after its digest, and ``recover()`` at the next
+    start verifies such a temporary against its name and finishes the rename. Anything
+    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, durable: bool = True) -> None:
         self.root = root
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
@@ -126,7 +135,7 @@ class LocalBlobStore:
         self._pins: dict[str, int] = {}  # digest -> puts reading it as a delta base now
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
-        self.pack = Pack(os.path.join(root, "pack.db"))
+        self.pack = Pack(os.path.join(root, "pack.db"), durable)
 
     def close(self) -> None:
         self.pack.close()
@@ -298,6 +307,11 @@ class LocalBlobStore:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
         except OSError as exc:
             raise _disk_full(exc) from exc
+
+    @contextmanager
+    def committing(self):
+        self.sync()
+        yield []
 
     def sync(self) -> None:
         """Every blob put before this call is durable when it returns. Syncs run one at
@@ -637,6 +651,10 @@ class MemoryBlobStore:
 
     def sync(self) -> None:
         return None
+
+    @contextmanager
+    def committing(self):
+        yield []
 
     def corrupt(self, digest: str, data: bytes) -> None:
         """Replace a blob's bytes behind its digest: for fault-injection tests only."""

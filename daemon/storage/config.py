@@ -75,10 +75,11 @@ class StorageConfig:
         return PostgresGraphStore(self.store)
 
     def open_blobs(self, root: str, store):
-        local = LocalBlobStore(os.path.join(root, "blobs"))
         if self.blobs == "local":
-            return local
+            return LocalBlobStore(os.path.join(root, "blobs"))
         from .s3_blobs import S3BlobStore
+        # A cache: the bucket holds what is durable, so its pack skips the fsync.
+        local = LocalBlobStore(os.path.join(root, "blobs"), durable=False)
         return S3BlobStore(self.blobs, local, store, self.host_id or socket.gethostname(),
                            self.cache_bytes)
 

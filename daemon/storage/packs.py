@@ -314,12 +314,15 @@ class Pack(SqliteDatabase):
     """The pack file of a LocalBlobStore. The store's lock guards ``pending`` and
     ``committing`` changes and every ``delete``; reads take no lock of the store's."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, durable: bool = True) -> None:
         super().__init__(path, SCHEMA, FIRST)
         self._convert_to_incremental_vacuum()
         # Commits are made durable by an fsync of the WAL (``commit``); deletions need
-        # none: one lost to a crash only leaves garbage for the next gc.
+        # none: one lost to a crash only leaves garbage for the next gc. A cache in
+        # front of a bucket (``durable=False``) skips that fsync: what a crash takes
+        # from it is fetched again (WAL with synchronous=NORMAL stays consistent).
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self.durable = durable
         self.pending: dict[str, Row] = {}  # not yet committed: readable, not durable
         self.committing: dict[str, Row] = {}  # taken by the running commit
         self._cache: OrderedDict[str, tuple[bytes, int | None]] = OrderedDict()  # recent
@@ -520,6 +523,8 @@ class Pack(SqliteDatabase):
             self._remember_id(digest, row_id)
         if self._bloom.crowded:
             self._bloom = self._load_bloom()
+        if not self.durable:
+            return
         try:
             fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

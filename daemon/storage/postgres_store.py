@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from worldline.client.errors import Aborted
 
 from . import blob_index
-from .blob_index import BlobIndexSql
+from .blob_index import BlobIndexSql, StoredObject
 from .migrations import Migration, latest, migrate
 from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_GC, LOCK_MIGRATIONS, PostgresDatabase, psycopg
 from .sql_store import SqlStore
@@ -105,15 +105,13 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
             yield
 
     def add_blob_object(self, name, nbytes, host, created_at, entries):
-        # One statement, atomic by itself: the object and its rows in one round trip.
-        rows = [(d, name, off, ln, size, codec, created_at) for d, off, ln, size, codec in entries]
-        self._write_one(
-            "WITH o AS (INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
-            " DO NOTHING) INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
-            " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::double precision[])"
-            " ON CONFLICT (digest) DO NOTHING",
-            (name, nbytes, created_at, host,
-             *([list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7)))
+        # One statement, atomic by itself: no transaction of its own to begin and end.
+        self._write_one(*_object_statement(StoredObject(name, nbytes, host, created_at,
+                                                        entries)))
+
+    def add_objects(self, db, objects):
+        for o in sorted(objects):
+            db.execute(*_object_statement(o))
 
     def _insert_index_rows(self, db, rows):
         if rows:  # one statement, one round trip, however many rows
@@ -128,3 +126,15 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     @staticmethod
     def _list_arg(values: list[str]):
         return list(values)
+
+
+def _object_statement(o: StoredObject) -> tuple[str, tuple]:
+    """The object and its index rows in one statement (one round trip)."""
+    rows = [(d, o.name, off, ln, size, codec, o.created_at)
+            for d, off, ln, size, codec in o.entries]
+    return ("WITH o AS (INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+            " DO NOTHING) INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
+            " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::double precision[])"
+            " ON CONFLICT (digest) DO NOTHING",
+            (o.name, o.nbytes, o.created_at, o.host,
+             *([list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7)))

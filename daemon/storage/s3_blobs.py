@@ -12,11 +12,14 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).
   Large ones (over ``ALONE``) are objects of their own, uploaded in parts and named by
   their digest (an upload again writes the same bytes). Each object is indexed only
-  after its upload, in one transaction per object. A checkpoint commits its metadata
-  after ``sync()``, so an acknowledged checkpoint's blobs are in the bucket and
-  findable from any host, and no index row ever names a missing object. A crash
-  between an upload and its index leaves an object no row names: gc removes it after
-  the grace period.
+  after its upload: a checkpoint's objects in the checkpoint's own transaction
+  (``committing()`` yields them for ``Store.append_checkpoint``), other uploads in one
+  transaction per object at the end of ``sync()``. An object stays in ``_unindexed``
+  until a transaction that recorded it has committed, and every checkpoint records
+  all that are there (another session's sync may have uploaded its blobs), so an
+  acknowledged checkpoint's blobs are in the bucket and findable from any host, and
+  no index row ever names a missing object. A crash between an upload and the commit
+  leaves an object no row names: gc removes it after the grace period.
 - **Reads** are served by the cache when it has the blob. On a miss the whole object
   holding it is fetched once (a pack holds what one checkpoint added, so a restore or
   fork on a cold host reads a few packs, not thousands of ranges), every entry
@@ -45,12 +48,13 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from ..faults import crash_point
 from . import packs
-from .blob_index import BlobIndex, Location
+from .blob_index import BlobIndex, Location, StoredObject
 from .blobs import LocalBlobStore, check_digest, digest_of
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,7 @@ ALONE = 8 << 20  # a blob larger than this is an object of its own
 PART_BYTES = 16 << 20  # its parts
 PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
+UNINDEXED_SECONDS = 60.0  # an upload not indexed within this is sent again (gc grace: 600)
 REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
 
 
@@ -99,6 +104,7 @@ class S3BlobStore:
         self.cache_bytes = cache_bytes
         self._upload: dict[str, bytes | None] = {}  # digest -> bytes, or None: read back
         self._uploading: dict[str, bytes | None] = {}  # taken by the running sync
+        self._unindexed: dict[str, StoredObject] = {}  # uploaded, no commit recorded it yet
         self._lru: OrderedDict[str, int] = OrderedDict()  # digest -> size, in the cache
         self._lru_bytes = 0
         self._recent: OrderedDict[str, bytes] = OrderedDict()  # verified, just fetched
@@ -182,8 +188,33 @@ class S3BlobStore:
         return digest, size
 
     def sync(self) -> None:
+        self._send()
+        self._index(self._waiting())
+        with self._sync_lock:
+            self._evict()
+
+    @contextmanager
+    def committing(self):
+        self._send()
+        objects = self._waiting()
+        try:
+            yield objects
+        except BaseException:
+            try:  # the checkpoint did not commit: its uploads are indexed on their own
+                self._index(objects)
+            except Exception:  # they stay waiting: the next sync or checkpoint has them
+                log.warning("objects uploaded for a failed checkpoint are not indexed yet",
+                            exc_info=True)
+            raise
+        self._recorded(objects)
+        with self._sync_lock:
+            self._evict()
+
+    def _send(self) -> None:
+        """The cache made durable; what was put since the last send, uploaded."""
         with self._sync_lock:
             self.cache.sync()
+            self._resend_stale()
             with self._lock:
                 batch, self._upload = self._upload, {}
                 self._uploading = batch
@@ -198,7 +229,33 @@ class S3BlobStore:
             finally:
                 with self._lock:
                     self._uploading = {}
-            self._evict()
+
+    def _waiting(self) -> list[StoredObject]:
+        """The objects uploaded and not yet recorded."""
+        with self._lock:
+            return sorted(self._unindexed.values())
+
+    def _resend_stale(self) -> None:
+        """An object left unrecorded too long (the metadata store was away) is given
+        up: gc on another host may delete an object nothing names once its grace period
+        is over, so its blobs (kept in the cache: eviction takes only indexed ones) go
+        out again, in this upload (the caller holds the sync lock)."""
+        stale = time.time() - UNINDEXED_SECONDS
+        with self._lock:
+            for o in [o for o in self._unindexed.values() if o.created_at < stale]:
+                del self._unindexed[o.name]
+                for digest, *_ in o.entries:
+                    self._upload.setdefault(digest, None)
+
+    def _index(self, objects: list[StoredObject]) -> None:
+        for o in objects:
+            self.index.add_blob_object(*o)
+            self._recorded([o])
+
+    def _recorded(self, objects: list[StoredObject]) -> None:
+        with self._lock:
+            for o in objects:
+                self._unindexed.pop(o.name, None)
 
     def _upload_batch(self, batch: dict[str, bytes | None]) -> None:
         now = time.time()
@@ -231,7 +288,11 @@ class S3BlobStore:
         name = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
         self._put_object(name, body)
         crash_point("blobs.after_put")
-        self.index.add_blob_object(name, len(body), self.host, now, entries)
+        self._uploaded(StoredObject(name, len(body), self.host, now, entries))
+
+    def _uploaded(self, o: StoredObject) -> None:
+        with self._lock:
+            self._unindexed[o.name] = o
 
     def _upload_alone(self, digest: str, size: int, now: float) -> None:
         name = f"blobs/{digest[:2]}/{digest}"
@@ -243,8 +304,8 @@ class S3BlobStore:
         finally:
             os.close(fd)
             os.unlink(tmp)
-        self.index.add_blob_object(name, size, self.host, now,
-                                   [(digest, 0, size, size, "raw")])
+        self._uploaded(StoredObject(name, size, self.host, now,
+                                    [(digest, 0, size, size, "raw")]))
 
     # -- reading ---------------------------------------------------------------------------
     def _locate(self, digest: str) -> Location:

@@ -187,7 +187,7 @@ class SqlStore:
         return self.get_session(session_id)
 
     # -- checkpoints -----------------------------------------------------------------
-    def append_checkpoint(self, cp, messages, expected_head, tasks, events):
+    def append_checkpoint(self, cp, messages, expected_head, tasks, events, objects=()):
         with self._tx() as db:
             row = db.execute("SELECT head FROM sessions WHERE id = ?" + self.FOR_UPDATE,
                              (cp.session_id,)).fetchone()
@@ -199,6 +199,8 @@ class SqlStore:
             (seq,) = db.execute("SELECT MAX(seq) + 1 FROM checkpoints WHERE session_id = ?",
                                 (cp.session_id,)).fetchone()
             cp = replace(cp, seq=seq)
+            if objects:
+                self.add_objects(db, objects)  # the blob index (BlobIndexSql)
             try:
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(cp))

@@ -31,7 +31,13 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Protocol
 
-from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.client.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 
 from ..records import (
     GENESIS_HASH,
@@ -43,6 +49,7 @@ from ..records import (
     ToolCall,
     chain_hash,
 )
+from .blob_index import StoredObject
 
 
 class Store(Protocol):
@@ -79,10 +86,13 @@ class Store(Protocol):
         its lease ends now. ``FailedPrecondition`` unless ``host`` holds it."""
 
     def append_checkpoint(self, cp: Checkpoint, messages: list[str], expected_head: str,
-                          tasks: list[Task] | None, events: list[AuditEvent]) -> Checkpoint:
+                          tasks: list[Task] | None, events: list[AuditEvent],
+                          objects: list[StoredObject] = ()) -> Checkpoint:
         """Insert ``cp`` (its ``seq`` assigned here) and move its session's head to it,
         provided the head is still ``expected_head``; with ``tasks``, the session's
-        working task list becomes exactly those."""
+        working task list becomes exactly those. ``objects`` (the bucket objects holding
+        the checkpoint's new blobs, ``BlobStore.committing``) go into the blob index in
+        the same transaction; a store with no blob index takes none."""
 
     def get_checkpoint(self, checkpoint_id: str) -> Checkpoint: ...
     def list_checkpoints(self, session_id: str | None = None) -> list[Checkpoint]: ...
@@ -258,7 +268,9 @@ class MemoryStore:
             self._sessions[session_id] = s
             return s
 
-    def append_checkpoint(self, cp, messages, expected_head, tasks, events):
+    def append_checkpoint(self, cp, messages, expected_head, tasks, events, objects=()):
+        if objects:
+            raise InvalidArgument("the memory store has no blob index: it serves no bucket")
         with self._lock:
             session = self.get_session(cp.session_id)
             if session.head != expected_head:
