@@ -235,3 +235,32 @@ def test_the_cache_bound_counts_what_earlier_runs_cached(request, tmp_path, inde
     assert again._lru_bytes <= 32 << 10
     assert sum(again.cache.has(d) for d in old) <= 8
     assert all(len(again.read_bytes(d)) == 4096 for d in old)  # from the bucket
+
+
+def _committed(blobs, digest: str) -> bool:
+    """The blob is a committed row of the cache's pack (read through a connection of
+    our own, so rows pending in the store's memory do not count)."""
+    import sqlite3
+    db = sqlite3.connect(f"file:{blobs.cache.pack.path}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT 1 FROM objects WHERE digest = ?",
+                          (bytes.fromhex(digest),)).fetchone() is not None
+    finally:
+        db.close()
+
+
+def test_the_cache_commits_behind_and_at_close(request, tmp_path, index, s3_server):
+    a = s3_blob_store(request, tmp_path, index=index)
+    d = a.put_bytes(b"committed by the cache's own thread\n" * 40)
+    a.sync()  # in the bucket and indexed; the cache's row is committed behind
+    deadline = time.monotonic() + 10
+    while not _committed(a, d) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _committed(a, d)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    e = b.put_bytes(b"fetched by another host\n" * 40)
+    b.sync()
+    assert a.read_bytes(e) == b"fetched by another host\n" * 40  # a fetch: cached behind
+    left = a.put_bytes(b"put, never synced\n" * 40)
+    a.close()  # the thread stops; close commits what it had not taken
+    assert _committed(a, e) and _committed(a, left)

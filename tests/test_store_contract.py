@@ -147,6 +147,9 @@ def test_conversation_follows_conversation_parents(store):
 
 def test_tasks_replace_on_append(store):
     s, first = new_session(store)
+    assert store.list_tasks(s.id) == []  # a session with none
+    with pytest.raises(NotFound):  # no such session: not an empty list
+        store.list_tasks(ids.new_id())
     store.set_task(s.id, Task("t1", "one", None, "pending", "", ids.now()), [])
     store.set_task(s.id, Task("t2", "two", None, "pending", "", ids.now()), [])
     store.set_task(s.id, Task("t1", "one", None, "completed", "", ids.now()), [])

@@ -22,6 +22,8 @@ try:
 except ImportError:  # pragma: no cover - the fleet extra is not installed
     psycopg = None
 
+_PIPELINE = psycopg is not None and psycopg.Pipeline.is_supported()  # libpq 14 or later
+
 # Advisory lock keys (one namespace of bigints shared by every worldline database).
 LOCK_MIGRATIONS = 0x776C_0001
 LOCK_AUDIT_CHAIN = 0x776C_0002
@@ -34,10 +36,18 @@ def _pg(sql: str) -> str:
 
 
 class _Connection:
-    """A transaction's connection, taking ``?`` placeholders."""
+    """A transaction's connection, taking ``?`` placeholders. In a pipelined
+    transaction statements are sent without waiting for their results until one is
+    read (or ``flush``); an error surfaces there."""
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn, pipeline=None) -> None:
         self.conn = conn
+        self.pipeline = pipeline
+
+    def flush(self) -> None:
+        """Every statement sent so far has run: its error, if any, is raised here."""
+        if self.pipeline is not None:
+            self.pipeline.sync()
 
     def execute(self, sql: str, args: tuple | list = ()):
         return self.conn.execute(_pg(sql), tuple(args))
@@ -87,11 +97,18 @@ class PostgresDatabase:
         return self.pool.connection()
 
     @contextmanager
-    def _tx(self) -> Iterator[_Connection]:
-        """One transaction: committed when the block ends, rolled back if it raises."""
+    def _tx(self, pipelined: bool = False) -> Iterator[_Connection]:
+        """One transaction: committed when the block ends, rolled back if it raises.
+        ``pipelined``: in libpq's pipeline mode, where a statement whose result is not
+        read costs no round trip of its own (a checkpoint's ten statements take four)."""
         try:
-            with self._connection() as conn, conn.transaction():
-                yield _Connection(conn)
+            with self._connection() as conn:
+                if pipelined and _PIPELINE:
+                    with conn.pipeline() as pipeline, conn.transaction():
+                        yield _Connection(conn, pipeline)
+                else:
+                    with conn.transaction():
+                        yield _Connection(conn)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise _mapped(exc, self.path) from None
 

@@ -4,8 +4,8 @@ host's ``LocalBlobStore`` as a cache in front of it.
 Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
 
 - **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
-  for upload. ``sync()`` makes the cache durable, asks the blob index once which of
-  the noted digests the bucket has (renewing their ``stored_at``, so gc on another
+  for upload. ``sync()`` asks the blob index once which of the noted digests the
+  bucket has (renewing their ``stored_at``, so gc on another
   host leaves them be), and uploads the rest. Small blobs go as **one pack object**:
   entries compressed one by one as the local pack compresses its rows (so a host
   filling its cache stores them as they come), concatenated, written under a
@@ -25,7 +25,9 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   fork on a cold host reads a few packs, not thousands of ranges), every entry
   verified against its digest and put into the cache. Bytes that do not match their
   digest raise ``DataLoss``; nothing unverified reaches a caller or the cache.
-- **The cache** is bounded (``cache_bytes``): after a sync, blobs the bucket holds are
+- **The cache** is not what is durable: its rows are committed by a thread of their
+  own (``_commit_behind``) with no fsync, and readable here until then. It is bounded
+  (``cache_bytes``): after a sync, blobs the bucket holds are
   evicted least recently used first until the cache is under its bound. Blobs still
   to be uploaded are never evicted.
 - **Garbage collection** (one host at a time, under the store's gc lock): ``delete``
@@ -112,12 +114,53 @@ class S3BlobStore:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
+        self._behind = threading.Condition(self._lock)  # the cache's commits: _commit_behind
+        self._behind_due = self._closing = False
+        self._behind_thread: threading.Thread | None = None
         self.requests = {"put": 0, "get": 0, "delete": 0}  # since start, for metrics/bench
         for digest, size in cache.inventory():  # what earlier runs cached: oldest first
             self._used(digest, size)
 
     def close(self) -> None:
-        self.cache.close()
+        with self._lock:
+            self._closing = True
+            self._behind.notify()
+            thread = self._behind_thread
+        if thread is not None:
+            thread.join()
+        try:
+            self.cache.sync()  # what the thread had not taken yet
+        finally:
+            self.cache.close()
+
+    def _commit_behind(self) -> None:
+        """The cache's new rows are committed by a thread of their own: the bucket is
+        what is durable, so a checkpoint does not wait for them, and a cold fork goes on
+        writing its files while the rows it fetched are committed. Until then they are
+        readable here, like any put not yet synced; a crash only loses cache."""
+        with self._lock:
+            self._behind_due = True
+            if self._behind_thread is None:
+                self._behind_thread = threading.Thread(target=self._behind_loop,
+                                                       name="cache-commit", daemon=True)
+                self._behind_thread.start()
+            self._behind.notify()
+
+    def _behind_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._behind_due and not self._closing:
+                    self._behind.wait()
+                if self._closing:
+                    return
+                self._behind_due = False
+            try:
+                self.cache.sync()
+            except Exception:  # the rows wait in the cache for the next commit
+                log.warning("the blob cache could not commit; trying again", exc_info=True)
+                time.sleep(1.0)
+                with self._lock:
+                    self._behind_due = True
 
     # -- the bucket ------------------------------------------------------------------------
     def _call(self, what: str, fn, *args, **kwargs):
@@ -211,9 +254,9 @@ class S3BlobStore:
             self._evict()
 
     def _send(self) -> None:
-        """The cache made durable; what was put since the last send, uploaded."""
+        """What was put since the last send, uploaded (the cache commits behind)."""
         with self._sync_lock:
-            self.cache.sync()
+            self._commit_behind()
             self._resend_stale()
             with self._lock:
                 batch, self._upload = self._upload, {}
@@ -341,7 +384,7 @@ class S3BlobStore:
                 self._fetch_alone(digest, loc)
             else:
                 self._fetch_pack(loc.object)
-            self.cache.sync()
+            self._commit_behind()
 
     def _fetch_pack(self, name: str) -> None:
         body = self._get_object(name)

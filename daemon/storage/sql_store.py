@@ -188,7 +188,7 @@ class SqlStore:
 
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events, objects=()):
-        with self._tx() as db:
+        with self._tx(pipelined=True) as db:
             row = db.execute("SELECT head FROM sessions WHERE id = ?" + self.FOR_UPDATE,
                              (cp.session_id,)).fetchone()
             if row is None:
@@ -204,6 +204,7 @@ class SqlStore:
             try:
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(cp))
+                _flush(db)  # pipelined: a duplicate id is found here, not later
             except self.integrity_errors:
                 raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
             db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
@@ -304,10 +305,13 @@ class SqlStore:
             self._append_audit(db, events)
 
     def list_tasks(self, session_id):
-        self.get_session(session_id)
-        rows = self._all("SELECT id, title, parent, status, note, updated_at FROM tasks"
-                         " WHERE session_id = ? ORDER BY position", (session_id,))
-        return [Task(*r) for r in rows]
+        # The session and its tasks in one statement: no row at all, no such session.
+        rows = self._all("SELECT t.id, t.title, t.parent, t.status, t.note, t.updated_at"
+                         " FROM sessions s LEFT JOIN tasks t ON t.session_id = s.id"
+                         " WHERE s.id = ? ORDER BY t.position", (session_id,))
+        if not rows:
+            raise NotFound(f"session {session_id} does not exist")
+        return [Task(*r) for r in rows if r[0] is not None]
 
     def _replace_tasks(self, db, session_id: str, tasks: list[Task]) -> None:
         db.execute("DELETE FROM tasks WHERE session_id = ?", (session_id,))
@@ -384,3 +388,11 @@ class SqlStore:
             args.append(kind)
         events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
         return events[-limit:] if limit else events
+
+
+def _flush(db) -> None:
+    """Every statement sent on ``db`` has run (PostgreSQL's pipelined transactions;
+    SQLite's run as they are sent)."""
+    flush = getattr(db, "flush", None)
+    if flush is not None:
+        flush()

@@ -132,7 +132,7 @@ class SqliteDatabase:
         self._last_write = 0.0
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._last_write = time.monotonic()
             try:
