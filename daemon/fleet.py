@@ -21,6 +21,7 @@ lease runs out another host may *take the session over*.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -99,14 +100,19 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
                                          {"from": session.host, "host": world.host,
                                           "workspace": real}, ids.now())])
-    _rebuild(world, claimed, head, real, staging)
+    # The folder the recorded container spec binds as the workspace: where the session
+    # was before this claim (the claim already names the new place).
+    origin = json.loads(session.spec or "{}").get("workspace") or session.workspace
+    _rebuild(world, claimed, head, real, staging, origin)
     return world.session(session_id)
 
 
 def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
-             staging: str) -> None:
+             staging: str, origin: str) -> None:
     """The workspace and container of ``session`` made here from its head, then a
-    checkpoint equal to the head appended (which fences the former holder)."""
+    checkpoint equal to the head appended (which fences the former holder). The
+    container's bind of ``origin`` (its workspace on the former host) becomes one of
+    ``path``."""
     os.makedirs(staging, mode=0o755)
     layer = world._layer(WORKSPACE, staging, track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
@@ -116,7 +122,7 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     os.rename(staging, path)
     container = None
     if session.container and head.container:
-        container = _remake_container(world, session, path)
+        container = _remake_container(world, session, origin, path)
     moved = replace(session, workspace=path, container=container, spec="{}")
     with world.lock(path):
         layers = world.layers(moved)
@@ -138,12 +144,12 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
         world._engine().start(container)
 
 
-def _remake_container(world: World, session: Session, path: str) -> str:
+def _remake_container(world: World, session: Session, origin: str, path: str) -> str:
     spec = world._container_spec(session)
     host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in world.host)
     name = f"{session.container}-{host}"[:120]
-    world._engine().create_from_spec(spec, name, session.workspace, path,
-                                     world._labels(session.id), "share")
+    world._engine().create_from_spec(spec, name, origin, path, world._labels(session.id),
+                                     "share")
     return name
 
 

@@ -289,6 +289,7 @@ class World:
         spec["roots"] = roots
         if container_spec is not None:
             spec["container"] = container_spec
+            spec["workspace"] = session.workspace  # the folder its bind mounts refer to
         return json.dumps(spec, sort_keys=True)
 
     def _container_gone(self, session: Session) -> bool:

@@ -5,6 +5,7 @@ untouched by everything the hosts do."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -130,6 +131,44 @@ def test_a_host_stops_another_takes_over_and_the_old_one_is_fenced(
         with pytest.raises(FailedPrecondition, match="held by host b"):
             ca.get_session(s.id).checkpoint()
     assert os.stat(target / "after.txt").st_uid == AGENT_UID
+
+
+@pytest.mark.docker
+def test_a_container_session_is_taken_over_with_its_layer_and_its_sandbox(
+        fleet, agent_tree, tmp_path, containers, canary):
+    from .test_container_fidelity import NOBODY, as_nobody, as_root
+    from .test_containers import IMAGE, docker, fs_state
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree), image=IMAGE)
+        containers.append(s.container)
+        as_root(s.container, "mkdir -p /data && chown 65534:65534 /data")
+        as_nobody(s.container, "mkdir -p /data/sub && echo mine > /data/sub/own.txt"
+                               " && ln -s own.txt /data/sub/link && chmod 640 /data/sub/own.txt")
+        _edit(agent_tree, 1)
+        cp = s.checkpoint(label="container and workspace")
+        assert cp.container
+        want_layer, want_ws = fs_state(s.container), fingerprint(agent_tree)
+        spec_a = json.loads(docker("inspect", s.container))[0]["HostConfig"]
+        as_nobody(s.container, "echo after the checkpoint > /data/sub/own.txt")  # not kept
+    assert a.stop() == 0
+    target = tmp_path / "container-on-b"
+    with b.client() as cb:
+        taken = cb.move_session(s.id, take_over=True, workspace=str(target))
+        containers.append(taken.container)
+        assert taken.host == "b" and taken.container and taken.container != s.container
+        assert differences(want_ws, fingerprint(target)) == []
+        info = json.loads(docker("inspect", taken.container))[0]
+        assert info["State"]["Running"]
+        assert [m["Source"] for m in info["Mounts"]] == [str(target)]  # b's workspace
+        for key in ("Memory", "PidsLimit", "CapDrop", "ReadonlyRootfs", "SecurityOpt"):
+            assert info["HostConfig"][key] == spec_a[key], key  # the same sandbox
+        assert fs_state(taken.container) == want_layer  # the head's layer, not what came after
+        assert as_nobody(taken.container, "stat -c '%u %a' /data/sub/own.txt").split() == [
+            str(NOBODY), "640"]
+        as_nobody(taken.container, "echo on b >> /data/sub/own.txt")  # nobody still writes
+        after = cb.get_session(s.id).checkpoint(label="continued on b")
+        assert "data/sub/own.txt" in cb.diff(cp.id, after.id).container.modified
 
 
 def test_a_move_releases_to_one_host_and_the_holder_stops_serving_it(
