@@ -214,10 +214,6 @@ class Daemon:
         self.server = server
         if socket_path is not None:
             self.gateway = JsonGateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids)
-        # The objects made while starting (modules, the server, the stores) live as long
-        # as the daemon: move them out of the cycle collector's sight, or every collection
-        # that a large scan's allocations trigger traverses them all again.
-        gc.freeze()
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()
@@ -227,6 +223,12 @@ class Daemon:
         if walk.walk_native is None:
             log.warning("the native walker (worldline.daemon.capture._walk) is not built: full"
                         " scans use its Python twin, several times slower (see README, Set-up)")
+        # The objects made while starting (modules, the server, the stores) live as long
+        # as the daemon: move them out of the cycle collector's sight, or every collection
+        # that a large scan's allocations trigger traverses them all again. Last, so that
+        # nothing imported while starting is left out (0.6 imported psycopg after it, for a
+        # log line: 12,000 objects more in every full collection, 15 ms on a rescan).
+        gc.freeze()
 
     def _serve_metrics(self) -> None:
         from prometheus_client import start_http_server

@@ -207,3 +207,24 @@ def test_deep_trees(client, workspace):
         s.checkpoint()
     shutil.rmtree(deep / "x")
     s.checkpoint()  # and it keeps serving
+
+
+def test_a_started_daemon_leaves_the_cycle_collector_almost_nothing(tmp_path):
+    """Everything made while starting is frozen out of the collector's sight, so a full
+    collection during a large scan has little to traverse (0.6 imported psycopg after
+    the freeze: 12,000 objects in every full collection, 15 ms on a rescan)."""
+    import sys
+    root = tmp_path / "root"
+    script = (
+        "import gc, sys\n"
+        "from worldline.daemon.main import Daemon\n"
+        f"d = Daemon({str(root)!r}, 'unix://{root}/wl.sock')\n"
+        "d.start()\n"
+        "gc.collect()\n"
+        "print(len(gc.get_objects()), 'psycopg' in sys.modules)\n"
+        "d.stop()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr
+    tracked, psycopg = out.stdout.split()
+    assert int(tracked) < 2000 and psycopg == "False"  # the embedded default needs none

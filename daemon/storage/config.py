@@ -85,5 +85,13 @@ class StorageConfig:
 
 
 def _shown(url: str) -> str:
-    from .postgres_db import redact
     return redact(url)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    auth, host = rest.rsplit("@", 1)
+    return f"{scheme}://{auth.split(':', 1)[0]}@{host}"

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 from worldline.client.errors import ResourceExhausted, Unavailable
 
+from .config import redact
+
 try:
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
@@ -64,15 +66,6 @@ def _mapped(exc: Exception, url: str) -> Exception:
         return ResourceExhausted(f"no space left for metadata on PostgreSQL: {exc}")
     return Unavailable(f"the metadata store (PostgreSQL at {url}) cannot be reached:"
                        f" {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    auth, host = rest.rsplit("@", 1)
-    return f"{scheme}://{auth.split(':', 1)[0]}@{host}"
 
 
 class PostgresDatabase:
