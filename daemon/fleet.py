@@ -14,9 +14,10 @@ lease runs out another host may *take the session over*.
   it ``needs_attention`` while it works, rebuilds the workspace from the head in a
   folder of its own beside the target and renames it into place (a crash leaves only
   that folder, which the next take-over removes), makes the container again from the
-  recorded spec with the head's layer, and appends a checkpoint equal to the head.
-  That append moves the head, so a former holder still working on the session is
-  fenced: its next checkpoint fails the head's compare-and-set (ABORTED).
+  recorded spec with the head's layer (other mounts become fresh empty volumes), and
+  appends a checkpoint equal to the head. That append moves the head, so a former
+  holder still working on the session is fenced: its next checkpoint fails the head's
+  compare-and-set (ABORTED).
 """
 
 from __future__ import annotations
@@ -148,8 +149,11 @@ def _remake_container(world: World, session: Session, origin: str, path: str) ->
     spec = world._container_spec(session)
     host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in world.host)
     name = f"{session.container}-{host}"[:120]
+    # Mounts besides the workspace name the former host's folders and volumes: on this
+    # host each becomes a fresh empty volume at the same place (as `fork --volumes
+    # empty`), never a bind of whatever this host has at that path.
     world._engine().create_from_spec(spec, name, origin, path, world._labels(session.id),
-                                     "share")
+                                     "empty")
     return name
 
 

@@ -171,6 +171,35 @@ def test_a_container_session_is_taken_over_with_its_layer_and_its_sandbox(
         assert "data/sub/own.txt" in cb.diff(cp.id, after.id).container.modified
 
 
+@pytest.mark.docker
+def test_a_taken_over_container_gets_empty_volumes_not_the_former_hosts_mounts(
+        fleet, agent_tree, tmp_path, containers, canary):
+    from .test_container_fidelity import as_root
+    from .test_containers import IMAGE, docker
+    elsewhere = tmp_path / "host-a-only"  # a folder of the former host, not of the world
+    elsewhere.mkdir()
+    (elsewhere / "secret").write_text("host a's\n")
+    name = f"wl-takeover-{os.urandom(3).hex()}"
+    docker("create", "--name", name, "-v", f"{agent_tree}:/workspace",
+           "-v", f"{elsewhere}:/extra", IMAGE, "sleep", "1000000")
+    containers.append(name)
+    docker("start", name)
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree), container=name)
+        as_root(name, "echo layer > /l")
+        s.checkpoint()
+    assert a.stop() == 0
+    with b.client() as cb:
+        taken = cb.move_session(s.id, take_over=True, workspace=str(tmp_path / "on-b"))
+        containers.append(taken.container)
+        mounts = json.loads(docker("inspect", taken.container))[0]["Mounts"]
+        assert str(elsewhere) not in [m.get("Source") for m in mounts]
+        assert as_root(taken.container, "ls -A /extra").strip() == ""  # a fresh empty volume
+        assert as_root(taken.container, "cat /l").strip() == "layer"
+    assert (elsewhere / "secret").read_text() == "host a's\n"
+
+
 def test_a_move_releases_to_one_host_and_the_holder_stops_serving_it(
         fleet, agent_tree, tmp_path, canary):
     a, b, c = fleet.host("a"), fleet.host("b"), fleet.host("c")
