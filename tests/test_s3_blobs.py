@@ -28,6 +28,15 @@ def index(request, tmp_path):
     store.close()
 
 
+def _index_fails(monkeypatch, index, exc: BaseException) -> None:
+    """Recording an uploaded object raises ``exc`` until ``monkeypatch.undo()``: a
+    daemon killed after its PUT (SystemExit), or the metadata store away."""
+    def fail(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(index, "add_blob_object", fail)
+
+
 def _bucket_of(blobs) -> str:
     return blobs.url[5:].split("/", 1)[0]
 
@@ -135,11 +144,7 @@ def test_a_crash_between_the_put_and_the_index_leaves_an_orphan_gc_removes(
         request, tmp_path, index, s3_server, monkeypatch):
     a = s3_blob_store(request, tmp_path, index=index)
     d = a.put_bytes(b"never indexed")
-
-    def crash(*args, **kwargs):
-        raise SystemExit("killed after the PUT")
-
-    monkeypatch.setattr(index, "add_blob_object", crash)
+    _index_fails(monkeypatch, index, SystemExit("killed after the PUT"))
     with pytest.raises(SystemExit):
         a.sync()
     monkeypatch.undo()
@@ -194,11 +199,7 @@ def test_a_checkpoint_that_fails_still_indexes_what_it_uploaded(request, tmp_pat
     assert index.locate_blobs([d])  # recorded on its own: findable, gc's to judge
     # The metadata store away: the upload waits, and is recorded by the next sync.
     e = a.put_bytes(b"uploaded while the metadata store is away")
-
-    def away(*args, **kwargs):
-        raise Unavailable("the metadata store is away")
-
-    monkeypatch.setattr(index, "add_blob_object", away)
+    _index_fails(monkeypatch, index, Unavailable("the metadata store is away"))
     with pytest.raises(Unavailable):
         a.sync()
     monkeypatch.undo()
@@ -208,7 +209,7 @@ def test_a_checkpoint_that_fails_still_indexes_what_it_uploaded(request, tmp_pat
     # Away for longer than an unrecorded upload may wait (gc elsewhere could delete an
     # object nothing names): its blobs are sent again, then recorded.
     f = a.put_bytes(b"uploaded before a long outage")
-    monkeypatch.setattr(index, "add_blob_object", away)
+    _index_fails(monkeypatch, index, Unavailable("the metadata store is away"))
     with pytest.raises(Unavailable):
         a.sync()
     monkeypatch.undo()

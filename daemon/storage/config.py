@@ -42,7 +42,7 @@ class StorageConfig:
         store = store or env.get("WORLDLINE_STORE") or "sqlite"
         blobs = blobs or env.get("WORLDLINE_BLOBS") or "local"
         if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
-            raise InvalidArgument(f"store {_shown(store)!r} is not sqlite or postgresql://...")
+            raise InvalidArgument(f"store {redact(store)!r} is not sqlite or postgresql://...")
         if blobs != "local" and not blobs.startswith("s3://"):
             raise InvalidArgument(f"blobs {blobs!r} is not local or s3://bucket/prefix")
         host_id = host_id or env.get("WORLDLINE_HOST_ID") or ""
@@ -58,7 +58,7 @@ class StorageConfig:
 
     @property
     def shown_store(self) -> str:
-        return _shown(self.store)
+        return redact(self.store)
 
     def open_store(self, root: str):
         if self.store == "sqlite":
@@ -82,10 +82,6 @@ class StorageConfig:
         local = LocalBlobStore(os.path.join(root, "blobs"), durable=False)
         return S3BlobStore(self.blobs, local, store, self.host_id or socket.gethostname(),
                            self.cache_bytes)
-
-
-def _shown(url: str) -> str:
-    return redact(url)
 
 
 def redact(url: str) -> str:
