@@ -94,16 +94,20 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
         raise FailedPrecondition(f"the head of session {session_id} was pruned")
+    # The folder the recorded container spec binds as the workspace: where the session
+    # was before its first claim. The claim names the new place, so it also writes this
+    # folder into the spec (a spec recorded before 0.7.2 lacks it), where a take-over
+    # that died after the claim and is resumed finds it.
+    spec = json.loads(session.spec or "{}")
+    origin = spec.get("workspace") or session.workspace
     now = time.time()
     claimed = session if unfinished else world.store.claim_session(
         session_id, world.host, session.host, now + world.lease_seconds, now,
-        workspace=real, needs_attention=f"take-over by {world.host} under way")
+        workspace=real, needs_attention=f"take-over by {world.host} under way",
+        **({"spec": json.dumps({**spec, "workspace": origin}, sort_keys=True)} if spec else {}))
     world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
                                          {"from": session.host, "host": world.host,
                                           "workspace": real}, ids.now())])
-    # The folder the recorded container spec binds as the workspace: where the session
-    # was before this claim (the claim already names the new place).
-    origin = json.loads(session.spec or "{}").get("workspace") or session.workspace
     _rebuild(world, claimed, head, real, staging, origin)
     return world.session(session_id)
 

@@ -316,6 +316,42 @@ def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree,
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
 
 
+@pytest.mark.docker
+def test_a_container_take_over_killed_midway_binds_the_workspace_when_resumed(
+        fleet, agent_tree, tmp_path, containers, canary):
+    """A session recorded before 0.7.2 (its spec does not say which folder its container
+    binds as the workspace) whose take-over dies after the claim: the host that
+    finishes it binds the new workspace, not an empty volume in its place."""
+    import psycopg
+
+    from .test_container_fidelity import as_root
+    from .test_containers import IMAGE, docker
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree), image=IMAGE)
+        containers.append(s.container)
+        as_root(s.container, "echo layer > /l")
+        s.checkpoint()
+    a.stop()
+    with psycopg.connect(fleet.url) as conn:  # as 0.7.1 recorded it
+        conn.execute("UPDATE sessions SET spec = (spec::jsonb - 'workspace')::text"
+                     " WHERE id = %s", (s.id,))
+    b = fleet.host("b", faults="takeover.mid")
+    target = tmp_path / "resumed"
+    with b.client() as cb:
+        with pytest.raises(Unavailable):
+            cb.move_session(s.id, take_over=True, workspace=str(target))
+    b.proc.wait(20)
+    b.proc = None
+    time.sleep(2.5)  # b's lease runs out
+    with fleet.host("c").client() as cc:
+        taken = cc.move_session(s.id, take_over=True, workspace=str(target))
+        containers.append(taken.container)
+        mounts = json.loads(docker("inspect", taken.container))[0]["Mounts"]
+        assert [(m["Type"], m["Source"]) for m in mounts] == [("bind", str(target))]
+        assert as_root(taken.container, "cat /l").strip() == "layer"
+
+
 def _indexed_objects(url: str) -> set[str]:
     import psycopg
     with psycopg.connect(url) as conn:

@@ -130,3 +130,18 @@ def test_mode_only_change_is_captured(world):
     w.write("x.sh", b"echo", 0o755)
     b = w.snap.capture()
     assert diff(trees, a.root, b.root).modified == ["x.sh"]
+
+
+@pytest.mark.parametrize("size, hint", [(0, 0), (1, 1), (5000, 5000), (5000, 10),
+                                        (3 << 20, 3 << 20), (3 << 20, 0), (10, 5000)])
+def test_read_small_reads_the_whole_file_whatever_its_stat_said(tmp_path, size, hint):
+    """The buffer follows the size the capture stat'ed; a file that grew or shrank since
+    is still read to its end, byte for byte."""
+    from worldline.daemon.capture.snapshot import read_small
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        assert read_small(fd, hint) == data
+    finally:
+        os.close(fd)

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 COOKIE_PREFIX = ".worldline-tmp-cookie-"
 READER_DELAY = 0.005  # seconds the reader thread waits after waking (see _run)
+EVENT_BUFFER = 1 << 18  # bytes of events per read (an event is at most 272 bytes)
 TEMP_PREFIX = ".worldline-tmp-"
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
@@ -288,6 +289,7 @@ class ChangeMonitor:
             os.unlink(os.path.join(cookie_dir, name))
         self._cookies: dict[str, threading.Event] = {}
         self._read_lock = threading.Lock()
+        self._events = bytearray(EVENT_BUFFER)  # read into under _read_lock
         self._cookie_wd = _libc.inotify_add_watch(self.fd, os.fsencode(cookie_dir), IN_CREATE)
         if self._cookie_wd < 0:
             raise OSError(ctypes.get_errno(), f"cannot watch {cookie_dir}")
@@ -379,8 +381,8 @@ class ChangeMonitor:
         both drain; one at a time). False once the inotify instance has failed."""
         with self._read_lock:
             while True:
-                try:
-                    chunk = os.read(self.fd, 1 << 20)
+                try:  # into one buffer: os.read would allocate a fresh one every time
+                    count = os.readv(self.fd, [self._events])
                 except BlockingIOError:
                     return True
                 except OSError as exc:
@@ -390,11 +392,12 @@ class ChangeMonitor:
                               exc)
                     self._overflow()
                     return False
+                chunk = self._events
                 offset = 0  # a read returns whole events only
-                while offset + _EVENT.size <= len(chunk):
+                while offset + _EVENT.size <= count:
                     wd, mask, _cookie, length = _EVENT.unpack_from(chunk, offset)
                     end = offset + _EVENT.size + length
-                    name = os.fsdecode(chunk[offset + _EVENT.size:end].rstrip(b"\0"))
+                    name = os.fsdecode(bytes(chunk[offset + _EVENT.size:end]).rstrip(b"\0"))
                     offset = end
                     self._dispatch(wd, mask, name)
 
