@@ -160,6 +160,7 @@ class World:
         self.root_id = _root_id(self.root)
         self._locks: dict[str, threading.Lock] = {}
         self._workspace_of: dict[str, str] = {}  # session id -> workspace, as last read
+        self._heads: dict[str, Checkpoint] = {}  # session id -> its last checkpoint made here
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
@@ -453,7 +454,9 @@ class World:
         for what, text in (("label", label), ("reasoning", reasoning), ("trace id", trace_id)):
             check_text(what, text)
         with self._session_locked(session_id, expected_head) as session:
-            head = self.store.get_checkpoint(session.head)
+            head = self._heads.get(session_id)
+            if head is None or head.id != session.head:  # another call or host moved it
+                head = self.store.get_checkpoint(session.head)
             if self._container_gone(session):
                 # The workspace goes on being checkpointed; the container layer last
                 # captured is carried forward, so a restore or fork can make it again.
@@ -508,6 +511,8 @@ class World:
                 layer.give_back(changes)
             raise
         crash_point("checkpoint.after_commit")
+        self._heads[session.id] = cp  # the next checkpoint starts from it (what it reads
+        # of a record, its trees and digests, never changes)
         for layer, capture, _ in taken:
             layer.committed(capture)
             for warning in capture.warnings:

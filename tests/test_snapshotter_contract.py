@@ -145,3 +145,70 @@ def test_read_small_reads_the_whole_file_whatever_its_stat_said(tmp_path, size, 
         assert read_small(fd, hint) == data
     finally:
         os.close(fd)
+
+
+def test_a_large_folder_encoded_from_its_previous_rows_is_byte_for_byte_its_encoding():
+    """``TreeReader.encode_update`` replaces the touched rows of the base's kept rows;
+    over many versions (names changed, added, removed; with and without the root's own
+    entry; sockets, which count for no size) it gives exactly ``encode`` of the tree."""
+    import random
+
+    from worldline.daemon.capture.trees import (
+        SOCKET,
+        Entry,
+        Tree,
+        encode,
+    )
+    rng = random.Random(7)
+    blobs = MemoryBlobStore()
+    reader = TreeReader(blobs)
+
+    def entry() -> Entry:
+        kind = rng.choice([FILE, FILE, FILE, DIR, SYMLINK, SOCKET])
+        return Entry(kind, rng.choice([0o644, 0o4755, 0o600]), os.urandom(32).hex(),
+                     rng.randrange(1 << 40), rng.randrange(70000), 100,
+                     rng.randrange(1 << 62), rng.choice(["", '{"x":[["user.a","00"]]}']))
+
+    names = ["é", "a b", "Z", "\udcff", "x" * 200] + [f"n{i:03d}" for i in range(150)]
+    tree = Tree({name: entry() for name in names})
+    base = blobs.put_bytes(encode(tree))
+    reader.remember(base, tree)
+    kept_once = False
+    for _ in range(300):
+        new = Tree(reader.read(base))
+        touched = rng.sample(names + [f"new{i}" for i in range(40)], rng.randrange(1, 6))
+        for name in touched:
+            if rng.random() < 0.3:
+                new.pop(name, None)
+            else:
+                new[name] = entry()
+        if rng.random() < 0.5:
+            new.own = Entry(DIR, 0o755, "", 0, 0, 0, rng.randrange(1 << 62), "")
+        data, total, rows = reader.encode_update(new, base, touched)
+        assert data == encode(new)
+        assert total == sum(e.size for e in new.values() if e.kind != SOCKET)
+        kept_once = kept_once or reader._rows.get(base) is not None
+        base = blobs.put_bytes(data)
+        reader.remember(base, new)
+        if rows is not None:
+            reader.keep_rows(base, rows)
+    assert kept_once  # the rows of earlier versions were used, not only built
+
+
+def test_the_restore_journal_finds_every_entry_it_or_an_earlier_daemon_wrote(tmp_path):
+    """``get`` opens files only for sessions it knows may have one: those it wrote, and
+    those the folder held when it was opened (a daemon that died mid-restore)."""
+    import json
+
+    from worldline.daemon.capture.layers import RestoreJournal
+    folder = tmp_path / "journal"
+    RestoreJournal(str(folder)).write({"session": "left", "target": "c1"})
+    journal = RestoreJournal(str(folder))  # the next daemon
+    assert journal.get("left") == {"session": "left", "target": "c1"}
+    assert journal.get("other") is None
+    journal.write({"session": "new", "target": "c2"})
+    assert json.loads((folder / "new.json").read_text()) == journal.get("new")
+    journal.remove("new")
+    assert journal.get("new") is None
+    journal.set_aside("left")
+    assert journal.get("left") is None and journal.get_set_aside("left")["target"] == "c1"

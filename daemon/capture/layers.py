@@ -79,17 +79,25 @@ class Layer:
 
 
 class RestoreJournal:
-    """One JSON file per session with a restore under way, written durably."""
+    """One JSON file per session with a restore under way, written durably.
+
+    Only this daemon writes the folder (its data root is its own, under its lock), so
+    it knows which sessions may have an entry: ``get``, asked before every operation
+    on a session, opens a file only for those (a set that may name more sessions than
+    have files, never fewer)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.aside = os.path.join(folder, "set-aside")
         os.makedirs(self.aside, mode=0o700, exist_ok=True)
+        self._maybe = {name.removesuffix(".json") for name in os.listdir(folder)
+                       if name.endswith(".json")}
 
     def _path(self, session_id: str) -> str:
         return os.path.join(self.folder, f"{session_id}.json")
 
     def write(self, entry: dict) -> None:
+        self._maybe.add(entry["session"])
         path = self._path(entry["session"])
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -108,8 +116,11 @@ class RestoreJournal:
             os.unlink(self._path(session_id))
         except FileNotFoundError:
             pass
+        self._maybe.discard(session_id)
 
     def get(self, session_id: str) -> dict | None:
+        if session_id not in self._maybe:
+            return None
         try:
             with open(self._path(session_id)) as f:
                 return json.load(f)
@@ -122,6 +133,7 @@ class RestoreJournal:
             os.replace(self._path(session_id), os.path.join(self.aside, f"{session_id}.json"))
         except FileNotFoundError:
             pass
+        self._maybe.discard(session_id)
 
     def get_set_aside(self, session_id: str) -> dict | None:
         try:

@@ -376,8 +376,13 @@ class WorkspaceSnapshotter:
                 if exc.errno != errno.ELOOP:
                     raise
                 tree.pop(name, None)  # a folder swapped for a symlink while we looked
-        total = sum(e.size for e in tree.values() if e.kind != SOCKET)
-        return self._store_tree(tree, scan, base, rel=prefix.rstrip("/")), total
+        if prefix == "":
+            tree.own = self._root_entry(scan)
+        data, total, rows = self.trees.encode_update(tree, base, node)
+        digest = self._stored(tree, data, scan, base)
+        if rows is not None and scan.persist:
+            self.trees.keep_rows(digest, rows)
+        return digest, total
 
     def _special(self, dfd: int, name: str, path: str, fields: tuple, rdev, scan: _Scan
                  ) -> Entry | None:
@@ -485,7 +490,10 @@ class WorkspaceSnapshotter:
         cheaper than one each."""
         if rel == "":
             tree.own = self._root_entry(scan)
-        data = encode(tree)
+        return self._stored(tree, encode(tree), scan, base)
+
+    def _stored(self, tree: Tree, data: bytes, scan: _Scan, base: str | None) -> str:
+        """The digest of a tree encoded as ``data``, stored as ``_store_tree`` says."""
         if scan.persist and base is None:
             digest = digest_of(data)
             scan.deferred.append(data)

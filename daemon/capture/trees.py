@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from worldline.client.errors import DataLoss, InvalidArgument
@@ -182,14 +183,86 @@ EMPTY_TREE = encode({})
 EMPTY_TREE_DIGEST = digest_of(EMPTY_TREE)
 
 
+ROWS_FROM = 64  # entries from which a folder's encoded rows are kept for its next version
+ROWS_KEPT = 128  # folders whose rows are kept
+
+
+def _encoded_row(name: str, entry: Entry) -> bytes:
+    """The row ``encode`` writes for one entry (without the brackets around the rows)."""
+    return encode({name: entry})[1:-1]
+
+
+def _size(entry: Entry | None) -> int:
+    return entry.size if entry is not None and entry.kind != SOCKET else 0
+
+
+class Rows:
+    """A large folder's encoding as its rows, sorted by name (the folder's own entry,
+    which only a layer's root tree has, is not among them), and the total size of its
+    entries: what the next version of the folder, which differs in a few names, is
+    made from (``TreeReader.encode_update``)."""
+
+    __slots__ = ("names", "rows", "total")
+
+    def __init__(self, names: list[str], rows: list[bytes], total: int) -> None:
+        self.names, self.rows, self.total = names, rows, total
+
+
 class TreeReader:
-    """Reads trees from a blob store, caching decoded trees (they never change)."""
+    """Reads trees from a blob store, caching decoded trees (they never change), and
+    the encoded rows of the large folders captured last."""
 
     def __init__(self, blobs: BlobStore, capacity: int = 8192) -> None:
         self.blobs = blobs
         self._cache: OrderedDict[str, Tree] = OrderedDict()
         self._capacity = capacity
+        self._rows: OrderedDict[str, Rows] = OrderedDict()
         self._lock = threading.Lock()
+
+    def encode_update(self, tree: Tree, base: str, touched: Iterable[str]
+                      ) -> tuple[bytes, int, Rows | None]:
+        """(encoding, total size of the entries, rows to keep) of ``tree``, which is the
+        tree ``base`` with only the names in ``touched`` changed, added or removed. A
+        large folder whose base's rows are kept is encoded by replacing those rows
+        only: the same bytes ``encode`` makes of the whole tree (the rows are sorted by
+        name and each is encoded alone), for a few rows' work instead of every row's,
+        and its total is the base's corrected by the touched entries."""
+        if len(tree) < ROWS_FROM:
+            return encode(tree), sum(_size(e) for e in tree.values()), None
+        with self._lock:
+            kept = self._rows.get(base)
+            if kept is not None:
+                self._rows.move_to_end(base)
+        if kept is None:
+            names = sorted(tree)
+            rows = [_encoded_row(name, tree[name]) for name in names]
+            total = sum(_size(e) for e in tree.values())
+        else:
+            before = self.read(base)
+            names, rows, total = list(kept.names), list(kept.rows), kept.total
+            for name in set(touched):
+                entry = tree.get(name)
+                total += _size(entry) - _size(before.get(name))
+                at = bisect_left(names, name)
+                present = at < len(names) and names[at] == name
+                if entry is None:
+                    if present:
+                        del names[at], rows[at]
+                elif present:
+                    rows[at] = _encoded_row(name, entry)
+                else:
+                    names.insert(at, name)
+                    rows.insert(at, _encoded_row(name, entry))
+        own = getattr(tree, "own", None)
+        body = b",".join([_encoded_row("", own), *rows] if own is not None else rows)
+        return b"[" + body + b"]", total, Rows(names, rows, total)
+
+    def keep_rows(self, digest: str, rows: Rows) -> None:
+        with self._lock:
+            self._rows[digest] = rows
+            self._rows.move_to_end(digest)
+            while len(self._rows) > ROWS_KEPT:
+                self._rows.popitem(last=False)
 
     def read(self, digest: str, pending: Mapping[str, dict[str, Entry]] | None = None
              ) -> dict[str, Entry]:
