@@ -20,6 +20,7 @@ from worldline.client import (
     Unavailable,
     WorldlineError,
 )
+from worldline.daemon.main import GC_YOUNG
 
 from .conftest import DaemonProcess, corrupt_blob, tree_state
 
@@ -221,10 +222,11 @@ def test_a_started_daemon_leaves_the_cycle_collector_almost_nothing(tmp_path):
         f"d = Daemon({str(root)!r}, 'unix://{root}/wl.sock')\n"
         "d.start()\n"
         "gc.collect()\n"
-        "print(len(gc.get_objects()), 'psycopg' in sys.modules)\n"
+        "print(len(gc.get_objects()), 'psycopg' in sys.modules, gc.get_threshold()[0])\n"
         "d.stop()\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
     assert out.returncode == 0, out.stderr
-    tracked, psycopg = out.stdout.split()
+    tracked, psycopg, young = out.stdout.split()
     assert int(tracked) < 2000 and psycopg == "False"  # the embedded default needs none
+    assert int(young) == GC_YOUNG  # and young collections are rare (main.py says why)

@@ -4,6 +4,7 @@ fixed time, while the parent measures how fast `session list` answers."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import random
 import time
 from pathlib import Path
@@ -31,8 +32,20 @@ def _worker(address: str, session_id: str, workspace: str, django: str, seconds:
     out.put(latencies)
 
 
+def _cpu(pid: int) -> tuple[float, float, float]:
+    """(the process's CPU seconds, the machine's busy and idle CPU seconds) so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open("/proc/stat") as f:
+        machine = [int(x) for x in f.readline().split()[1:]]
+    idle = machine[3] + machine[4]  # idle, iowait
+    return ((int(fields[11]) + int(fields[12])) / tick, (sum(machine[:8]) - idle) / tick,
+            idle / tick)
+
+
 def run(address: str, sessions: list[str], workspaces: list[str], seconds: float,
-        django: str) -> dict:
+        django: str, daemon_pid: int | None = None) -> dict:
     from worldline.client import Client
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -46,17 +59,24 @@ def run(address: str, sessions: list[str], workspaces: list[str], seconds: float
         while time.time() < start_at:
             time.sleep(0.01)
         end = time.monotonic() + seconds
+        before = _cpu(daemon_pid) if daemon_pid else None
         while time.monotonic() < end:
             t = time.perf_counter()
             client.list_sessions()
             list_latencies.append(time.perf_counter() - t)
             time.sleep(0.25)
+    after = _cpu(daemon_pid) if daemon_pid else None
     latencies = []
     for _ in procs:
         latencies.extend(out.get(timeout=60))
     for p in procs:
         p.join(30)
     xs = sorted(latencies)
-    return {"count": len(xs), "seconds": seconds, "latencies": xs,
+    cpu = None
+    if before and after and xs:
+        daemon, busy, idle = (b - a for a, b in zip(before, after, strict=True))
+        cpu = {"daemon_ms_per_checkpoint": daemon * 1000 / len(xs),
+               "machine_idle": idle / max(busy + idle, 1e-9)}
+    return {"count": len(xs), "seconds": seconds, "latencies": xs, "cpu": cpu,
             "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0.0,
             "list_latencies": list_latencies}

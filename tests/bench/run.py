@@ -280,7 +280,8 @@ class Bench:
         sessions = [self.client.create_session(str(p)).id for p in copies]
         os.sync()
         result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
-                          seconds=10.0, django=str(self.django))
+                          seconds=10.0, django=str(self.django),
+                          daemon_pid=self.daemon.proc.pid)
         lat = stat(result["latencies"])
         rate = result["count"] / result["seconds"]
         listing = stat(result["list_latencies"])
@@ -292,6 +293,10 @@ class Bench:
                      "session list during the load": listing},
                     None, "", "≥ 150 checkpoints/s, p99 ≤ 50 ms; session list ≤ 100 ms",
                     rate >= 150 and result["p99"] <= 0.050 and listing.p90 <= 100)
+        if result["cpu"]:
+            case.note = (f"daemon CPU {result['cpu']['daemon_ms_per_checkpoint']:.2f} ms per"
+                         f" checkpoint; the machine {result['cpu']['machine_idle']:.0%} idle"
+                         " during the load")
         return self.add(case)
 
     # -- checkpoint-sparse ---------------------------------------------------------------
