@@ -504,8 +504,8 @@ class World:
                                 resume=head.resume if resume is None else resume)
                 cp = self.store.append_checkpoint(cp, messages, head.id, None, [
                     AuditEvent("checkpoint", session.id, cp.id,
-                               {"tree": cp.tree, "container": cp.container, "label": label,
-                                "messages": len(messages)}, ids.now())], objects)
+                               _checkpoint_detail(cp, label, len(messages)), ids.now())],
+                    objects)
         except BaseException:
             for layer, _, changes in taken:
                 layer.give_back(changes)
@@ -990,6 +990,20 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _checkpoint_detail(cp: Checkpoint, label: str | None, messages: int) -> dict:
+    """A checkpoint's audit detail: its tree, and what is not the default (an audit row
+    per checkpoint is a large share of the metadata: no container, no label and no
+    messages, the usual case, are said by their absence)."""
+    detail: dict = {"tree": cp.tree}
+    if cp.container:
+        detail["container"] = cp.container
+    if label:
+        detail["label"] = label
+    if messages:
+        detail["messages"] = messages
+    return detail
 
 
 def _root_id(root: str) -> str:

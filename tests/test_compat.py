@@ -66,3 +66,58 @@ def test_meta_db_of_0_3_is_migrated_once(tmp_path):
     version = sqlite3.connect(path).execute(
         "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     assert int(version) == SCHEMA_VERSION
+
+
+def test_a_checkpoints_table_made_before_0_7_4_is_rebuilt_keyed_by_id(tmp_path):
+    """0.7.4 keys the checkpoints table by id (no second index of ids); a table made
+    before is rebuilt once at open, every row and the (session, seq) rule kept."""
+    import pytest
+    from worldline.daemon import ids
+    from worldline.daemon.records import AuditEvent
+
+    from .test_store_contract import make_cp, new_session
+    path = tmp_path / "meta.db"
+    store = SqliteStore(str(path))
+    session, first = new_session(store)
+    head = first
+    for i in range(30):
+        cp = make_cp(session.id, head.id)
+        head = store.append_checkpoint(cp, [f"message {i}"], head.id, None, [
+            AuditEvent("checkpoint", session.id, cp.id, {"tree": cp.tree}, ids.now())])
+    before = store.list_checkpoints(session.id)
+    store.close()
+    db = sqlite3.connect(path)  # as 0.7.3 made it: rows with rowids, ids in an index
+    made = db.execute("SELECT sql FROM sqlite_master WHERE name = 'checkpoints'").fetchone()[0]
+    assert made.rstrip().endswith("WITHOUT ROWID")
+    db.executescript(f"""
+        BEGIN;
+        {made.replace("CREATE TABLE checkpoints", "CREATE TABLE old").replace(
+            "WITHOUT ROWID", "")};
+        INSERT INTO old SELECT * FROM checkpoints;
+        DROP TABLE checkpoints;
+        ALTER TABLE old RENAME TO checkpoints;
+        UPDATE meta SET value = '7' WHERE key = 'schema_version';
+        COMMIT;""")
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE"
+                      " name = 'sqlite_autoindex_checkpoints_1'").fetchone()[0] == 1
+    db.close()
+    for _ in range(2):  # the second open finds nothing to do
+        store = SqliteStore(str(path))
+        assert store.list_checkpoints(session.id) == before
+        assert store.get_checkpoint(head.id) == head
+        for change, rule in (("id = 'another'", "session_id, checkpoints.seq"),
+                             ("seq = 1000", "checkpoints.id")):
+            with pytest.raises(sqlite3.IntegrityError, match=rule), store._tx() as tx:
+                tx.execute("CREATE TEMP TABLE one AS SELECT * FROM checkpoints WHERE id = ?",
+                           (head.id,))
+                tx.execute(f"UPDATE one SET {change}")
+                tx.execute("INSERT INTO checkpoints SELECT * FROM one")
+        store.close()
+    db = sqlite3.connect(path)
+    assert "WITHOUT ROWID" in db.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'checkpoints'").fetchone()[0]
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE"
+                      " name = 'sqlite_autoindex_checkpoints_1'").fetchone()[0] == 0
+    assert int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+               .fetchone()[0]) == SCHEMA_VERSION == 8
+    db.close()

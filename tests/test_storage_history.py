@@ -172,6 +172,59 @@ def test_a_pack_made_before_0_7_is_converted_to_give_space_back(tmp_path):
     blobs.close()
 
 
+def test_a_pack_keyed_by_eight_bytes_before_0_7_4_keeps_its_key_and_every_row(tmp_path):
+    import sqlite3
+
+    from worldline.daemon.storage import packs
+    path = tmp_path / "b" / "pack.db"
+    path.parent.mkdir()
+    old = sqlite3.connect(path)  # the schema a 0.7.3 pack was made with
+    old.executescript(packs.FIRST + packs.SCHEMA.replace(
+        f"substr(digest, 1, {packs.KEY_BYTES})", "substr(digest, 1, 8)"))
+    old.close()
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    base = os.urandom(5000)
+    written = {blobs.put_bytes(base): base}
+    edited = base[:100] + b"an edit" + base[100:]
+    written[blobs.put_bytes(edited, base=next(iter(written)))] = edited
+    blobs.sync()
+    blobs.close()
+    blobs = LocalBlobStore(str(tmp_path / "b"))  # reopened: the key is read from the index
+    assert blobs.pack._key_len == 8
+    assert blobs.pack.present(set(written)) == set(written)
+    assert all(blobs.pack.has(d) for d in written)
+    _all_read_back(blobs, written)
+    plan = blobs.pack._one(f"EXPLAIN QUERY PLAN SELECT id FROM objects WHERE"
+                           f" {blobs.pack._by_digest}", blobs.pack._key(next(iter(written))))
+    assert "objects_by_key" in plan[-1]
+    blobs.close()
+
+
+def test_a_new_pack_finds_rows_by_four_bytes_through_its_index(tmp_path):
+    import sqlite3
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    # rows whose digests share their first four bytes are told apart by the whole digest
+    data = {blobs.put_bytes(bytes([i]) * 3000): bytes([i]) * 3000 for i in range(50)}
+    blobs.sync()
+    assert blobs.pack._key_len == 4
+    db = sqlite3.connect(tmp_path / "b" / "pack.db")
+    prefix = bytes.fromhex(next(iter(data)))[:4]
+    db.executemany("UPDATE objects SET digest = ? WHERE id = ?",
+                   [(prefix + bytes(d)[4:], i) for i, d in db.execute("SELECT id, digest"
+                                                                       " FROM objects")])
+    db.commit()
+    stored = {bytes(r[0]).hex() for r in db.execute("SELECT digest FROM objects")}
+    db.close()
+    blobs.close()
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    assert blobs.pack.present(stored) == stored
+    assert blobs.pack.present(set(data)) == {next(iter(data))}  # the others: one key, not ours
+    plan = blobs.pack._one(f"EXPLAIN QUERY PLAN SELECT id FROM objects WHERE"
+                           f" {blobs.pack._by_digest}", blobs.pack._key(next(iter(data))))
+    assert "objects_by_key" in plan[-1]
+    blobs.close()
+
+
 def test_a_daemon_killed_during_the_repack_loses_nothing(tmp_path):
     """SIGKILL inside a repack transaction, and right after a step: at the next start
     every checkpoint restores byte for byte and fsck finds nothing wrong. (Each round

@@ -59,14 +59,21 @@ RAW, ZLIB, DELTA, ZDELTA, ZSTD = 0, 1, 2, 3, 4  # DELTA: a splice; ZDELTA: a zst
 FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
 
-SCHEMA = """
+# The index key: the digest's first KEY_BYTES bytes. A pack made before 0.7.4 keys its
+# rows by 8 (and keeps them: the key is read from its index at open). Four bytes tell
+# rows apart as well in practice (a lookup among ten million rows meets another row of
+# its key one time in 400, checked whole) and make each index entry 4 bytes smaller:
+# the index is a fifth smaller, and what a checkpoint adds to it too.
+KEY_BYTES = 4
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS objects (
     id INTEGER PRIMARY KEY,     -- in order of storing: rows are appended
     digest BLOB NOT NULL, kind INTEGER NOT NULL, base INTEGER, depth INTEGER NOT NULL,
     size INTEGER NOT NULL, stored_ms INTEGER NOT NULL, data BLOB NOT NULL,
     dependents INTEGER NOT NULL DEFAULT 0);  -- rows whose base this row is
--- found by the digest's first 8 bytes (a short key to index), then checked whole
-CREATE INDEX IF NOT EXISTS objects_by_key ON objects (substr(digest, 1, 8));
+-- found by the digest's first KEY_BYTES bytes (a short key to index), then checked whole
+CREATE INDEX IF NOT EXISTS objects_by_key ON objects (substr(digest, 1, {KEY_BYTES}));
 -- the rows built on a row (the repack moves them when it gives the row a new base)
 CREATE INDEX IF NOT EXISTS objects_by_base ON objects (base) WHERE base IS NOT NULL;
 -- how far the idle repack has come (the last row id it looked at)
@@ -82,13 +89,17 @@ _BELOW = ("WITH RECURSIVE d(id) AS (SELECT id FROM objects WHERE base = ?"
           " SELECT o.id, o.depth, o.digest FROM objects AS o JOIN d ON o.id = d.id")
 
 
-_BY_DIGEST = "substr(digest, 1, 8) = ? AND digest = ?"  # with _key(digest): uses the index
+_INDEX_KEY = re.compile(r"substr\(digest,\s*1,\s*(\d+)\)")
 
 
-def _key(digest: str) -> tuple[bytes, bytes]:
-    """(index key, digest bytes): rows are found by key, then checked whole."""
-    raw = bytes.fromhex(digest)
-    return raw[:8], raw
+def _key_bytes(db) -> int:
+    """How many bytes of the digest this pack's index keys its rows by."""
+    sql = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index'"
+                     " AND name = 'objects_by_key'").fetchone()
+    found = _INDEX_KEY.search(sql[0]) if sql is not None else None
+    if found is None:
+        raise DataLoss(f"a pack's key index is not one this worldline knows: {sql}")
+    return int(found.group(1))
 
 
 @dataclass(frozen=True)
@@ -329,6 +340,9 @@ class Pack(SqliteDatabase):
         self._cached = 0  # blobs, and their depth when known: the next put's base
         self._cache_lock = threading.Lock()
         self._ids: OrderedDict[str, int] = OrderedDict()  # digest -> row id, recent rows
+        self._key_len = _key_bytes(self._db)
+        # every statement that finds a row by digest, with ``self._key(digest)``
+        self._by_digest = f"substr(digest, 1, {self._key_len}) = ? AND digest = ?"
         self._bloom = self._load_bloom()
         self.last_commit = 0.0  # monotonic time of the last sync's commit (repack waits)
 
@@ -352,6 +366,11 @@ class Pack(SqliteDatabase):
             bloom.add(bytes(raw))
         return bloom
 
+    def _key(self, digest: str) -> tuple[bytes, bytes]:
+        """(index key, digest bytes): rows are found by key, then checked whole."""
+        raw = bytes.fromhex(digest)
+        return raw[:self._key_len], raw
+
     def _remember_id(self, digest: str, row_id: int) -> None:
         with self._cache_lock:
             self._ids[digest] = row_id
@@ -364,12 +383,12 @@ class Pack(SqliteDatabase):
         found = self.pending.get(digest) or self.committing.get(digest)
         if found is not None:
             return found
-        key = _key(digest)
+        key = self._key(digest)
         if key[1] not in self._bloom:
             return None
         r = self._one("SELECT o.kind, b.digest, o.depth, o.size, o.stored_ms / 1000.0, o.data,"
                       " o.id FROM objects AS o LEFT JOIN objects AS b ON b.id = o.base"
-                      " WHERE substr(o.digest, 1, 8) = ? AND o.digest = ?", key)
+                      f" WHERE substr(o.digest, 1, {self._key_len}) = ? AND o.digest = ?", key)
         if r is None:
             return None
         self._remember_id(digest, r[6])
@@ -378,10 +397,10 @@ class Pack(SqliteDatabase):
     def has(self, digest: str) -> bool:
         if digest in self.pending or digest in self.committing or digest in self._cache:
             return True  # (a dict's membership test needs no lock)
-        key = _key(digest)
+        key = self._key(digest)
         if key[1] not in self._bloom:
             return False  # new content, the usual case: nothing asked of SQLite
-        return self._one(f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key) is not None
+        return self._one(f"SELECT 1 FROM objects WHERE {self._by_digest}", key) is not None
 
     def present(self, digests: set[str]) -> set[str]:
         """Which of ``digests`` are stored, pending or committed: few queries for many.
@@ -390,13 +409,14 @@ class Pack(SqliteDatabase):
         found = {d for d in digests if d in self.pending or d in self.committing}
         with self._cache_lock:
             found |= {d for d in digests if d in self._cache}
-        maybe = [_key(d) for d in digests - found]
+        maybe = [self._key(d) for d in digests - found]
         maybe = [k for k in maybe if k[1] in self._bloom]
         for i in range(0, len(maybe), 500):
             chunk = maybe[i:i + 500]
             wanted = {k[1] for k in chunk}
-            rows = self._all("SELECT digest FROM objects WHERE substr(digest, 1, 8) IN"
-                             f" ({', '.join('?' * len(chunk))})", tuple(k[0] for k in chunk))
+            rows = self._all(f"SELECT digest FROM objects WHERE substr(digest, 1,"
+                             f" {self._key_len}) IN ({', '.join('?' * len(chunk))})",
+                             tuple(k[0] for k in chunk))
             found |= {bytes(r[0]).hex() for r in rows if bytes(r[0]) in wanted}
         return found
 
@@ -501,9 +521,10 @@ class Pack(SqliteDatabase):
             next_id = (db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0) + 1
             values, bases = [], []
             for digest, r in sorted(rows.items(), key=lambda item: item[1].depth):
-                key = _key(digest)
+                key = self._key(digest)
                 if key[1] in self._bloom and db.execute(
-                        f"SELECT 1 FROM objects WHERE {_BY_DIGEST}", key).fetchone() is not None:
+                        f"SELECT 1 FROM objects WHERE {self._by_digest}",
+                        key).fetchone() is not None:
                     continue  # stored already (the filter says so for new ones: never)
                 base_id = None  # bases go first: a delta is one deeper than its base
                 if r.base is not None:
@@ -539,7 +560,8 @@ class Pack(SqliteDatabase):
             known = self._ids.get(digest)
         if known is not None:
             return known
-        found = db.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}", _key(digest)).fetchone()
+        found = db.execute(f"SELECT id FROM objects WHERE {self._by_digest}",
+                           self._key(digest)).fetchone()
         return found[0] if found is not None else None
 
     def depends_on(self, digest: str) -> bool:
@@ -547,16 +569,16 @@ class Pack(SqliteDatabase):
         for rows in (self.pending, self.committing):
             if any(r.base == digest for r in rows.values()):
                 return True
-        found = self._one(f"SELECT dependents FROM objects WHERE {_BY_DIGEST}",
-                          _key(digest))
+        found = self._one(f"SELECT dependents FROM objects WHERE {self._by_digest}",
+                          self._key(digest))
         return found is not None and found[0] > 0
 
     def delete(self, digest: str) -> int:
         """Remove a committed row; the bytes it held (0 if absent)."""
         self.forget(digest)
         with self._tx() as db:
-            r = db.execute(f"SELECT id, length(data), base FROM objects WHERE {_BY_DIGEST}",
-                           _key(digest)).fetchone()
+            r = db.execute(f"SELECT id, length(data), base FROM objects WHERE {self._by_digest}",
+                           self._key(digest)).fetchone()
             if r is None:
                 return 0
             db.execute("DELETE FROM objects WHERE id = ?", (r[0],))
@@ -572,7 +594,8 @@ class Pack(SqliteDatabase):
 
     def row_id(self, digest: str) -> tuple[int, int] | None:
         """(row id, depth) of a committed row."""
-        return self._one(f"SELECT id, depth FROM objects WHERE {_BY_DIGEST}", _key(digest))
+        return self._one(f"SELECT id, depth FROM objects WHERE {self._by_digest}",
+                         self._key(digest))
 
     def below(self, row_id: int, db=None) -> dict[int, tuple[int, str]]:
         """The rows built on this one, directly or not: id -> (depth, digest)."""

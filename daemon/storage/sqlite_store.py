@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
     trace_id TEXT NOT NULL, restored_from TEXT, container BLOB, acknowledged TEXT NOT NULL,
     pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    UNIQUE (session_id, seq));
+    UNIQUE (session_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages (
     checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
@@ -61,7 +61,10 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL);
 """
-# Digests are kept as their 32 bytes (sql_store.digest_in), not 64 hex digits.
+# Digests are kept as their 32 bytes (sql_store.digest_in), not 64 hex digits. A
+# checkpoint row is found by its id: the table is keyed by it (WITHOUT ROWID), so no
+# second index of ids is kept beside the rows (a checkpoint's metadata is a large share
+# of what it stores).
 
 
 def _add_columns(table: str, *columns: str):
@@ -96,6 +99,8 @@ MIGRATIONS = (
         "released_to TEXT")),
     Migration(6, "0.6: where each host answers (table made at open)", lambda db: None),
     Migration(7, "0.7: digests as bytes, not hex text", lambda db: _binary_digests(db)),
+    Migration(8, "0.7.4: checkpoints keyed by their id (no second index of ids)",
+              lambda db: _checkpoints_by_id(db)),
 )
 
 
@@ -108,6 +113,25 @@ def _binary_digests(db) -> None:
         db.executemany(
             f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} WHERE {key} = ?",
             [tuple(digest_in(v) for v in row[1:]) + (row[0],) for row in rows])
+
+
+def _checkpoints_by_id(db) -> None:
+    """Rebuild a checkpoints table made before 0.7.4 as SCHEMA's (keyed by id), every row
+    copied as it is, in the migration's transaction."""
+    made = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"
+                      " AND name = 'checkpoints'").fetchone()[0]
+    if "WITHOUT ROWID" in made.upper():
+        return
+    start = SCHEMA.index("CREATE TABLE IF NOT EXISTS checkpoints")
+    create = SCHEMA[start:SCHEMA.index(";", start)].replace(
+        "CREATE TABLE IF NOT EXISTS checkpoints", "CREATE TABLE checkpoints_by_id")
+    db.execute(create)
+    columns = ", ".join(r[1] for r in db.execute("PRAGMA table_info(checkpoints_by_id)"))
+    db.execute(f"INSERT INTO checkpoints_by_id ({columns}) SELECT {columns} FROM checkpoints")
+    db.execute("DROP TABLE checkpoints")
+    db.execute("ALTER TABLE checkpoints_by_id RENAME TO checkpoints")
+
+
 SCHEMA_VERSION = latest(MIGRATIONS)
 
 

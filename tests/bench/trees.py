@@ -69,13 +69,30 @@ def edit(tree: Path, rel_paths: list[str], tag: str) -> None:
             f.write(f"# {tag}\n")
 
 
-def du_bytes(path: Path) -> int:
-    """Bytes of disk the folder uses (allocated blocks, as `du` counts them)."""
-    total = 0
+def du_files(path: Path) -> dict[str, int]:
+    """Bytes of disk each file below ``path`` uses, by its path relative to ``path``."""
+    out = {}
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
+            full = os.path.join(dirpath, name)
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                out[os.path.relpath(full, path)] = os.lstat(full).st_blocks * 512
             except FileNotFoundError:
                 pass
-    return total
+    return out
+
+
+def growth_by_file(before: dict[str, int], after: dict[str, int], top: int = 4) -> str:
+    """The files that grew (or shrank) most between two ``du_files``, as "path +N KiB"."""
+    change = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    moved = sorted((k for k, v in change.items() if v), key=lambda k: -abs(change[k]))
+    parts = [f"{k} {change[k] / 1024:+.0f} KiB" for k in moved[:top]]
+    if len(moved) > top:
+        rest = sum(change[k] for k in moved[top:])
+        parts.append(f"{len(moved) - top} more {rest / 1024:+.0f} KiB")
+    return ", ".join(parts) or "nothing"
+
+
+def du_bytes(path: Path) -> int:
+    """Bytes of disk the folder uses (allocated blocks, as `du` counts them)."""
+    return sum(du_files(path).values())
