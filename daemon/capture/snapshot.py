@@ -481,19 +481,18 @@ class WorkspaceSnapshotter:
             size += len(chunk)
         return hasher.hexdigest(), size
 
-    def _store_tree(self, tree: Tree, scan: _Scan, base: str | None = None,
-                    rel: str | None = None) -> str:
-        """Store a folder's tree; ``base``, its previous tree, may serve as a delta base.
-        The layer's root tree (``rel == ""``) carries the root folder's own entry and the
-        layer's hard-link groups. A full scan's trees (no base) are stored together
-        when it ends: nearly all are stored already, and one question for many is
-        cheaper than one each."""
+    def _store_tree(self, tree: Tree, scan: _Scan, rel: str | None = None) -> str:
+        """Store a folder's tree found by a full scan. The layer's root tree (``rel ==
+        ""``) carries the root folder's own entry and the layer's hard-link groups."""
         if rel == "":
             tree.own = self._root_entry(scan)
-        return self._stored(tree, encode(tree), scan, base)
+        return self._stored(tree, encode(tree), scan, None)
 
     def _stored(self, tree: Tree, data: bytes, scan: _Scan, base: str | None) -> str:
-        """The digest of a tree encoded as ``data``, stored as ``_store_tree`` says."""
+        """The digest of a tree encoded as ``data``; ``base``, its previous tree, may
+        serve as a delta base. A full scan's trees (no base) are stored together when
+        it ends: nearly all are stored already, and one question for many is cheaper
+        than one each."""
         if scan.persist and base is None:
             digest = digest_of(data)
             scan.deferred.append(data)
