@@ -7,6 +7,10 @@
  * The packed form is varint(literal length), literal, varint(run length), run, ...,
  * a literal last.
  *
+ * shared_ends(base, data) -> (prefix, suffix): the lengths of the prefix data shares with
+ * base, and of the suffix they share in what is left after that prefix (the splice
+ * delta's two ends, daemon/storage/packs.py).
+ *
  * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/capture/trees.py), from
  * its (name, Entry) pairs sorted by name: json.dumps of [[name, codes[kind], mode, ref,
  * size], ...] with ensure_ascii and the separators "," and ":"; an entry whose uid is
@@ -335,10 +339,61 @@ fail:
     return NULL;
 }
 
+/* The length of the longest common prefix of a and b, n bytes at most: eight bytes a
+ * step while they agree, then byte by byte. */
+static size_t common_prefix(const unsigned char *a, const unsigned char *b, size_t n) {
+    size_t i = 0;
+    while (i + 8 <= n) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        if (x != y)
+            break;
+        i += 8;
+    }
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* The length of the longest common suffix of a[..la] and b[..lb], n bytes at most. */
+static size_t common_suffix(const unsigned char *a, size_t la, const unsigned char *b,
+                            size_t lb, size_t n) {
+    size_t i = 0;
+    while (i + 8 <= n) {
+        uint64_t x, y;
+        memcpy(&x, a + la - i - 8, 8);
+        memcpy(&y, b + lb - i - 8, 8);
+        if (x != y)
+            break;
+        i += 8;
+    }
+    while (i < n && a[la - i - 1] == b[lb - i - 1])
+        i++;
+    return i;
+}
+
+static PyObject *shared_ends(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer base, data;
+    if (!PyArg_ParseTuple(args, "y*y*:shared_ends", &base, &data))
+        return NULL;
+    const unsigned char *a = base.buf, *b = data.buf;
+    size_t la = (size_t)base.len, lb = (size_t)data.len, prefix, suffix;
+    size_t limit = la < lb ? la : lb;
+    Py_BEGIN_ALLOW_THREADS
+    prefix = common_prefix(a, b, limit);
+    suffix = common_suffix(a, la, b, lb, limit - prefix);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(nn)", (Py_ssize_t)prefix, (Py_ssize_t)suffix);
+}
+
 static PyMethodDef methods[] = {
     {"pack_hex", pack_hex, METH_O, "pack_hex(data) -> bytes"},
     {"unpack_hex", unpack_hex, METH_O, "unpack_hex(packed) -> bytes"},
     {"encode_tree", encode_tree, METH_VARARGS, "encode_tree(items, codes) -> bytes"},
+    {"shared_ends", shared_ends, METH_VARARGS, "shared_ends(base, data) -> (prefix, suffix)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -58,6 +58,7 @@ def release(world: World, session_id: str, to_host: str) -> Session:
         released = world.store.release_session(session_id, world.host, to_host)
         world.store.append_audit([AuditEvent("session.release", session_id, session_id,
                                              {"host": world.host, "to": to_host}, ids.now())])
+        world.forget(session_id)
     if world.monitor is not None:
         world.monitor.release(session.workspace)
     return released

@@ -19,6 +19,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -158,9 +159,14 @@ class World:
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
         self.root_id = _root_id(self.root)
-        self._locks: dict[str, threading.Lock] = {}
-        self._workspace_of: dict[str, str] = {}  # session id -> workspace, as last read
-        self._heads: dict[str, Checkpoint] = {}  # session id -> its last checkpoint made here
+        # A workspace's lock lives while a call holds or waits for it: a daemon that
+        # serves thousands of forks over months keeps none of their locks.
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = (
+            weakref.WeakValueDictionary())
+        # Session id -> workspace as last read, and -> its last checkpoint made here:
+        # dropped when the session is deleted or handed to another host.
+        self._workspace_of: dict[str, str] = {}
+        self._heads: dict[str, Checkpoint] = {}
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
@@ -169,7 +175,10 @@ class World:
     # -- helpers -------------------------------------------------------------------------
     def lock(self, workspace: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault(workspace, threading.Lock())
+            lock = self._locks.get(workspace)
+            if lock is None:
+                lock = self._locks[workspace] = threading.Lock()
+            return lock
 
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
@@ -430,7 +439,14 @@ class World:
             self.store.append_audit([AuditEvent(
                 "session.delete", session_id, session_id,
                 {"workspace": session.workspace, "container": session.container}, ids.now())])
+            self.forget(session_id)
         return self.session(session_id)
+
+    def forget(self, session_id: str) -> None:
+        """Drop what this process remembers of a session it no longer serves (deleted,
+        or handed to another host): the next call reads the session again."""
+        self._heads.pop(session_id, None)
+        self._workspace_of.pop(session_id, None)
 
     def create_session_in_own_folder(self, name: str) -> Session:
         """A session whose workspace is a new empty folder under the data root (named by

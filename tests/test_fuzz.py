@@ -158,6 +158,29 @@ def test_hex_packing_in_c_is_the_python_codec(data, garbage):
             assert unpack_hex(candidate) == expected
 
 
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.binary(max_size=40), st.binary(max_size=40), st.binary(max_size=40),
+       st.binary(max_size=40), st.integers(min_value=0, max_value=3))
+def test_shared_ends_in_c_are_the_python_twins(head, old, new, tail, repeat):
+    """The splice's two ends in C are the Python twin's, on edits anywhere: at either
+    end, in the middle, overlapping ends (one text the other's prefix and suffix at
+    once), and lengths on both sides of the word the C compares at a time."""
+    from worldline.daemon.storage import packs
+    try:
+        from worldline.daemon._codec import shared_ends
+    except ImportError:
+        pytest.fail("worldline.daemon._codec was not built: install gcc and the Python"
+                    " headers, then `make install`")
+    head, tail = head * (repeat * 7 + 1), tail * (repeat * 5 + 1)
+    base, data = head + old + tail, head + new + tail
+    for x, y in ((base, data), (data, base), (base, base), (head, head + tail),
+                 (head + tail, tail), (b"", data), (base, b"")):
+        assert shared_ends(x, y) == packs.shared_ends_python(x, y)
+        prefix, suffix = shared_ends(x, y)
+        assert prefix + suffix <= min(len(x), len(y))
+        assert x[:prefix] == y[:prefix] and x[len(x) - suffix:] == y[len(y) - suffix:]
+
+
 names = st.one_of(
     st.text(min_size=1, max_size=30),
     st.binary(min_size=1, max_size=30).map(os.fsdecode),  # not UTF-8: lone surrogates

@@ -210,6 +210,51 @@ def test_deep_trees(client, workspace):
     s.checkpoint()  # and it keeps serving
 
 
+def test_a_daemon_keeps_nothing_of_the_sessions_it_no_longer_serves(tmp_path):
+    """A daemon that serves thousands of short sessions and forks over months: what it
+    remembers per session (its last checkpoint, its workspace, the workspace's lock)
+    goes when the session is deleted, so memory does not grow with every session ever
+    served."""
+    import json
+    import sys
+    root = tmp_path / "root"
+    script = (
+        "import gc, json, os\n"
+        "from worldline.client import Client\n"
+        "from worldline.daemon.main import Daemon\n"
+        f"root = {str(root)!r}\n"
+        "d = Daemon(root, f'unix://{root}/wl.sock')\n"
+        "d.start()\n"
+        "with Client(f'unix://{root}/wl.sock') as c:\n"
+        "    kept = c.create_session(os.path.join(root, '..', 'kept'))\n"
+        "    kept.checkpoint()\n"
+        "    for i in range(20):\n"
+        "        ws = os.path.join(root, '..', f'ws{i}')\n"
+        "        os.makedirs(ws)\n"
+        "        s = c.create_session(ws)\n"
+        "        open(os.path.join(ws, 'f'), 'w').write(str(i))\n"
+        "        s.checkpoint()\n"
+        "        c.fork(s.head, name=f'fork{i}')\n"
+        "        c.delete_session(s.id)\n"
+        "    forks = [s for s in c.list_sessions() if s.name.startswith('fork')]\n"
+        "    for f in forks:\n"
+        "        c.delete_session(f.id)\n"
+        "    kept.checkpoint()\n"
+        "gc.collect()\n"
+        "w = d.world\n"
+        "print(json.dumps([len(forks), sorted(w._heads), sorted(w._workspace_of),"
+        " len(w._locks), kept.id]))\n"
+        "d.stop()\n")
+    (tmp_path / "kept").mkdir()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr
+    forks, heads, workspaces, locks, kept = json.loads(out.stdout)
+    assert forks == 20
+    assert heads == workspaces == [kept]  # the live session's, nobody else's
+    assert locks == 0  # no call in flight: no lock kept
+
+
 def test_a_started_daemon_leaves_the_cycle_collector_almost_nothing(tmp_path):
     """Everything made while starting is frozen out of the collector's sight, so a full
     collection during a large scan has little to traverse (0.6 imported psycopg after
