@@ -73,7 +73,7 @@ from .records import (
     tasks_from_json,
     tasks_to_json,
 )
-from .storage.blobs import BlobStore
+from .storage.blobs import BlobStore, digest_of
 from .storage.statcache import StatCache
 from .storage.store import Store, calls_on_path
 from .validate import (
@@ -506,8 +506,11 @@ class World:
                 captures = [c for _, c, _ in taken]
                 state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
                                 if state is not None else head.state_digest)
-                tasks_digest = self.blobs.put_bytes(
-                    tasks_to_json(self.store.list_tasks(session.id)), base=head.tasks_digest)
+                tasks = tasks_to_json(self.store.list_tasks(session.id))
+                # Unchanged since the head (the usual case): its blob is the head's, kept
+                # as the state's is, with no put (a question to the pack) for it.
+                tasks_digest = (head.tasks_digest if digest_of(tasks) == head.tasks_digest
+                                else self.blobs.put_bytes(tasks, base=head.tasks_digest))
             with self.blobs.committing() as objects:  # the bucket's, indexed in the commit
                 crash_point("checkpoint.after_blobs")
                 cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint",

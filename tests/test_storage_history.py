@@ -271,3 +271,31 @@ def test_a_repack_step_stops_between_rows_when_a_call_arrives(tmp_path):
     while repacker.step():
         pass
     assert blobs.pack.mark("repacked") == 10
+
+
+def test_a_delta_base_is_read_with_one_question_per_stored_version(tmp_path, monkeypatch):
+    """A put's delta base that is not in memory is read from the pack with one query per
+    version it is rebuilt from (0.7.4 asked twice for every one): each query hands the
+    interpreter lock away, and a capture holding its turn waits to get it back."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    first = os.urandom(3000)
+    second = first[:1000] + b"an edit in the middle" + first[1000:]
+    a = blobs.put_bytes(first)
+    b = blobs.put_bytes(second, base=a)
+    blobs.sync()
+    pack = blobs.pack
+    assert pack.row(b).kind in (DELTA, ZDELTA) and pack.row(b).depth == 1
+    asked = []
+    real = Pack._one
+    monkeypatch.setattr(Pack, "_one", lambda self, sql, args: asked.append(sql) or real(
+        self, sql, args))
+    for digest, data, depth, questions in ((a, first, 0, 1), (b, second, 1, 2)):
+        pack.forget(a)
+        pack.forget(b)  # as after a restart, or once the recent blobs moved it out
+        asked.clear()
+        assert pack.base_for(digest) == (data, depth)
+        assert len(asked) == questions
+    pack.remember(a, first)  # bytes known, depth not: one question, for the depth
+    asked.clear()
+    assert pack.base_for(a) == (first, 0) and len(asked) == 1
+    blobs.close()

@@ -438,6 +438,10 @@ class Pack(SqliteDatabase):
         row = self.row(digest)
         if row is None:
             raise NotFound(f"blob {digest} does not exist")
+        return self._rebuilt(digest, row, cached)
+
+    def _rebuilt(self, digest: str, row: Row, cached: bool) -> bytes:
+        """The bytes of the blob stored as ``row`` (its base read as ``read`` does)."""
         try:
             if row.kind == RAW:
                 data = row.data
@@ -512,8 +516,10 @@ class Pack(SqliteDatabase):
         row = self.row(digest)
         if row is None or row.depth >= MAX_DEPTH:
             return None
-        try:
-            return self.read(digest), row.depth
+        if found is not None:  # the bytes were known, their depth was not
+            return found[0], row.depth
+        try:  # from the row just read: one question to SQLite, not two
+            return self._rebuilt(digest, row, True), row.depth
         except (NotFound, DataLoss):
             return None
 
