@@ -349,7 +349,8 @@ class Pack(SqliteDatabase):
         self._ids: OrderedDict[str, int] = OrderedDict()  # digest -> row id, recent rows
         self._key_len = _key_bytes(self._db)
         # every statement that finds a row by digest, with ``self._key(digest)``
-        self._by_digest = f"substr(digest, 1, {self._key_len}) = ? AND digest = ?"
+        self._by_digest = self._matching("digest")
+        self._row_by_digest = self._matching("o.digest")  # in ``row``'s join
         self._bloom = self._load_bloom()
         self.last_commit = 0.0  # monotonic time of the last sync's commit (repack waits)
 
@@ -373,6 +374,10 @@ class Pack(SqliteDatabase):
             bloom.add(bytes(raw))
         return bloom
 
+    def _matching(self, column: str) -> str:
+        """The condition that finds a row by its digest in ``column`` through the index."""
+        return f"substr({column}, 1, {self._key_len}) = ? AND {column} = ?"
+
     def _key(self, digest: str) -> tuple[bytes, bytes]:
         """(index key, digest bytes): rows are found by key, then checked whole."""
         raw = bytes.fromhex(digest)
@@ -395,7 +400,7 @@ class Pack(SqliteDatabase):
             return None
         r = self._one("SELECT o.kind, b.digest, o.depth, o.size, o.stored_ms / 1000.0, o.data,"
                       " o.id FROM objects AS o LEFT JOIN objects AS b ON b.id = o.base"
-                      f" WHERE substr(o.digest, 1, {self._key_len}) = ? AND o.digest = ?", key)
+                      f" WHERE {self._row_by_digest}", key)
         if r is None:
             return None
         self._remember_id(digest, r[6])
