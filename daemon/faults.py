@@ -24,6 +24,7 @@ for spec in filter(None, os.environ.get("WORLDLINE_FAULTS", "").split(",")):
 _lock = threading.Lock()
 
 POINTS = (
+    "checkpoint.admitted",         # an incremental capture holds its turn, nothing read
     "checkpoint.after_blobs",      # blobs written and synced, metadata not committed
     "checkpoint.after_commit",     # committed, the reply not yet sent
     "restore.after_journal",       # journal written, nothing applied

@@ -54,3 +54,55 @@ def test_a_failing_holder_hands_its_place_on():
 def test_limit_must_admit_someone():
     with pytest.raises(ValueError):
         FairGate(0)
+
+
+def test_a_holder_that_outstays_the_patience_lets_the_next_one_in():
+    """A long holder (a file of gigabytes) gives up its place after ``patience``; the
+    others still take turns among themselves, and no place is lost or made."""
+    gate = FairGate(1, patience=0.2)
+    entered: dict[str, float] = {}
+    left: dict[str, float] = {}
+    release_long = threading.Event()
+    start = time.monotonic()
+
+    def holder(name: str, hold: threading.Event | float) -> None:
+        with gate.admitted():
+            entered[name] = time.monotonic() - start
+            assert gate.counted <= 1
+            if isinstance(hold, threading.Event):
+                hold.wait(10)
+            else:
+                time.sleep(hold)
+            left[name] = time.monotonic() - start
+
+    long = threading.Thread(target=holder, args=("long", release_long))
+    long.start()
+    time.sleep(0.05)
+    short = [threading.Thread(target=holder, args=(name, 0.1)) for name in ("b", "c")]
+    for t in short:
+        t.start()
+        time.sleep(0.02)
+    for t in short:
+        t.join(5)
+    assert "long" not in left  # still inside while the others came and went
+    assert 0.18 <= entered["b"] < 1.0  # after the patience, not after the long holder
+    assert entered["c"] >= left["b"] - 0.005  # b kept its turn: c waited for it
+    assert gate.counted == 0
+    release_long.set()
+    long.join(5)
+    assert gate.counted == 0  # the long holder's leaving frees no second place
+    inside = threading.Event()
+    blocker = threading.Event()
+    first = threading.Thread(target=holder, args=("d", blocker))
+    first.start()
+    time.sleep(0.05)
+    threading.Thread(target=lambda: (gate.admitted().__enter__(), inside.set())).start()
+    assert not inside.wait(0.1)  # one place, taken by d: the next waits
+    blocker.set()
+    first.join(5)
+    assert inside.wait(2)
+
+
+def test_patience_must_be_positive():
+    with pytest.raises(ValueError):
+        FairGate(1, patience=0)

@@ -210,6 +210,49 @@ def test_deep_trees(client, workspace):
     s.checkpoint()  # and it keeps serving
 
 
+def test_a_long_capture_does_not_hold_up_the_other_sessions(tmp_path):
+    """Incremental captures take turns (admission.py), but one that takes long (held
+    open here for 4 s at its turn, as a file of gigabytes holds it for the time it takes
+    to read) keeps its turn for TURN_SECONDS only: another session's checkpoint
+    meanwhile answers in well under a second, and each checkpoint holds what it captured.
+    Before 0.7.6 the other session waited for all of it."""
+    import time
+
+    from worldline.daemon.world import TURN_SECONDS
+    d = DaemonProcess(tmp_path / "root",
+                      env={"WORLDLINE_FAULTS": "checkpoint.admitted@4"}).start()
+    try:
+        a, b = tmp_path / "a", tmp_path / "b"
+        for ws in (a, b):
+            ws.mkdir()
+            (ws / "f").write_text("before")
+        with d.client() as c:
+            sa, sb = c.create_session(str(a)), c.create_session(str(b))
+            (a / "f").write_text("a after")
+            (b / "f").write_text("b after")
+            took: dict[str, float] = {}
+
+            def long() -> None:
+                t = time.monotonic()
+                sa.checkpoint()
+                took["a"] = time.monotonic() - t
+
+            thread = threading.Thread(target=long)
+            thread.start()
+            time.sleep(0.5)  # a holds its turn
+            t = time.monotonic()
+            sb.checkpoint()
+            took["b"] = time.monotonic() - t
+            thread.join(30)
+            assert took["a"] >= 4  # the long capture was held open, at its turn
+            assert took["b"] < TURN_SECONDS + 0.75, took  # not behind all of it
+            for session, ws in ((sa, a), (sb, b)):
+                session.restore(session.head)
+                assert (ws / "f").read_text() == f"{ws.name} after"
+    finally:
+        d.stop()
+
+
 def test_a_daemon_keeps_nothing_of_the_sessions_it_no_longer_serves(tmp_path):
     """A daemon that serves thousands of short sessions and forks over months: what it
     remembers per session (its last checkpoint, its workspace, the workspace's lock)
