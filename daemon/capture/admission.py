@@ -40,17 +40,17 @@ class FairGate:
         if patience is not None and patience <= 0:
             raise ValueError("a gate's patience is positive")
         self._lock = threading.Lock()
-        self._free = limit
+        self._limit = limit
         self._patience = patience
         self._waiters: collections.deque[tuple[threading.Event, object]] = collections.deque()
-        self._since: dict[object, float] = {}  # each holder in the count: since when
+        # each holder in the count, since when; the free places are the rest of limit
+        self._since: dict[object, float] = {}
 
     @contextlib.contextmanager
     def admitted(self) -> Iterator[None]:
         me = object()
         with self._lock:
-            if self._free and not self._waiters:
-                self._free -= 1
+            if len(self._since) < self._limit and not self._waiters:
                 self._since[me] = time.monotonic()
                 turn = None
             else:
@@ -88,10 +88,8 @@ class FairGate:
                 return
 
     def _hand_on(self) -> None:
-        """A place is free (under the lock): to the oldest waiter, or back to the gate."""
+        """A place was just freed (under the lock): to the oldest waiter, if any."""
         if self._waiters:
             turn, holder = self._waiters.popleft()
             self._since[holder] = time.monotonic()
             turn.set()
-        else:
-            self._free += 1
