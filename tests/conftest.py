@@ -170,13 +170,21 @@ def tree_state(root: Path) -> dict:
     return out
 
 
+def pack_of(blob_root: Path) -> Path:
+    """The SQLite file holding the pack of the blob store at ``blob_root``: its own
+    ``pack.db``, or (a data root from 0.7.7 on) the ``meta.db`` beside it."""
+    from worldline.daemon.storage.config import pack_file
+    own = blob_root / "pack.db"
+    return own if own.exists() else Path(pack_file(str(blob_root.parent)))
+
+
 def stored_blobs(root: Path) -> int:
     """How many blobs a data root holds: files, and rows of the pack."""
     import sqlite3
     blobs = root / "blobs"
     files = sum(len(names) for folder, _, names in os.walk(blobs)
                 if len(os.path.basename(folder)) == 2)
-    db = sqlite3.connect(f"file:{blobs / 'pack.db'}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{pack_of(blobs)}?mode=ro", uri=True)
     try:
         return files + db.execute("SELECT count(*) FROM objects").fetchone()[0]
     finally:
@@ -192,7 +200,7 @@ def corrupt_blob(blob_root: Path, digest: str, data: bytes) -> None:
         os.chmod(path, 0o644)
         path.write_bytes(data)
         return
-    db = sqlite3.connect(blob_root / "pack.db")
+    db = sqlite3.connect(pack_of(blob_root))
     try:
         with db:
             n = db.execute("UPDATE objects SET kind = 0, data = ?, size = ? WHERE digest = ?",

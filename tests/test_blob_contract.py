@@ -29,10 +29,21 @@ def s3_blob_store(request, tmp_path, host: str = "a", cache_bytes: int = 1 << 30
                        index, host, cache_bytes=cache_bytes)
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+def local_in_store(request, tmp_path) -> LocalBlobStore:
+    """A data root's blob store from 0.7.7 on: its pack in the metadata store's file."""
+    from worldline.daemon.storage.sqlite_store import SqliteStore
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    request.addfinalizer(store.close)
+    return LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
+                          store_lock=store.write_lock)
+
+
+@pytest.fixture(params=["memory", "local", "local-in-store", "s3"])
 def blobs(request, tmp_path):
     if request.param == "s3":
         return s3_blob_store(request, tmp_path)
+    if request.param == "local-in-store":
+        return local_in_store(request, tmp_path)
     return MemoryBlobStore() if request.param == "memory" else LocalBlobStore(str(tmp_path / "b"))
 
 

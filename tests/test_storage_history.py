@@ -10,6 +10,8 @@ from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.packs import DELTA, ZDELTA, Pack, Row, encode_delta
 from worldline.daemon.storage.repack import Repacker
 
+from .conftest import pack_of
+
 
 def _replace(path, data: bytes) -> None:
     """Write as git and most editors do: a new file renamed over the old one."""
@@ -39,7 +41,7 @@ def test_a_file_edited_right_before_each_checkpoint_is_stored_as_deltas(
             s.checkpoint()  # at once: the file is newer than the stat cache may trust
             versions.append(hashlib.sha256(data).hexdigest())
     assert fresh_daemon.stop() == 0
-    pack = Pack(str(fresh_daemon.root / "blobs" / "pack.db"))
+    pack = Pack(str(pack_of(fresh_daemon.root / "blobs")))
     try:
         for before, digest in zip(versions, versions[1:], strict=False):
             row = pack.row(digest)

@@ -125,7 +125,11 @@ class LocalBlobStore:
     start verifies such a temporary against its name and finishes the rename. Anything
     else in ``tmp`` (a temporary whose bytes never reached the disk) is removed."""
 
-    def __init__(self, root: str, durable: bool = True) -> None:
+    def __init__(self, root: str, durable: bool = True, pack_file: str = "",
+                 store_lock: threading.RLock | None = None) -> None:
+        """``pack_file``: where the pack is when not ``<root>/pack.db``: the metadata
+        store's SQLite file (``store_lock`` its write lock), whose checkpoint commit
+        then makes the pack's new rows durable with its own fsync (``committing``)."""
         self.root = root
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
@@ -135,7 +139,8 @@ class LocalBlobStore:
         self._pins: dict[str, int] = {}  # digest -> puts reading it as a delta base now
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
-        self.pack = Pack(os.path.join(root, "pack.db"), durable)
+        self.pack = Pack(pack_file or os.path.join(root, "pack.db"), durable, store_lock)
+        self.pack_in_store = bool(pack_file)
 
     def close(self) -> None:
         self.pack.close()
@@ -310,20 +315,25 @@ class LocalBlobStore:
 
     @contextmanager
     def committing(self):
-        self.sync()
+        # The pack in the metadata store's file: the checkpoint's commit inside this block
+        # (to the same write-ahead log, after the pack's rows) is flushed before it
+        # returns, and its fsync covers them. One fsync per checkpoint, not two.
+        self.sync(flush_pack=not self.pack_in_store)
         yield []
 
-    def sync(self) -> None:
-        """Every blob put before this call is durable when it returns. Syncs run one at
-        a time and each takes everything pending, so concurrent checkpoints share one
-        flush (group commit) and none returns before its own blobs are on disk."""
+    def sync(self, flush_pack: bool = True) -> None:
+        """Every blob put before this call is durable when it returns (the pack's rows:
+        unless ``flush_pack`` is False, when the caller's next commit to the same file
+        flushes them). Syncs run one at a time and each takes everything pending, so
+        concurrent checkpoints share one flush (group commit) and none returns before
+        its own blobs are on disk."""
         with self._sync_lock:
             with self._lock:
                 batch, self._pending = self._pending, {}
                 self._moving.update(batch)
                 self.pack.committing, self.pack.pending = self.pack.pending, {}
             try:
-                self.pack.commit()
+                self.pack.commit(flush=flush_pack)
             except BaseException as exc:
                 with self._lock:  # the rows wait for the next sync
                     self.pack.pending.update(self.pack.committing)

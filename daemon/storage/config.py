@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 from dataclasses import dataclass
 
 from worldline.client.errors import InvalidArgument
@@ -76,12 +77,38 @@ class StorageConfig:
 
     def open_blobs(self, root: str, store):
         if self.blobs == "local":
+            found = pack_file(root) if self.store == "sqlite" else ""
+            if found == store.path:
+                return LocalBlobStore(os.path.join(root, "blobs"), pack_file=found,
+                                      store_lock=store.write_lock)
             return LocalBlobStore(os.path.join(root, "blobs"))
         from .s3_blobs import S3BlobStore
         # A cache: the bucket holds what is durable, so its pack skips the fsync.
         local = LocalBlobStore(os.path.join(root, "blobs"), durable=False)
         return S3BlobStore(self.blobs, local, store, self.host_id or socket.gethostname(),
                            self.cache_bytes)
+
+
+def pack_file(root: str) -> str:
+    """The SQLite file that holds the pack of the embedded data root ``root``: its
+    ``meta.db`` (from 0.7.7 on: a checkpoint's blobs and its record are made durable by
+    one fsync), or ``blobs/pack.db`` in a data root made before, which keeps it."""
+    meta = os.path.join(root, "meta.db")
+    legacy = os.path.join(root, "blobs", "pack.db")
+    if not os.path.exists(legacy) or _has_pack(meta):
+        return meta
+    return legacy
+
+
+def _has_pack(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                          " AND name = 'objects'").fetchone() is not None
+    finally:
+        db.close()
 
 
 def redact(url: str) -> str:

@@ -332,15 +332,17 @@ class Pack(SqliteDatabase):
     """The pack file of a LocalBlobStore. The store's lock guards ``pending`` and
     ``committing`` changes and every ``delete``; reads take no lock of the store's."""
 
-    def __init__(self, path: str, durable: bool = True) -> None:
-        super().__init__(path, SCHEMA, FIRST)
+    def __init__(self, path: str, durable: bool = True,
+                 lock: threading.RLock | None = None) -> None:
+        """``lock``: the metadata store's write lock when the pack lives in its file."""
+        super().__init__(path, SCHEMA, FIRST, lock, flush=False)
         self._convert_to_incremental_vacuum()
         # Commits are made durable by an fsync of the WAL (``commit``); deletions need
         # none: one lost to a crash only leaves garbage for the next gc. A cache in
         # front of a bucket (``durable=False``) skips that fsync: what a crash takes
         # from it is fetched again (WAL with synchronous=NORMAL stays consistent).
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self.durable = durable
+        self.unflushed = False  # a commit left its fsync to a later one (``commit``)
         self.pending: dict[str, Row] = {}  # not yet committed: readable, not durable
         self.committing: dict[str, Row] = {}  # taken by the running commit
         self._cache: OrderedDict[str, tuple[bytes, int | None]] = OrderedDict()  # recent
@@ -528,11 +530,31 @@ class Pack(SqliteDatabase):
         except (NotFound, DataLoss):
             return None
 
-    def commit(self) -> None:
-        """Make every row taken into ``committing`` durable, in one transaction."""
+    def commit(self, flush: bool = True) -> None:
+        """Commit every row taken into ``committing``, in one transaction, and make it
+        durable. ``flush=False`` leaves the fsync to the next flush of the same WAL: a
+        pack in the metadata store's file, whose checkpoint commit follows and is
+        flushed before it returns (sqlite_store.py); that fsync covers these rows,
+        written before it to the same log. A later ``commit()`` flushes them too, even
+        with no rows of its own."""
         rows = self.committing
-        if not rows:
+        if rows:
+            self._insert(rows)
+            self.unflushed = True
+        if not (self.durable and self.unflushed and flush):
             return
+        try:
+            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self.unflushed = False
+            return  # a checkpoint moved the rows into the database and synced it
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.unflushed = False
+
+    def _insert(self, rows: dict[str, Row]) -> None:
         self.last_commit = time.monotonic()
         inserted: dict[str, int] = {}
         with self._tx() as db:
@@ -562,16 +584,6 @@ class Pack(SqliteDatabase):
             self._remember_id(digest, row_id)
         if self._bloom.crowded:
             self._bloom = self._load_bloom()
-        if not self.durable:
-            return
-        try:
-            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # a checkpoint moved the rows into the database and synced it
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _id_of(self, db, digest: str) -> int | None:
         with self._cache_lock:

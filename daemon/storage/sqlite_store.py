@@ -3,13 +3,21 @@
 One writer connection behind a lock takes every write transaction; each thread
 reads through its own connection, so reads never wait behind a commit's fsync (WAL
 lets readers run beside the writer, each on the last committed snapshot).
-``synchronous=FULL``: a checkpoint acknowledged to a client has its transaction
-on disk, so neither a killed daemon nor a power cut loses it. The statements are
-``SqlStore``'s (sql_store.py), shared with PostgreSQL.
+
+Durability: a write transaction returns only once it is on disk, so neither a killed
+daemon nor a power cut loses a checkpoint acknowledged to a client. The fsync of the
+write-ahead log that makes it so is taken after the commit, outside the write lock
+(``_flush``): the next transaction is written while this one's flush runs, and one
+fsync covers every commit written before it began (group commit). The WAL is a log:
+its later commits are only valid after its earlier ones, so a flushed commit is never
+found after a crash without those before it, whichever connection wrote them (the
+pack, when it lives in this file, relies on that). The statements are ``SqlStore``'s
+(sql_store.py), shared with PostgreSQL.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
@@ -101,6 +109,11 @@ MIGRATIONS = (
     Migration(7, "0.7: digests as bytes, not hex text", lambda db: _binary_digests(db)),
     Migration(8, "0.7.4: checkpoints keyed by their id (no second index of ids)",
               lambda db: _checkpoints_by_id(db)),
+    # Nothing to change in an older file (its pack stays in blobs/pack.db); the version
+    # keeps a worldline before 0.7.7 from opening a data root whose pack is here, where
+    # it would find no blobs at all.
+    Migration(9, "0.7.7: the pack may live in this file (data roots made from 0.7.7 on)",
+              lambda db: None),
 )
 
 
@@ -133,23 +146,38 @@ def _checkpoints_by_id(db) -> None:
 
 
 SCHEMA_VERSION = latest(MIGRATIONS)
+# A new file gives freed pages back to the file system when asked (the pack's
+# ``incremental_vacuum``: a data root made from 0.7.7 on keeps its pack in this file).
+FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
 
 
 class SqliteDatabase:
     """One SQLite file in WAL mode: a writer connection behind a lock for write
     transactions (``_tx``), a read connection per thread (``_one``, ``_all``)."""
 
-    def __init__(self, path: str, schema: str, first: str = "") -> None:
-        """``first``: pragmas that only a new file takes (run before anything else)."""
+    def __init__(self, path: str, schema: str, first: str = "",
+                 lock: threading.RLock | None = None, flush: bool = True) -> None:
+        """``first``: pragmas that only a new file takes (run before anything else).
+        ``lock``: the write lock of another ``SqliteDatabase`` on the same file, so their
+        transactions take turns here rather than in SQLite's busy handler (which sleeps
+        milliseconds). ``flush``: every write transaction is durable when it returns
+        (False: the subclass flushes when it needs to)."""
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         if first:
             self._db.executescript(first)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        # The commit does not sync; ``_flush`` does, outside the lock. (NORMAL still
+        # syncs the database file when the WAL is copied into it, before the WAL is
+        # reused, so what was flushed stays durable.)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._flush_each = flush
+        self._committed = 0  # write transactions committed on this connection
+        self._flushed = 0  # how many of them an fsync of the WAL has made durable
+        self._flush_lock = threading.Lock()
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
-        self._lock = threading.RLock()
+        self._lock = lock or threading.RLock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._db.executescript(schema)
@@ -173,6 +201,38 @@ class SqliteDatabase:
                 if "full" in str(exc):
                     raise ResourceExhausted(f"no space left for metadata: {exc}") from None
                 raise
+            self._committed += 1
+            mine = self._committed
+        if self._flush_each:
+            self._flush(mine)
+
+    def _flush(self, commit: int) -> None:
+        """Return once write transaction number ``commit`` is durable: an fsync of the WAL
+        begun after it was written covers it, and every commit written before that
+        fsync began (whoever asks next for one of those finds it done)."""
+        with self._flush_lock:
+            if self._flushed >= commit:
+                return
+            written = self._committed  # every commit up to here is in the WAL's pages
+            try:
+                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # no log: the commits were moved into the file,
+                self._flushed = written  # which is synced when they are
+                return
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise ResourceExhausted(f"no space left for metadata: {exc}") from None
+                raise
+            finally:
+                os.close(fd)
+            self._flushed = written
+
+    @property
+    def write_lock(self) -> threading.RLock:
+        """Held by every write transaction (and the WAL's compaction) of this file."""
+        return self._lock
 
     def _reader(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -230,6 +290,6 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
     def __init__(self, path: str) -> None:
         # The latest tables are made when absent (an older file gains its new tables
         # here, its new columns from the migrations).
-        super().__init__(path, SCHEMA + blob_index.SCHEMA)
+        super().__init__(path, SCHEMA + blob_index.SCHEMA, FIRST)
         self.schema_found, self.schema_version = migrate(
             self._tx, lambda db: None, MIGRATIONS, f"metadata store {path}")

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from worldline.client import Client
+from worldline.daemon.storage.config import pack_file
 
 from ..conftest import DaemonProcess, unmount_below
 from . import peers
@@ -50,7 +51,7 @@ WARMUP = 3
 def repack_done(root: Path) -> bool:
     """The daemon's idle repack has looked at every row of its pack and given back every
     free page (read from the pack itself, read-only)."""
-    db = sqlite3.connect(f"file:{root / 'blobs' / 'pack.db'}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{pack_file(str(root))}?mode=ro", uri=True)
     try:
         last = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
         mark = db.execute("SELECT value FROM marks WHERE name = 'repacked'").fetchone()

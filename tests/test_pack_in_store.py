@@ -1,0 +1,190 @@
+"""A data root made from 0.7.7 on keeps its pack in meta.db, so a checkpoint's blobs and
+its record are made durable by one fsync of one write-ahead log; a data root made before
+keeps its pack in blobs/pack.db and works as it did."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+
+from worldline.daemon.records import AuditEvent
+from worldline.daemon.storage.blobs import LocalBlobStore
+from worldline.daemon.storage.config import StorageConfig
+from worldline.daemon.storage.packs import Pack
+from worldline.daemon.storage.sqlite_store import SqliteStore
+
+from .conftest import DaemonProcess, tree_state
+
+
+def _tables(path) -> set[str]:
+    db = sqlite3.connect(path)
+    try:
+        return {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        db.close()
+
+
+def _event(n: int) -> AuditEvent:
+    return AuditEvent("note", "", "", {"n": n}, "2026-11-25T00:00:00Z")
+
+
+class _Fsyncs:
+    """Every ``os.fsync`` the daemon's Python code makes, by the file's path."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.paths: list[str] = []
+        real = os.fsync
+
+        def fsync(fd):
+            self.paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return real(fd)
+        monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _open(root):
+    store = StorageConfig().open_store(str(root))
+    return store, StorageConfig().open_blobs(str(root), store)
+
+
+def test_a_new_data_root_keeps_its_pack_in_meta_db(tmp_path):
+    store, blobs = _open(tmp_path)
+    try:
+        assert blobs.pack.path == store.path == str(tmp_path / "meta.db")
+        digest = blobs.put_bytes(b"x" * 300)
+        with blobs.committing():
+            store.append_audit([_event(1)])
+    finally:
+        blobs.close()
+        store.close()
+    assert not (tmp_path / "blobs" / "pack.db").exists()
+    assert {"objects", "checkpoints"} <= _tables(tmp_path / "meta.db")
+    store, blobs = _open(tmp_path)  # and the next start finds it there
+    try:
+        assert blobs.read_bytes(digest) == b"x" * 300
+    finally:
+        blobs.close()
+        store.close()
+
+
+def test_a_data_root_made_before_0_7_7_keeps_its_pack_in_blobs(tmp_path):
+    SqliteStore(str(tmp_path / "meta.db")).close()
+    old = LocalBlobStore(str(tmp_path / "blobs"))  # 0.7.6's layout
+    data = b"y" * 300
+    digest = old.put_bytes(data)
+    old.sync()
+    old.close()
+    for _ in range(2):
+        store, blobs = _open(tmp_path)
+        try:
+            assert blobs.pack.path == str(tmp_path / "blobs" / "pack.db")
+            assert not blobs.pack_in_store
+            assert blobs.read_bytes(digest) == data
+            data = digest.encode() * 10
+            digest = blobs.put_bytes(data)
+            with blobs.committing():
+                store.append_audit([_event(2)])
+        finally:
+            blobs.close()
+            store.close()
+    assert "objects" not in _tables(tmp_path / "meta.db")
+
+
+def test_a_checkpoint_commit_takes_one_fsync_for_its_blobs_and_its_record(
+        tmp_path, monkeypatch):
+    store, blobs = _open(tmp_path)
+    try:
+        blobs.put_bytes(b"warm")
+        blobs.sync()
+        fsyncs = _Fsyncs(monkeypatch)
+        blobs.put_bytes(b"a" * 200)
+        blobs.put_bytes(b"b" * 200)
+        with blobs.committing():
+            store.append_audit([_event(3)])
+        assert fsyncs.paths == [store.path + "-wal"]
+        # a commit whose record never came (it failed): the next sync flushes the rows
+        # even with none of its own
+        blobs.put_bytes(b"c" * 200)
+        with blobs.committing():
+            pass
+        assert len(fsyncs.paths) == 1 and blobs.pack.unflushed
+        blobs.sync()
+        assert fsyncs.paths == [store.path + "-wal"] * 2 and not blobs.pack.unflushed
+    finally:
+        blobs.close()
+        store.close()
+
+
+def test_a_legacy_pack_commit_is_flushed_by_its_own_fsync(tmp_path, monkeypatch):
+    SqliteStore(str(tmp_path / "meta.db")).close()
+    (tmp_path / "blobs").mkdir()
+    Pack(str(tmp_path / "blobs" / "pack.db")).close()  # 0.7.6's layout, empty
+    store, blobs = _open(tmp_path)
+    try:
+        fsyncs = _Fsyncs(monkeypatch)
+        blobs.put_bytes(b"d" * 200)
+        with blobs.committing():
+            store.append_audit([_event(4)])
+        assert fsyncs.paths == [blobs.pack.path + "-wal", store.path + "-wal"]
+    finally:
+        blobs.close()
+        store.close()
+
+
+def test_commits_waiting_for_a_flush_share_the_next_one(tmp_path, monkeypatch):
+    """Group commit: while one fsync runs, the commits written meanwhile wait for it and
+    are then all made durable by one more, not one each; none returns before its own."""
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    try:
+        store.append_audit([_event(0)])
+        base = store._committed
+        real = os.fsync
+        entered, release = threading.Event(), threading.Event()
+        calls = []
+
+        def slow_fsync(fd):
+            calls.append(store._committed)
+            if len(calls) == 1:
+                entered.set()
+                release.wait(10)
+            return real(fd)
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        first = threading.Thread(target=store.append_audit, args=([_event(1)],))
+        first.start()
+        assert entered.wait(10)
+        others = [threading.Thread(target=store.append_audit, args=([_event(n)],))
+                  for n in range(2, 6)]
+        for t in others:
+            t.start()
+        while store._committed < base + 5:  # all four written, each waiting for its flush
+            threading.Event().wait(0.005)
+        assert all(t.is_alive() for t in others)
+        release.set()
+        for t in [first, *others]:
+            t.join(10)
+        assert calls == [base + 1, base + 5]  # the second fsync covered the four commits
+        assert store._flushed == base + 5
+    finally:
+        store.close()
+
+
+def test_a_daemon_restarted_finds_every_checkpoint_of_its_new_layout(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    states = {}
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        for n in range(5):
+            (ws / f"f{n}.txt").write_text(f"version {n}\n" * (n + 1))
+            states[s.checkpoint().id] = tree_state(ws)
+    d.proc.kill()  # no clean close: what was acknowledged must be there
+    d.proc.wait(10)
+    assert not (tmp_path / "root" / "blobs" / "pack.db").exists()
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        for cp, state in states.items():
+            c.restore(s.id, cp, acknowledge_side_effects=True)
+            assert tree_state(ws) == state
+        assert c.fsck()["problems"] == []
+    assert d.stop() == 0
