@@ -12,7 +12,8 @@ at again, a few at a time, in row order:
 - the smallest encoding replaces the row when it saves at least an eighth, in a
   short transaction that also moves the rows depending on it to their new depth;
 - freed pages go back to the file system (`PRAGMA incremental_vacuum`, a few pages
-  per step), so pack.db shrinks when gc or the repack frees space.
+  per step), so the pack's file (meta.db, or an older root's blobs/pack.db) shrinks when gc or the
+  repack frees space.
 
 Rules that keep every blob readable, as the pack's own (packs.py): a row's bytes are
 rebuilt and verified against its digest before anything is encoded from them; a new
