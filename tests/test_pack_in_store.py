@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 
+import pytest
 from worldline.daemon.records import AuditEvent
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.config import StorageConfig
@@ -188,3 +190,23 @@ def test_a_daemon_restarted_finds_every_checkpoint_of_its_new_layout(tmp_path):
             assert tree_state(ws) == state
         assert c.fsck()["problems"] == []
     assert d.stop() == 0
+
+
+def test_a_pack_write_inside_a_store_transaction_fails_at_once(tmp_path):
+    """The two connections to meta.db share one write lock; a pack commit attempted
+    inside a store transaction on the same thread would wait SQLite's busy timeout (10 s)
+    for a lock its own thread holds. It fails at once instead, and changes nothing."""
+    store, blobs = _open(tmp_path)
+    try:
+        blobs.put_bytes(b"e" * 200)
+        t = time.monotonic()
+        with pytest.raises(RuntimeError, match="already open on this thread"):
+            with store._tx():
+                blobs.sync()
+        assert time.monotonic() - t < 1.0
+        assert blobs.pack.pending  # the rows wait for the next sync, which works
+        blobs.sync()
+        assert not blobs.pack.pending
+    finally:
+        blobs.close()
+        store.close()

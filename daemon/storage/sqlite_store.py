@@ -146,6 +146,8 @@ def _checkpoints_by_id(db) -> None:
 
 
 SCHEMA_VERSION = latest(MIGRATIONS)
+# The files each thread has a write transaction open to (``SqliteDatabase._tx``).
+_WRITING = threading.local()
 # A new file gives freed pages back to the file system when asked (the pack's
 # ``incremental_vacuum``: a data root made from 0.7.7 on keeps its pack in this file).
 FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
@@ -185,8 +187,15 @@ class SqliteDatabase:
 
     @contextmanager
     def _tx(self, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
+        open_here = _WRITING.__dict__.setdefault("paths", set())
+        if self.path in open_here:  # another connection's transaction to this file, open
+            # on this thread: its write lock is ours (shared), SQLite's is not, and this
+            # one would wait busy_timeout for it and fail. Never done; say so at once.
+            raise RuntimeError(f"a write transaction of {self.path} is already open on"
+                               " this thread")
         with self._lock:
             self._last_write = time.monotonic()
+            open_here.add(self.path)
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -201,6 +210,8 @@ class SqliteDatabase:
                 if "full" in str(exc):
                     raise ResourceExhausted(f"no space left for metadata: {exc}") from None
                 raise
+            finally:
+                open_here.discard(self.path)
             self._committed += 1
             mine = self._committed
         if self._flush_each:
