@@ -210,3 +210,48 @@ def test_a_pack_write_inside_a_store_transaction_fails_at_once(tmp_path):
     finally:
         blobs.close()
         store.close()
+
+
+def test_a_new_small_blob_is_looked_for_in_the_pack_only(tmp_path, monkeypatch):
+    """A blob of at most MAX_BLOB bytes is only ever a pack row (from 0.2 on), so a put
+    asks no file system question for it; a large one still looks for its file."""
+    from worldline.daemon.storage.blobs import digest_of
+    from worldline.daemon.storage.packs import MAX_BLOB
+    store, blobs = _open(tmp_path)
+    try:
+        looked: list[str] = []
+        real = os.path.exists
+        monkeypatch.setattr(os.path, "exists", lambda p: looked.append(p) or real(p))
+        blobs.put_bytes(b"small and new" * 10)
+        blobs.put_many([b"one tree" * 10, b"another tree" * 10])
+        assert looked == []
+        big = b"b" * (MAX_BLOB + 1)
+        blobs.put_bytes(big)
+        assert looked == [blobs._path(digest_of(big))]
+        with blobs.committing():
+            store.append_audit([_event(5)])
+    finally:
+        blobs.close()
+        store.close()
+
+
+def test_a_small_blob_file_of_a_0_1_data_root_still_reads_and_is_stored_again(tmp_path):
+    store, blobs = _open(tmp_path)
+    try:
+        from worldline.daemon.storage.blobs import digest_of
+        data = b"written by 0.1 as a file" * 4
+        digest = digest_of(data)
+        path = blobs._path(digest)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        assert blobs.has(digest) and blobs.read_bytes(digest) == data
+        assert blobs.put_bytes(data) == digest  # not found as a file: a pack row too
+        with blobs.committing():
+            store.append_audit([_event(6)])
+        assert blobs.pack.has(digest)
+        os.unlink(path)
+        assert blobs.read_bytes(digest) == data
+    finally:
+        blobs.close()
+        store.close()

@@ -168,17 +168,24 @@ class LocalBlobStore:
                 return True
         return self.pack.has(digest) or os.path.exists(self._path(digest))
 
-    def _reuse(self, digest: str) -> bool:
+    def _reuse(self, digest: str, size: int | None = None) -> bool:
         """True if the blob is stored. A stored one counts as freshly stored for gc's grace
         period: the reuse is noted in memory (gc runs in this process), under the lock gc
         deletes with, *before* looking for the blob, so no lock is held while looking and
         a blob found is one gc had not deleted and now will not (nor is a file touched,
-        which would dirty an inode per reuse)."""
+        which would dirty an inode per reuse).
+
+        ``size``, when known and at most MAX_BLOB: the blob can only be a row of the pack,
+        so no file is looked for (a failed stat per new blob, each a hand-off of the
+        interpreter lock in the middle of a capture). Only a data root of 0.1 holds such
+        blobs as files; one found there again is stored in the pack as well, once."""
         with self._lock:
             if self._in_flight(digest):
                 return True
             self._reused[digest] = time.time()
-        if self.pack.has(digest) or os.path.exists(self._path(digest)):
+        if self.pack.has(digest):
+            return True
+        if (size is None or size > MAX_BLOB) and os.path.exists(self._path(digest)):
             return True
         with self._lock:
             self._reused.pop(digest, None)
@@ -186,7 +193,7 @@ class LocalBlobStore:
 
     def put_bytes(self, data: bytes, base: str | None = None) -> str:
         digest = digest_of(data)
-        if self._reuse(digest):
+        if self._reuse(digest, len(data)):
             BLOB_REUSED.inc(len(data))
             return digest
         BLOB_WRITTEN.inc(len(data))
@@ -237,7 +244,9 @@ class LocalBlobStore:
             for d in fresh:
                 self._reused[d] = now
         stored = self.pack.present(fresh)
-        stored |= {d for d in fresh - stored if os.path.exists(self._path(d))}
+        large = {d for d, data in zip(digests, blobs, strict=True) if len(data) > MAX_BLOB}
+        stored |= {d for d in (fresh - stored) & large  # small ones: rows only (_reuse)
+                   if os.path.exists(self._path(d))}
         with self._lock:
             for d in fresh - stored:
                 self._reused.pop(d, None)
