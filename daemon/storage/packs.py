@@ -342,7 +342,7 @@ class Pack(SqliteDatabase):
         # front of a bucket (``durable=False``) skips that fsync: what a crash takes
         # from it is fetched again (WAL with synchronous=NORMAL stays consistent).
         self.durable = durable
-        self.unflushed = False  # a commit left its fsync to a later one (``commit``)
+        self._rows_at = 0  # the number (``_committed``) of the last commit of rows
         self.pending: dict[str, Row] = {}  # not yet committed: readable, not durable
         self.committing: dict[str, Row] = {}  # taken by the running commit
         self._cache: OrderedDict[str, tuple[bytes, int | None]] = OrderedDict()  # recent
@@ -540,19 +540,14 @@ class Pack(SqliteDatabase):
         rows = self.committing
         if rows:
             self._insert(rows)
-            self.unflushed = True
-        if not (self.durable and self.unflushed and flush):
-            return
-        try:
-            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            self.unflushed = False
-            return  # a checkpoint moved the rows into the database and synced it
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.unflushed = False
+            self._rows_at = self._committed
+        if self.durable and flush:
+            self._flush(self._rows_at)  # at once if an earlier fsync covered them
+
+    @property
+    def unflushed(self) -> bool:
+        """A commit of rows left its fsync to a later one (``commit``)."""
+        return self._flushed < self._rows_at
 
     def _insert(self, rows: dict[str, Row]) -> None:
         self.last_commit = time.monotonic()
