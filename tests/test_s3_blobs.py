@@ -4,12 +4,13 @@ bucket. Races are the index's (SQL), tested here against real SQLite/PostgreSQL.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
 import pytest
-from worldline.client.errors import Aborted, NotFound, Unavailable
-from worldline.daemon.storage import s3_blobs
+from worldline.client.errors import Aborted, DataLoss, NotFound, Unavailable
+from worldline.daemon.storage import packs, s3_blobs
 from worldline.daemon.storage.s3_blobs import ALONE
 from worldline.daemon.storage.sqlite_store import SqliteStore
 
@@ -265,3 +266,89 @@ def test_the_cache_commits_behind_and_at_close(request, tmp_path, index, s3_serv
     left = a.put_bytes(b"put, never synced\n" * 40)
     a.close()  # the thread stops; close commits what it had not taken
     assert _committed(a, e) and _committed(a, left)
+
+
+def _text(i: int) -> bytes:
+    """A compressible blob, as source files are."""
+    return b"".join(b"def function_%d_%d(x):\n    return x * %d\n\n" % (i, j, j)
+                    for j in range(60))
+
+
+def _old_host_upload(a, index, blobs: dict[str, bytes], codec_of) -> str:
+    """A pack object as a host writes it (entries concatenated, indexed after the PUT),
+    each entry encoded by ``codec_of(data) -> (codec, bytes)``: how hosts before 0.7.8
+    wrote theirs, or a damaged or unknown one."""
+    body, entries = bytearray(), []
+    for digest, data in blobs.items():
+        codec, stored = codec_of(data)
+        entries.append((digest, len(body), len(stored), len(data), codec))
+        body += stored
+    name = f"packs/old-{os.urandom(8).hex()}.pack"
+    a._put_object(name, bytes(body))
+    index.add_blob_object(name, len(body), "old", time.time(), entries)
+    return name
+
+
+def test_entries_are_zstd_frames_a_cold_cache_keeps_as_they_are(request, tmp_path, index,
+                                                                s3_server):
+    """0.7.8: an entry is a zstd frame of the whole blob (codec "zstd"), raw when that
+    saves too little; a host filling its cache from the bucket stores the entry's bytes
+    as its row, with no compression again."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    texts = {a.put_bytes(_text(i)): _text(i) for i in range(20)}
+    noise = os.urandom(4000)
+    noise_digest = a.put_bytes(noise)
+    a.sync()
+    found = index.locate_blobs(sorted(texts) + [noise_digest])
+    assert {found[d].codec for d in texts} == {"zstd"}
+    assert found[noise_digest].codec == "raw"
+    assert all(found[d].len < len(texts[d]) // 4 for d in texts)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    for digest, data in [*texts.items(), (noise_digest, noise)]:
+        assert b.read_bytes(digest) == data
+    body = bytes(obstore_get(a, found[next(iter(texts))].object))
+    for digest in texts:
+        row = b.cache.pack.row(digest)
+        loc = found[digest]
+        assert row.kind == packs.ZSTD and row.data == body[loc.off:loc.off + loc.len]
+    assert b.cache.pack.row(noise_digest).kind == packs.RAW
+
+
+def obstore_get(store, name: str) -> bytes:
+    import obstore
+    return obstore.get(store.bucket, name).bytes()
+
+
+def test_a_bucket_written_before_0_7_8_reads_on_a_new_host(request, tmp_path, index,
+                                                          s3_server):
+    """Entries of codec "pack" (deflate of the hex-packed bytes, what hosts before 0.7.8
+    wrote) read, verified, and become the cache's zlib rows as they are."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    blobs = {hashlib.sha256(_text(i)).hexdigest(): _text(i) for i in range(10)}
+    _old_host_upload(a, index, blobs, lambda data: ("pack", packs.compress(data)))
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    for digest, data in blobs.items():
+        assert b.read_bytes(digest) == data
+        row = b.cache.pack.row(digest)
+        assert row.kind == packs.ZLIB and row.data == packs.compress(data)
+    b.cache.sync()
+    again = s3_blob_store(request, tmp_path, host="b2", index=index, bucket=_bucket_of(a))
+    assert again.read_bytes(next(iter(blobs))) == next(iter(blobs.values()))
+
+
+@pytest.mark.parametrize("codec_of", [
+    lambda data: ("brotli", data),  # a codec this worldline does not know
+    lambda data: ("zstd", packs.zstd_whole(data + b"!", packs.FAST)),  # other bytes
+    lambda data: ("zstd", packs.zstd_whole(data, packs.FAST)[:-3]),  # cut short
+    lambda data: ("pack", b"not deflate at all"),
+], ids=["unknown-codec", "wrong-frame", "cut-frame", "bad-deflate"])
+def test_an_entry_that_does_not_decode_to_its_digest_is_data_loss(request, tmp_path, index,
+                                                                   s3_server, codec_of):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    data = _text(7)
+    digest = hashlib.sha256(data).hexdigest()
+    _old_host_upload(a, index, {digest: data}, codec_of)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    with pytest.raises(DataLoss):
+        b.read_bytes(digest)
+    assert not b.cache.has(digest)

@@ -301,3 +301,31 @@ def test_a_delta_base_is_read_with_one_question_per_stored_version(tmp_path, mon
     asked.clear()
     assert pack.base_for(a) == (first, 0) and len(asked) == 1
     blobs.close()
+
+
+def test_whole_rows_are_zstd_frames_and_zlib_rows_from_before_0_7_8_read(tmp_path):
+    """A blob stored whole is a zstd frame when that saves an eighth, else raw; a pack
+    written before 0.7.8 holds zlib rows (deflate of the hex-packed bytes), read as
+    ever."""
+    import sqlite3
+
+    from worldline.daemon.storage import packs
+    text = b"".join(b"line %d of a source file, %s\n" % (i, b"ab" * 16) for i in range(300))
+    noise = os.urandom(3000)
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    written = {blobs.put_bytes(text): text, blobs.put_bytes(noise): noise}
+    blobs.sync()
+    kinds = {d: blobs.pack.row(d).kind for d in written}
+    assert kinds == {hashlib.sha256(text).hexdigest(): packs.ZSTD,
+                     hashlib.sha256(noise).hexdigest(): packs.RAW}
+    assert len(blobs.pack.row(hashlib.sha256(text).hexdigest()).data) < len(text) // 8
+    blobs.close()
+    old = b"".join(b"an older version, line %d\n" % i for i in range(400))
+    db = sqlite3.connect(tmp_path / "b" / "pack.db")  # a row as 0.7.7 wrote it
+    db.execute("INSERT INTO objects (digest, kind, base, depth, size, stored_ms, data)"
+               " VALUES (?, ?, NULL, 0, ?, 0, ?)",
+               (hashlib.sha256(old).digest(), packs.ZLIB, len(old), packs.compress(old)))
+    db.commit()
+    db.close()
+    written[hashlib.sha256(old).hexdigest()] = old
+    _all_read_back(blobs, written)

@@ -37,7 +37,7 @@ class Location(NamedTuple):
     off: int
     len: int
     size: int
-    codec: str  # "pack": packs.compress() of the bytes; "raw": the bytes as they are
+    codec: str  # "zstd" (a zstd frame), "pack" (zlib, before 0.7.8) or "raw": s3_blobs.CODECS
     stored_at: float
 
 

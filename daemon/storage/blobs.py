@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .packs import MAX_BLOB, RAW, ZLIB, Pack, Row
+from .packs import MAX_BLOB, RAW, ZLIB, ZSTD, Pack, Row
 
 if TYPE_CHECKING:
     from .blob_index import StoredObject
@@ -221,17 +221,20 @@ class LocalBlobStore:
         self.pack.remember(digest, data, row.depth if added else None)
         return digest
 
-    def put_verified(self, digest: str, data: bytes, packed: bytes | None) -> None:
+    def put_verified(self, digest: str, data: bytes,
+                     packed: tuple[int, bytes] | None = None) -> None:
         """Store ``data``, already verified to be ``digest`` by the caller, given also
-        as the pack's own compression of it (``packs.compress``) when it has that: the
-        row takes those bytes as they are, with no compression again (a cache filled
-        from a bucket whose packs hold that encoding)."""
+        as (kind, bytes) of a whole row of the pack's own (``ZSTD`` or ``ZLIB``) when it
+        has that: the row takes those bytes as they are, with no compression again (a
+        cache filled from a bucket, whose packs hold those encodings)."""
         if len(data) > MAX_BLOB or self._reuse(digest):
             if len(data) > MAX_BLOB:
                 self.put_bytes(data)
             return
-        row = (Row(ZLIB, None, 0, len(data), time.time(), packed) if packed is not None
-               else Row(RAW, None, 0, len(data), time.time(), data))
+        kind, stored = packed if packed is not None else (RAW, data)
+        if kind not in (RAW, ZLIB, ZSTD):
+            raise ValueError(f"a whole row cannot be of kind {kind}")
+        row = Row(kind, None, 0, len(data), time.time(), stored)
         with self._lock:
             if not self._in_flight(digest):
                 self.pack.pending[digest] = row

@@ -14,8 +14,11 @@ version is given as its *base* is stored as a *delta*, one of two kinds:
   and in any order, is a copy (git's copy/insert delta, with zstd's entropy coding of
   what is new). Until 0.7 every delta was a splice, which stores everything between
   two edits far apart.
-Other rows are zlib-compressed when that saves an eighth, else raw; the idle repack
-(repack.py) may later store a row at zstd's strongest level (``ZSTD``).
+Other rows are stored whole: a zstd frame (``ZSTD``, level ``FAST``) when that saves an
+eighth, else raw; the idle repack (repack.py) may later store a row at zstd's
+strongest level. Packs made before 0.7.8 also hold zlib rows (``ZLIB``: deflate of the
+hex-packed bytes), which stay readable, and a cache filled from a bucket written
+before 0.7.8 takes its entries as such rows.
 
 Rules that keep every blob readable:
 - A delta's base is itself in the pack, and a chain of deltas is at most
@@ -183,6 +186,8 @@ except ImportError:
 
 
 def compress(data: bytes) -> bytes:
+    """A ``ZLIB`` row's bytes (and a bucket entry's of codec "pack"): what worldline
+    wrote before 0.7.8, kept as the format ``decompress`` reads; nothing writes it now."""
     return zlib.compress(pack_hex(data), 1)
 
 
@@ -238,9 +243,31 @@ def zstd_delta(base: bytes, data: bytes, level: int = FAST) -> bytes:
                                     write_content_size=True, write_dict_id=False).compress(data)
 
 
+_contexts = threading.local()  # zstd contexts: made once per thread, not per blob
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """This thread's compressor at ``level``: making one costs about 15 us, more than
+    compressing a small file (a ZstdCompressor is not to be shared between threads)."""
+    made = _contexts.__dict__.setdefault("compressors", {})
+    found = made.get(level)
+    if found is None:
+        found = made[level] = zstandard.ZstdCompressor(
+            level=level, write_checksum=False, write_content_size=True, write_dict_id=False)
+    return found
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    found = getattr(_contexts, "decompressor", None)
+    if found is None:
+        found = _contexts.decompressor = zstandard.ZstdDecompressor()
+    return found
+
+
 def zstd_whole(data: bytes, level: int = SMALL) -> bytes:
-    return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
-                                    write_dict_id=False).compress(data)
+    """``data`` as one zstd frame that records its content size (``ZSTD`` rows; the
+    bucket's ``zstd`` entries at level ``FAST``)."""
+    return _compressor(level).compress(data)
 
 
 def zstd_apply(base: bytes | None, frame: bytes, size: int) -> bytes:
@@ -253,7 +280,7 @@ def zstd_apply(base: bytes | None, frame: bytes, size: int) -> bytes:
     if said != size:
         raise ValueError(f"a zstd frame says {said} bytes, the row {size}")
     if not base:
-        return zstandard.ZstdDecompressor().decompress(frame)
+        return _decompressor().decompress(frame)
     dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
     return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(frame)
 
@@ -508,9 +535,9 @@ class Pack(SqliteDatabase):
                 return delta  # the usual edit: no compression could come close
         best = Row(RAW, None, 0, len(data), now, data)
         if len(data) >= 64:
-            packed = compress(data)
+            packed = zstd_whole(data, FAST)
             if len(packed) < len(data) * 7 // 8:
-                best = Row(ZLIB, None, 0, len(data), now, packed)
+                best = Row(ZSTD, None, 0, len(data), now, packed)
         # A delta costs its readers a rebuild: it must at least halve the row.
         return delta if delta is not None and len(delta.data) < len(best.data) // 2 else best
 

@@ -80,6 +80,12 @@ MIGRATIONS = (
         " ALTER COLUMN container TYPE BYTEA USING decode(container, 'hex');"
         " ALTER TABLE audit ALTER COLUMN prev_hash TYPE BYTEA USING decode(prev_hash, 'hex'),"
         " ALTER COLUMN hash TYPE BYTEA USING decode(hash, 'hex')")),
+    # No change: a host before 0.7.8 reads the bucket's "zstd" entries as raw bytes (and
+    # fails them as corrupt, DataLoss); the version makes such a host refuse the store at
+    # start. Hosts already running are not asked again: stop them before the first
+    # 0.7.8 host starts (README, Running a fleet).
+    Migration(10, "0.7.8: the bucket's entries may be zstd frames (codec 'zstd')",
+              lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

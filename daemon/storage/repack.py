@@ -1,7 +1,7 @@
 """The idle repack: what `git gc` does for a repository at rest, for the pack.
 
 A checkpoint stores each changed blob the fast way (a zstd delta at level 3 against the
-version the same path had, or the whole blob deflated at level 1), because the agent
+version the same path had, or the whole blob as a zstd frame at level 3), because the agent
 is waiting. Once the daemon is idle, the rows stored since the last repack are looked
 at again, a few at a time, in row order:
 

@@ -7,7 +7,7 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   for upload. ``sync()`` asks the blob index once which of the noted digests the
   bucket has (renewing their ``stored_at``, so gc on another
   host leaves them be), and uploads the rest. Small blobs go as **one pack object**:
-  entries compressed one by one as the local pack compresses its rows (so a host
+  entries compressed one by one as the local pack compresses whole rows (so a host
   filling its cache stores them as they come), concatenated, written under a
   write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).
   Large ones (over ``ALONE``) are objects of their own, uploaded in parts and named by
@@ -52,6 +52,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import zstandard
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from ..faults import crash_point
@@ -74,6 +75,12 @@ PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 UNINDEXED_SECONDS = 60.0  # an upload not indexed within this is sent again (gc grace: 600)
 REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
+
+
+# An entry's codec in the index -> the pack's row of the same bytes (the cache keeps
+# them as they are). "pack" (deflate of the hex-packed bytes) is what hosts before
+# 0.7.8 wrote; "zstd" is a frame of the whole blob, level 3, recording its size.
+CODECS = {"raw": packs.RAW, "pack": packs.ZLIB, "zstd": packs.ZSTD}
 
 
 class _Vanished(Exception):
@@ -315,9 +322,9 @@ class S3BlobStore:
                 data = self.cache.read_bytes(digest)
             packed, codec = data, "raw"
             if len(data) >= 64:
-                squeezed = packs.compress(data)
+                squeezed = packs.zstd_whole(data, packs.FAST)
                 if len(squeezed) < len(data) * 7 // 8:
-                    packed, codec = squeezed, "pack"
+                    packed, codec = squeezed, "zstd"
             entries.append((digest, len(pack), len(packed), len(data), codec))
             pack += packed
             if len(pack) >= PACK_LIMIT:
@@ -394,14 +401,19 @@ class S3BlobStore:
             raw = body[loc.off:loc.off + loc.len]
             if len(raw) != loc.len:
                 raise DataLoss(f"object {name} of {self.url} is shorter than its index says")
+            kind = CODECS.get(loc.codec)
+            if kind is None:
+                raise DataLoss(f"blob {digest} in {name} of {self.url} has an unknown codec"
+                               f" {loc.codec!r}")
             try:
-                data = packs.decompress(raw) if loc.codec == "pack" else raw
-            except (zlib.error, ValueError):
+                data = (raw if kind == packs.RAW else packs.decompress(raw)
+                        if kind == packs.ZLIB else packs.zstd_apply(None, raw, loc.size))
+            except (zlib.error, zstandard.ZstdError, ValueError):
                 data = b""  # not what was written: the digest check below says so
             if digest_of(data) != digest:
                 raise DataLoss(f"blob {digest} in {name} of {self.url} does not match its"
                                " digest")
-            self.cache.put_verified(digest, data, raw if loc.codec == "pack" else None)
+            self.cache.put_verified(digest, data, (kind, raw))
             with self._lock:
                 self._used(digest, len(data))
                 self._keep_recent(digest, data)

@@ -188,32 +188,39 @@ class SqlStore:
 
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events, objects=()):
-        with self._tx(pipelined=True) as db:
-            row = db.execute("SELECT head FROM sessions WHERE id = ?" + self.FOR_UPDATE,
-                             (cp.session_id,)).fetchone()
-            if row is None:
-                raise NotFound(f"session {cp.session_id} does not exist")
-            if row[0] != expected_head:
-                raise Aborted(f"session {cp.session_id} head moved to {row[0]}"
-                              f" (expected {expected_head})")
-            (seq,) = db.execute("SELECT MAX(seq) + 1 FROM checkpoints WHERE session_id = ?",
-                                (cp.session_id,)).fetchone()
-            cp = replace(cp, seq=seq)
-            if objects:
-                self.add_objects(db, objects)  # the blob index (BlobIndexSql)
-            try:
+        # Pipelined (PostgreSQL): three round trips, the head's read, the audit chain's
+        # and the commit. The next seq is read with the head, under its lock: a
+        # checkpoint committed meanwhile by another daemon moved the head too (only this
+        # method moves it, always to a new id), so a seq read from a snapshot that
+        # predates it is never used. A duplicate id surfaces at the next round trip or
+        # the commit; in this transaction only the checkpoint's id can collide (its
+        # messages are keyed by it; index rows insert-or-skip, the audit chain is
+        # locked, tasks are a checkpoint's own list), so any key violation is that one.
+        try:
+            with self._tx(pipelined=True) as db:
+                row = db.execute(
+                    "SELECT head, (SELECT MAX(seq) + 1 FROM checkpoints WHERE session_id = ?)"
+                    " FROM sessions WHERE id = ?" + self.FOR_UPDATE,
+                    (cp.session_id, cp.session_id)).fetchone()
+                if row is None:
+                    raise NotFound(f"session {cp.session_id} does not exist")
+                if row[0] != expected_head:
+                    raise Aborted(f"session {cp.session_id} head moved to {row[0]}"
+                                  f" (expected {expected_head})")
+                cp = replace(cp, seq=row[1])
+                if objects:
+                    self.add_objects(db, objects)  # the blob index (BlobIndexSql)
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * 21)})", _cp_row(cp))
-                _flush(db)  # pipelined: a duplicate id is found here, not later
-            except self.integrity_errors:
-                raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
-            db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
-                           [(cp.id, i, m) for i, m in enumerate(messages)])
-            db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
-            if tasks is not None:
-                self._replace_tasks(db, cp.session_id, tasks)
-            self._append_audit(db, events)
-            return cp
+                db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
+                               [(cp.id, i, m) for i, m in enumerate(messages)])
+                db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
+                if tasks is not None:
+                    self._replace_tasks(db, cp.session_id, tasks)
+                self._append_audit(db, events)
+        except self.integrity_errors:
+            raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
+        return cp
 
     def get_checkpoint(self, checkpoint_id):
         row = self._one(f"SELECT {_CP_COLS} FROM checkpoints WHERE id = ?", (checkpoint_id,))

@@ -114,6 +114,11 @@ MIGRATIONS = (
     # it would find no blobs at all.
     Migration(9, "0.7.7: the pack may live in this file (data roots made from 0.7.7 on)",
               lambda db: None),
+    # Nothing to change either: the version keeps a worldline before 0.7.8, which reads
+    # an entry of codec "zstd" as raw bytes (and fails it as corrupt), from a bucket
+    # this store indexes.
+    Migration(10, "0.7.8: a bucket's entries may be zstd frames (codec 'zstd')",
+              lambda db: None),
 )
 
 
