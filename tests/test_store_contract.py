@@ -109,6 +109,24 @@ def test_append_moves_head_and_assigns_seq(store):
     assert store.lineage(b.id) == [(b.id, s.id), (a.id, s.id), (first.id, s.id)]
 
 
+@pytest.mark.parametrize("with_events", [True, False])
+def test_an_existing_checkpoint_id_is_already_exists_and_changes_nothing(store, with_events):
+    """Pipelined on PostgreSQL, the duplicate surfaces at a later round trip or at the
+    commit (no audit event: no round trip before it); either way nothing is kept."""
+    s, first = new_session(store)
+    a = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
+    audit = store.list_audit()
+    again = replace(make_cp(s.id, a.id, n_msgs=2, count=2), id=a.id)
+    events = [AuditEvent("checkpoint", s.id, a.id, {}, ids.now())] if with_events else []
+    with pytest.raises(AlreadyExists):
+        store.append_checkpoint(again, ["m1", "m2"], a.id, None, events)
+    assert store.get_session(s.id).head == a.id
+    assert [c.id for c in store.list_checkpoints(s.id)] == [first.id, a.id]
+    assert store.list_audit() == audit
+    b = store.append_checkpoint(make_cp(s.id, a.id), [], a.id, None, [])
+    assert b.seq == 2
+
+
 def test_compare_and_set_loses_exactly_one(store):
     s, first = new_session(store)
     results = []
