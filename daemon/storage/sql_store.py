@@ -188,8 +188,10 @@ class SqlStore:
 
     # -- checkpoints -----------------------------------------------------------------
     def append_checkpoint(self, cp, messages, expected_head, tasks, events, objects=()):
-        # Pipelined (PostgreSQL): three round trips, the head's read, the audit chain's
-        # and the commit. The next seq is read with the head, under its lock: a
+        # Pipelined (PostgreSQL): two round trips, the reads and the commit. The audit
+        # chain's lock and its last link are asked for in the same round trip as the
+        # head (after the session's row lock, the order every writer takes them in).
+        # The next seq is read with the head, under its lock: a
         # checkpoint committed meanwhile by another daemon moved the head too (only this
         # method moves it, always to a new id), so a seq read from a snapshot that
         # predates it is never used. A duplicate id surfaces at the next round trip or
@@ -198,10 +200,12 @@ class SqlStore:
         # locked, tasks are a checkpoint's own list), so any key violation is that one.
         try:
             with self._tx(pipelined=True) as db:
-                row = db.execute(
+                head = db.execute(
                     "SELECT head, (SELECT MAX(seq) + 1 FROM checkpoints WHERE session_id = ?)"
                     " FROM sessions WHERE id = ?" + self.FOR_UPDATE,
-                    (cp.session_id, cp.session_id)).fetchone()
+                    (cp.session_id, cp.session_id))
+                chain = self._chain_end(db) if events else None
+                row = head.fetchone()
                 if row is None:
                     raise NotFound(f"session {cp.session_id} does not exist")
                 if row[0] != expected_head:
@@ -217,7 +221,7 @@ class SqlStore:
                 db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
                 if tasks is not None:
                     self._replace_tasks(db, cp.session_id, tasks)
-                self._append_audit(db, events)
+                self._append_audit(db, events, chain)
         except self.integrity_errors:
             raise AlreadyExists(f"checkpoint {cp.id} already exists") from None
         return cp
@@ -369,11 +373,18 @@ class SqlStore:
         with self._tx() as db:
             self._append_audit(db, events)
 
-    def _append_audit(self, db, events: list[AuditEvent]) -> None:
+    def _chain_end(self, db):
+        """The audit chain locked for this transaction, and its last link asked for: a
+        cursor, whose row a pipelined transaction reads with the next round trip."""
+        self._lock_chain(db)
+        return db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+
+    def _append_audit(self, db, events: list[AuditEvent], chain=None) -> None:
+        """Append ``events`` to the chain (``chain``: ``_chain_end``'s cursor, when the
+        caller asked for it earlier in this transaction)."""
         if not events:
             return
-        self._lock_chain(db)
-        row = db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        row = (chain if chain is not None else self._chain_end(db)).fetchone()
         seq, prev = (row[0], digest_out(row[1])) if row else (0, GENESIS_HASH)
         for event in events:
             seq += 1
