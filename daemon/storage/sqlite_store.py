@@ -11,8 +11,10 @@ write-ahead log that makes it so is taken after the commit, outside the write lo
 fsync covers every commit written before it began (group commit). The WAL is a log:
 its later commits are only valid after its earlier ones, so a flushed commit is never
 found after a crash without those before it, whichever connection wrote them (the
-pack, when it lives in this file, relies on that). The statements are ``SqlStore``'s
-(sql_store.py), shared with PostgreSQL.
+pack, when it lives in this file, relies on that). No commit copies the WAL into the
+file (SQLite's automatic checkpoint, under the write lock): a thread per file does,
+beside the writers (wal.py). The statements are ``SqlStore``'s (sql_store.py), shared
+with PostgreSQL.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contextlib import contextmanager
 
 from worldline.client.errors import ResourceExhausted
 
-from . import blob_index
+from . import blob_index, wal
 from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
 from .sql_store import SqlStore, digest_in
@@ -178,6 +180,9 @@ class SqliteDatabase:
         # syncs the database file when the WAL is copied into it, before the WAL is
         # reused, so what was flushed stays durable.)
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # No commit copies the WAL into the file (milliseconds, under the write lock):
+        # a thread of the file's own does, beside the writers (wal.py).
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._flush_each = flush
         self._committed = 0  # write transactions committed on this connection
         self._flushed = 0  # how many of them an fsync of the WAL has made durable
@@ -189,6 +194,7 @@ class SqliteDatabase:
         self._readers: list[sqlite3.Connection] = []
         self._db.executescript(schema)
         self._last_write = 0.0
+        self._wal: wal.Checkpointer | None = wal.checkpointer(path)
 
     @contextmanager
     def _tx(self, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
@@ -219,6 +225,7 @@ class SqliteDatabase:
                 open_here.discard(self.path)
             self._committed += 1
             mine = self._committed
+        self._wal.committed()
         if self._flush_each:
             self._flush(mine)
 
@@ -294,6 +301,9 @@ class SqliteDatabase:
             return busy == 0
 
     def close(self) -> None:
+        if self._wal is not None:
+            self._wal.release()
+            self._wal = None
         with self._lock:
             for db in self._readers:
                 db.close()

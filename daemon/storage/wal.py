@@ -1,0 +1,103 @@
+"""A SQLite file's write-ahead log copied into the file in the background.
+
+SQLite's automatic checkpoint runs inside the COMMIT that pushes the WAL past 1,000
+pages: that commit copies the log into the database file and fsyncs it (several
+milliseconds; a hundred after a large capture) while holding the store's write lock,
+so every other checkpoint waits behind it. Each connection that writes a file in this
+daemon turns the automatic checkpoint off (``PRAGMA wal_autocheckpoint=0``) and tells
+the file's ``Checkpointer`` after its commits; the checkpointer's own connection runs
+a PASSIVE checkpoint (copies what no reader still needs, never waits for a reader or
+a writer) at most every ``INTERVAL`` while commits come. Writers go on appending to the
+log meanwhile: SQLite lets one checkpoint run beside the writer.
+
+Durability is SQLite's as before: with ``synchronous=NORMAL`` a checkpoint syncs the
+WAL before it copies frames and the database file after, and the log is reused from
+its start only once everything in it is in the file. An idle daemon's housekeeping
+still truncates the log (``SqliteDatabase.compact_wal``).
+
+One checkpointer per file and process, however many connections write the file (the
+store and the pack share meta.db): ``checkpointer(path)`` counts its users and
+``release()`` stops it with the last.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+
+log = logging.getLogger("worldline.wal")
+
+INTERVAL = 0.25  # seconds between checkpoints while commits keep coming
+BUSY_MS = 100  # how long a checkpoint waits for another (compact_wal's) to end
+
+_lock = threading.Lock()
+_running: dict[str, Checkpointer] = {}
+
+
+def checkpointer(path: str) -> Checkpointer:
+    """The running checkpointer of ``path`` (started if none), with one more user."""
+    with _lock:
+        found = _running.get(path)
+        if found is None:
+            found = _running[path] = Checkpointer(path)
+        found.users += 1
+        return found
+
+
+class Checkpointer:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.users = 0
+        self.checkpoints = 0  # completed or partial, since start (tests, metrics)
+        self._due = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        """A commit was written to the log: a checkpoint is due (within ``INTERVAL``)."""
+        if not self._due.is_set():
+            self._due.set()
+
+    def release(self) -> None:
+        """One user fewer; the last stops the thread (after any checkpoint due)."""
+        with _lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if _running.get(self.path) is self:
+                del _running[self.path]
+        self._stopping = True
+        self._due.set()
+        self._thread.join()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA synchronous=NORMAL")  # the WAL synced before, the file after
+        db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        return db
+
+    def _run(self) -> None:
+        db = None
+        while True:
+            self._due.wait()
+            if not self._stopping:
+                time.sleep(INTERVAL)  # let the commits of a burst gather
+            self._due.clear()
+            try:
+                if db is None:
+                    db = self._connect()
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.checkpoints += 1
+            except sqlite3.Error as exc:  # busy, or the disk: tried again after the
+                # next commit (the thread must not die: the log would grow unbounded)
+                log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
+                self._due.set()
+                time.sleep(INTERVAL)
+            if self._stopping:
+                if db is not None:
+                    db.close()
+                return

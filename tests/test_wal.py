@@ -1,0 +1,117 @@
+"""The write-ahead log is copied into its file by a thread of the file's own, never by a
+commit (wal.py): no checkpoint of the world waits behind a copy of the log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+
+from worldline.daemon.storage import wal
+from worldline.daemon.storage.blobs import LocalBlobStore
+from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v BLOB NOT NULL);"
+
+
+def _wait(predicate, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.02)
+
+
+def _rows_in_main_file(path, tmp_path) -> int:
+    """The rows a copy of the database file alone holds (without its -wal): what
+    checkpoints have copied into it."""
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(path, copy)
+    db = sqlite3.connect(copy)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone():
+            return 0  # not even the table's creation was copied
+        return db.execute("SELECT COUNT(*) FROM t").fetchone()[0]
+    finally:
+        db.close()
+        copy.unlink()
+
+
+def test_a_commit_never_copies_the_log_and_the_thread_does(tmp_path, monkeypatch):
+    path = str(tmp_path / "a.db")
+    db = SqliteDatabase(path, SCHEMA)
+    try:
+        assert db._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        checkpointer = db._wal
+        monkeypatch.setattr(checkpointer, "committed", lambda: None)  # the thread held
+        for i in range(1500):  # past SQLite's automatic checkpoint (1,000 pages)
+            with db._tx() as c:
+                c.execute("INSERT INTO t VALUES (?, ?)", (i, os.urandom(3000)))
+        assert os.path.getsize(path + "-wal") > 1000 * 4096
+        assert _rows_in_main_file(path, tmp_path) == 0  # no commit copied the log
+        monkeypatch.undo()
+        before = checkpointer.checkpoints
+        with db._tx() as c:
+            c.execute("INSERT INTO t VALUES (?, ?)", (10_000, b"the last"))
+        _wait(lambda: checkpointer.checkpoints > before)
+        assert _rows_in_main_file(path, tmp_path) == 1501
+        assert db._one("SELECT v FROM t WHERE k = 10000", ()) == (b"the last",)
+    finally:
+        db.close()
+
+
+def test_one_thread_per_file_however_many_connections_write_it(tmp_path):
+    """The store and the pack share meta.db (0.7.7 on): one checkpointer, stopped with
+    the last of them."""
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
+                           store_lock=store.write_lock)
+    checkpointer = wal._running[store.path]
+    assert store._wal is checkpointer and blobs.pack._wal is checkpointer
+    assert checkpointer.users == 2
+    digest = blobs.put_bytes(b"a blob " * 100)
+    blobs.sync()
+    blobs.close()
+    assert wal._running[store.path] is checkpointer and checkpointer._thread.is_alive()
+    store.close()
+    assert store.path not in wal._running and not checkpointer._thread.is_alive()
+    again = LocalBlobStore(str(tmp_path / "blobs"), pack_file=str(tmp_path / "meta.db"))
+    try:
+        assert again.read_bytes(digest) == b"a blob " * 100
+    finally:
+        again.close()
+
+
+def test_a_failing_checkpoint_is_tried_again_and_the_thread_lives(tmp_path, monkeypatch):
+    """A checkpoint that fails (another checkpoint running, a full disk) leaves the log
+    as it is; the thread tries again rather than dying, which would let the log grow
+    without bound."""
+    path = str(tmp_path / "a.db")
+    db = SqliteDatabase(path, SCHEMA)
+    checkpointer = db._wal
+    failures = []
+
+    class Failing:  # the checkpointer's connection, its first three checkpoints failing
+        def __init__(self, real):
+            self.real = real
+
+        def execute(self, sql, *args):
+            if "wal_checkpoint" in sql and len(failures) < 3:
+                failures.append(sql)
+                raise sqlite3.OperationalError("disk I/O error")
+            return self.real.execute(sql, *args)
+
+        def close(self):
+            self.real.close()
+
+    real_connect = checkpointer._connect
+    monkeypatch.setattr(checkpointer, "_connect", lambda: Failing(real_connect()))
+    monkeypatch.setattr(wal, "INTERVAL", 0.01)
+    try:
+        with db._tx() as c:
+            c.execute("INSERT INTO t VALUES (1, x'00')")
+        _wait(lambda: checkpointer.checkpoints >= 1)
+        assert len(failures) == 3 and checkpointer._thread.is_alive()
+        assert _rows_in_main_file(path, tmp_path) == 1
+    finally:
+        db.close()
