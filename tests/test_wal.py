@@ -66,15 +66,15 @@ def test_one_thread_per_file_however_many_connections_write_it(tmp_path):
     store = SqliteStore(str(tmp_path / "meta.db"))
     blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
                            store_lock=store.write_lock)
-    checkpointer = wal._running[store.path]
-    assert store._wal is checkpointer and blobs.pack._wal is checkpointer
-    assert checkpointer.users == 2
+    checkpointer = store._wal
+    assert blobs.pack._wal is checkpointer and checkpointer.users == 2
+    assert [c for c in wal._running.values() if c.path == store.path] == [checkpointer]
     digest = blobs.put_bytes(b"a blob " * 100)
     blobs.sync()
     blobs.close()
-    assert wal._running[store.path] is checkpointer and checkpointer._thread.is_alive()
+    assert wal._running[checkpointer.key] is checkpointer and checkpointer._thread.is_alive()
     store.close()
-    assert store.path not in wal._running and not checkpointer._thread.is_alive()
+    assert checkpointer.key not in wal._running and not checkpointer._thread.is_alive()
     again = LocalBlobStore(str(tmp_path / "blobs"), pack_file=str(tmp_path / "meta.db"))
     try:
         assert again.read_bytes(digest) == b"a blob " * 100

@@ -191,13 +191,13 @@ class SqlStore:
         # Pipelined (PostgreSQL): two round trips, the reads and the commit. The audit
         # chain's lock and its last link are asked for in the same round trip as the
         # head (after the session's row lock, the order every writer takes them in).
-        # The next seq is read with the head, under its lock: a
-        # checkpoint committed meanwhile by another daemon moved the head too (only this
-        # method moves it, always to a new id), so a seq read from a snapshot that
-        # predates it is never used. A duplicate id surfaces at the next round trip or
-        # the commit; in this transaction only the checkpoint's id can collide (its
-        # messages are keyed by it; index rows insert-or-skip, the audit chain is
-        # locked, tasks are a checkpoint's own list), so any key violation is that one.
+        # The next seq is read with the head, under its lock: a checkpoint committed
+        # meanwhile by another daemon moved the head too (only this method moves it,
+        # always to a new id), so a seq read from a snapshot that predates it is never
+        # used. A duplicate id surfaces at a later round trip or the commit; in this
+        # transaction only the checkpoint's id can collide (its messages are keyed by
+        # it; index rows insert-or-skip, the audit chain is locked, tasks are a
+        # checkpoint's own list), so any key violation is that one.
         try:
             with self._tx(pipelined=True) as db:
                 head = db.execute(
@@ -407,10 +407,3 @@ class SqlStore:
         events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
         return events[-limit:] if limit else events
 
-
-def _flush(db) -> None:
-    """Every statement sent on ``db`` has run (PostgreSQL's pipelined transactions;
-    SQLite's run as they are sent)."""
-    flush = getattr(db, "flush", None)
-    if flush is not None:
-        flush()

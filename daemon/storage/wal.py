@@ -23,6 +23,7 @@ store and the pack share meta.db): ``checkpointer(path)`` counts its users and
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -33,22 +34,27 @@ INTERVAL = 0.25  # seconds between checkpoints while commits keep coming
 BUSY_MS = 100  # how long a checkpoint waits for another (compact_wal's) to end
 
 _lock = threading.Lock()
-_running: dict[str, Checkpointer] = {}
+_running: dict[tuple[int, int], Checkpointer] = {}  # by (st_dev, st_ino)
 
 
 def checkpointer(path: str) -> Checkpointer:
-    """The running checkpointer of ``path`` (started if none), with one more user."""
+    """The running checkpointer of the file at ``path`` (started if none), with one more
+    user. Files are told apart by inode, not name: one made anew where another was is
+    another file."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
     with _lock:
-        found = _running.get(path)
+        found = _running.get(key)
         if found is None:
-            found = _running[path] = Checkpointer(path)
+            found = _running[key] = Checkpointer(path, key)
         found.users += 1
         return found
 
 
 class Checkpointer:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: tuple[int, int]) -> None:
         self.path = path
+        self.key = key
         self.users = 0
         self.checkpoints = 0  # completed or partial, since start (tests, metrics)
         self._due = threading.Event()
@@ -67,8 +73,8 @@ class Checkpointer:
             self.users -= 1
             if self.users > 0:
                 return
-            if _running.get(self.path) is self:
-                del _running[self.path]
+            if _running.get(self.key) is self:
+                del _running[self.key]
         self._stopping = True
         self._due.set()
         self._thread.join()
