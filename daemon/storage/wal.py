@@ -32,6 +32,7 @@ log = logging.getLogger("worldline.wal")
 
 INTERVAL = 0.25  # seconds between checkpoints while commits keep coming
 BUSY_MS = 100  # how long a checkpoint waits for another (compact_wal's) to end
+JOIN_SECONDS = 5.0  # how long closing the last connection waits for the thread
 
 _lock = threading.Lock()
 _running: dict[tuple[int, int], Checkpointer] = {}  # by (st_dev, st_ino)
@@ -77,7 +78,10 @@ class Checkpointer:
                 del _running[self.key]
         self._stopping = True
         self._due.set()
-        self._thread.join()
+        self._thread.join(JOIN_SECONDS)  # a stop never hangs on it (the log stays valid)
+        if self._thread.is_alive():
+            log.warning("the checkpoint of %s's write-ahead log did not end within %.0f s;"
+                        " leaving it", self.path, JOIN_SECONDS)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
