@@ -265,8 +265,10 @@ class Daemon:
                 self.health.set(name, serving if ok else not_serving)
 
         def loop() -> None:
+            # One compaction per file: a data root from 0.7.7 on keeps the pack in meta.db.
+            files = {db.path: db for db in (self.blobs.pack, self.graph_store, self.store)}
             while not self.stopping.wait(WAL_IDLE_SECONDS):
-                for db in (self.store, self.graph_store, self.blobs.pack):
+                for db in files.values():
                     try:
                         db.compact_wal(WAL_IDLE_SECONDS)
                     except Exception:

@@ -115,3 +115,32 @@ def test_a_failing_checkpoint_is_tried_again_and_the_thread_lives(tmp_path, monk
         assert _rows_in_main_file(path, tmp_path) == 1
     finally:
         db.close()
+
+
+def test_an_idle_daemon_leaves_its_logs_empty(tmp_path):
+    """A real daemon: its checkpoints' log is copied into meta.db beside the writers, and
+    once it is idle (the repack done too) each SQLite log is truncated, meta.db's once
+    though the pack and the store both write it."""
+    from .conftest import DaemonProcess
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    root = tmp_path / "root"
+    d = DaemonProcess(root).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            for n in range(30):
+                (ws / f"f{n % 5}.txt").write_text(f"version {n}\n" * 200)
+                s.checkpoint()
+
+        def logs_empty() -> bool:
+            sizes = [os.path.getsize(p) for p in (root / "meta.db-wal", root / "graphs.db-wal")
+                     if p.exists()]
+            return all(size == 0 for size in sizes)
+
+        _wait(logs_empty, seconds=30)
+        assert not (root / "blobs" / "pack.db").exists()
+    finally:
+        assert d.stop() == 0
+    with sqlite3.connect(root / "meta.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0] == 31
