@@ -1,6 +1,7 @@
 """The real services the fleet tests use, made and removed by the test session:
 a throwaway PostgreSQL cluster (``initdb`` in a temporary folder, ``pg_ctl`` on a
-Unix socket, no TCP) and moto's S3 server (an emulator) on loopback."""
+Unix socket, no TCP) and moto's S3 server (an emulator) on loopback; and a relay to
+a real service's Unix socket that a test can slow down or cut."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 
 
@@ -111,3 +114,103 @@ class S3Emulator:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+class UnixRelay:
+    """A Unix-socket relay from ``path`` to the real service at ``target``. It can hold
+    what clients send for ``delay`` seconds (answers pass at once: a call then takes
+    about ``delay`` times the round trips it makes), and ``cut()`` closes every
+    connection and refuses new ones, as a dead or unreachable service would, until
+    ``restore()``."""
+
+    def __init__(self, path, target, delay: float = 0.0) -> None:
+        self.target, self.delay = str(target), delay
+        self.conns: list[socket.socket] = []
+        self.up = True
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            service = socket.socket(socket.AF_UNIX)
+            service.connect(self.target)
+            self.conns += [client, service]
+            for src, dst, delay in ((client, service, self.delay), (service, client, 0.0)):
+                threading.Thread(target=self._pump, args=(src, dst, delay),
+                                 daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst, delay: float) -> None:
+        """Copy ``src`` to ``dst``, each chunk ``delay`` seconds after it came (in
+        order, by a thread of its own when delayed); close both at the end."""
+        held: list = []
+        ready = threading.Condition()
+
+        def send(chunk: bytes) -> None:
+            try:
+                dst.sendall(chunk)
+            except OSError:
+                pass
+
+        def sender() -> None:
+            while True:
+                with ready:
+                    while not held:
+                        ready.wait()
+                    due, chunk = held.pop(0)
+                if chunk is None:
+                    return
+                time.sleep(max(0.0, due - time.monotonic()))
+                send(chunk)
+
+        later = threading.Thread(target=sender, daemon=True) if delay else None
+        if later is not None:
+            later.start()
+        try:
+            while True:
+                try:
+                    chunk = src.recv(65536)
+                except OSError:
+                    chunk = b""
+                if later is None:
+                    if not chunk:
+                        return
+                    send(chunk)
+                    continue
+                with ready:
+                    held.append((time.monotonic() + delay, chunk or None))
+                    ready.notify()
+                if not chunk:
+                    later.join()
+                    return
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        self.up = False
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from worldline.client import FailedPrecondition, Unavailable
 
 from .conftest import DaemonProcess
+from .services import UnixRelay
 
 IMAGE = "worldline/busybox:latest"
 pytestmark = pytest.mark.docker
@@ -182,72 +183,8 @@ def test_unknown_container_is_refused(client, workspace):
         client.create_session(str(workspace), container="no-such-container-worldline")
 
 
-class EngineProxy:
-    """A Unix-socket relay to the real engine that the test can cut, closing every
-    connection the daemon holds, as a dead or unreachable engine would."""
-
-    def __init__(self, path: Path) -> None:
-        import socket
-        import threading
-        self.path = path
-        self.conns: list = []
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen(16)
-        self.up = True
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.up:
-                client.close()
-                continue
-            engine = socket.socket(socket.AF_UNIX)
-            engine.connect("/var/run/docker.sock")
-            self.conns += [client, engine]
-            for a, b in ((client, engine), (engine, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a, b) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        import socket
-        self.up = False
-        for s in self.conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.conns.clear()
-
-    def restore(self) -> None:
-        self.up = True
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
-
-
 def test_engine_unreachable(tmp_path, containers):
-    proxy = EngineProxy(tmp_path / "docker.sock")
+    proxy = UnixRelay(tmp_path / "docker.sock", "/var/run/docker.sock")
     d = DaemonProcess(tmp_path / "root",
                       env={"DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}"}).start()
     ws = tmp_path / "ws"

@@ -16,7 +16,7 @@ from worldline.daemon.storage import postgres_store, sqlite_store
 from worldline.daemon.storage.postgres_store import PostgresStore
 from worldline.daemon.storage.sqlite_store import SqliteStore
 
-from tests.services import PostgresCluster
+from tests.services import PostgresCluster, UnixRelay
 from tests.test_store_contract import make_cp, new_session
 
 
@@ -144,63 +144,6 @@ def test_a_server_restart_is_unavailable_then_served_again():
         cluster.remove()
 
 
-class _SlowLink:
-    """A Unix-socket proxy to PostgreSQL that holds what the client sends for ``delay``
-    seconds (answers pass at once): a call then takes about ``delay`` times the round
-    trips it makes, however many statements each carries."""
-
-    def __init__(self, server_dir: str, folder, delay: float) -> None:
-        import socket
-        self.target = os.path.join(server_dir, ".s.PGSQL.5432")
-        self.folder, self.delay = str(folder), delay
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(os.path.join(self.folder, ".s.PGSQL.5432"))
-        self.listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.socket(socket.AF_UNIX)
-            server.connect(self.target)
-            threading.Thread(target=self._pipe, args=(client, server, self.delay),
-                             daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, 0.0),
-                             daemon=True).start()
-
-    @staticmethod
-    def _pipe(src, dst, delay: float) -> None:
-        import queue
-        held: queue.Queue = queue.Queue()
-
-        def sender():
-            while (item := held.get()) is not None:
-                due, chunk = item
-                time.sleep(max(0.0, due - time.monotonic()))
-                try:
-                    dst.sendall(chunk)
-                except OSError:
-                    return
-
-        threading.Thread(target=sender, daemon=True).start()
-        while True:
-            try:
-                chunk = src.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                held.put(None)
-                return
-            held.put((time.monotonic() + delay, chunk))
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 def test_a_checkpoints_transaction_takes_two_round_trips(pg_cluster, postgres_url,
                                                          tmp_path):
     """On PostgreSQL a checkpoint's transaction is pipelined: its reads (the head, the
@@ -208,7 +151,8 @@ def test_a_checkpoints_transaction_takes_two_round_trips(pg_cluster, postgres_ur
     COMMIT. Each round trip of a fleet's checkpoint is a wait on the network: through a
     link that holds each request 0.2 s, the transaction takes two of them."""
     delay = 0.2
-    link = _SlowLink(pg_cluster.dir, tmp_path, delay)
+    link = UnixRelay(tmp_path / ".s.PGSQL.5432",
+                     os.path.join(pg_cluster.dir, ".s.PGSQL.5432"), delay=delay)
     store = PostgresStore(postgres_url.replace(f"host={pg_cluster.dir}", f"host={tmp_path}"))
     try:
         s, first = new_session(store)
