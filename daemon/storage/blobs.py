@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .packs import MAX_BLOB, RAW, ZLIB, ZSTD, Pack, Row
+from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
 
 if TYPE_CHECKING:
     from .blob_index import StoredObject
@@ -232,7 +232,7 @@ class LocalBlobStore:
                 self.put_bytes(data)
             return
         kind, stored = packed if packed is not None else (RAW, data)
-        if kind not in (RAW, ZLIB, ZSTD):
+        if kind not in WHOLE:
             raise ValueError(f"a whole row cannot be of kind {kind}")
         row = Row(kind, None, 0, len(data), time.time(), stored)
         with self._lock:

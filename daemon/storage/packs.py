@@ -59,6 +59,7 @@ log = logging.getLogger("worldline.pack")
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
 RAW, ZLIB, DELTA, ZDELTA, ZSTD = 0, 1, 2, 3, 4  # DELTA: a splice; ZDELTA: a zstd frame
+WHOLE = (RAW, ZLIB, ZSTD)  # the kinds of a row that needs no base (decode_whole)
 FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
 
@@ -270,6 +271,19 @@ def zstd_whole(data: bytes, level: int = SMALL) -> bytes:
     return _compressor(level).compress(data)
 
 
+def decode_whole(kind: int, stored: bytes, size: int) -> bytes:
+    """The bytes of a blob stored whole as ``kind`` (one of ``WHOLE``): a pack's row, or
+    a bucket's entry (s3_blobs.CODECS). Raises ValueError, zlib.error or ZstdError when
+    ``stored`` is not such an encoding of ``size`` bytes."""
+    if kind == RAW:
+        return stored
+    if kind == ZLIB:
+        return decompress(stored)
+    if kind == ZSTD:
+        return zstd_apply(None, stored, size)
+    raise ValueError(f"a row of kind {kind} is not stored whole")
+
+
 def zstd_apply(base: bytes | None, frame: bytes, size: int) -> bytes:
     """The bytes of a ``zstd_delta`` (or, with no base, ``zstd_whole``) frame, which must
     say it holds ``size`` bytes: a damaged header never makes a huge allocation."""
@@ -477,14 +491,10 @@ class Pack(SqliteDatabase):
     def _rebuilt(self, digest: str, row: Row, cached: bool) -> bytes:
         """The bytes of the blob stored as ``row`` (its base read as ``read`` does)."""
         try:
-            if row.kind == RAW:
-                data = row.data
-            elif row.kind == ZLIB:
-                data = decompress(row.data)
+            if row.kind in WHOLE:
+                data = decode_whole(row.kind, row.data, row.size)
             elif row.kind == ZDELTA:
                 data = zstd_apply(self.read(row.base, cached), row.data, row.size)
-            elif row.kind == ZSTD:
-                data = zstd_apply(None, row.data, row.size)
             elif row.kind == DELTA:
                 data = apply_delta(self.read(row.base, cached), row.data)
             else:

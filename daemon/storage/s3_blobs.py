@@ -406,8 +406,7 @@ class S3BlobStore:
                 raise DataLoss(f"blob {digest} in {name} of {self.url} has an unknown codec"
                                f" {loc.codec!r}")
             try:
-                data = (raw if kind == packs.RAW else packs.decompress(raw)
-                        if kind == packs.ZLIB else packs.zstd_apply(None, raw, loc.size))
+                data = packs.decode_whole(kind, raw, loc.size)
             except (zlib.error, zstandard.ZstdError, ValueError):
                 data = b""  # not what was written: the digest check below says so
             if digest_of(data) != digest:
