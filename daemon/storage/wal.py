@@ -103,7 +103,7 @@ class Checkpointer:
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 self.checkpoints += 1
             except sqlite3.Error as exc:  # busy, or the disk: tried again after the
-                # next commit (the thread must not die: the log would grow unbounded)
+                # interval (the thread must not die: the log would grow unbounded)
                 log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
                 self._due.set()
                 time.sleep(INTERVAL)
