@@ -51,7 +51,7 @@ def release(world: World, session_id: str, to_host: str) -> Session:
                                  " --store postgresql://... and a --host-id)")
     if not to_host:
         raise InvalidArgument("name the host to release the session to (or '*' for any)")
-    with world._session_locked(session_id) as session:
+    with world._session_locked(session_id) as (session, _):
         if session.host != world.host:
             raise FailedPrecondition(f"session {session_id} is held by {session.host}, not"
                                      f" by this host ({world.host})")

@@ -213,9 +213,11 @@ class World:
         return cp
 
     @contextlib.contextmanager
-    def _session_locked(self, session_id: str, expected_head: str = "") -> Iterator[Session]:
-        """The session, read again under its workspace's lock, after any restore a failure
-        left half-done was completed; ABORTED when its head is not ``expected_head``."""
+    def _session_locked(self, session_id: str, expected_head: str = ""
+                        ) -> Iterator[tuple[Session, list[Task]]]:
+        """The session and its task list, read again (together: one round trip on a
+        fleet's store) under its workspace's lock, after any restore a failure left
+        half-done was completed; ABORTED when its head is not ``expected_head``."""
         if expected_head:
             check_id("checkpoint", expected_head)
         check_id("session", session_id)
@@ -225,12 +227,12 @@ class World:
         lock = self.lock(workspace)
         lock.acquire()
         try:
-            session = self._pending_restore(session_id)
+            session, tasks = self._pending_restore(session_id)
             if session.workspace != workspace:
                 lock.release()
                 lock = self.lock(session.workspace)
                 lock.acquire()
-                session = self._pending_restore(session_id)
+                session, tasks = self._pending_restore(session_id)
             self._workspace_of[session_id] = session.workspace
             if session.deleted_at:
                 raise FailedPrecondition(f"session {session_id} was deleted at"
@@ -239,7 +241,7 @@ class World:
             self.check_held(session)
             if expected_head and expected_head != session.head:
                 raise Aborted(f"session {session_id} head is {session.head}, not {expected_head}")
-            yield session
+            yield session, tasks
         finally:
             lock.release()
 
@@ -438,7 +440,7 @@ class World:
         and forked, and the folder may become another session's. Nothing in the
         workspace or container is touched. (Gates.delete_session, which the servicer
         calls, also withdraws the session's pending approvals.)"""
-        with self._session_locked(session_id) as session:
+        with self._session_locked(session_id) as (session, _):
             if self.monitor is not None:
                 self.monitor.release(session.workspace)
             self.store.update_session(session_id, deleted_at=ids.now())
@@ -475,7 +477,7 @@ class World:
         resume = parse_resume(resume_json)
         for what, text in (("label", label), ("reasoning", reasoning), ("trace id", trace_id)):
             check_text(what, text)
-        with self._session_locked(session_id, expected_head) as session:
+        with self._session_locked(session_id, expected_head) as (session, tasks):
             head = self._heads.get(session_id)
             if head is None or head.id != session.head:  # another call or host moved it
                 head = self.store.get_checkpoint(session.head)
@@ -486,7 +488,7 @@ class World:
                 log.warning("session %s: container gone; checkpointing the workspace and"
                             " carrying its last layer forward", session.id)
             layers = self.layers(session)
-            return self._checkpoint(session, head, layers, messages, state, label,
+            return self._checkpoint(session, head, layers, messages, state, tasks, label,
                                     reasoning, trace_id, resume)
 
     @contextlib.contextmanager
@@ -504,8 +506,10 @@ class World:
             yield
 
     def _checkpoint(self, session: Session, head: Checkpoint, layers: list[Layer],
-                    messages: list, state: bytes | None, label: str, reasoning: str,
-                    trace_id: str, resume: str | None = None) -> Checkpoint:
+                    messages: list, state: bytes | None, task_list: list[Task], label: str,
+                    reasoning: str, trace_id: str, resume: str | None = None) -> Checkpoint:
+        """``task_list``: the session's, read with it under the lock (a change to it
+        racing this checkpoint lands in this one or the next, as with the files)."""
         taken: list[tuple[Layer, Capture, object]] = []
         try:
             with self._admitted(layers, head):
@@ -516,7 +520,7 @@ class World:
                 captures = [c for _, c, _ in taken]
                 state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
                                 if state is not None else head.state_digest)
-                tasks = tasks_to_json(self.store.list_tasks(session.id))
+                tasks = tasks_to_json(task_list)
                 # Unchanged since the head (the usual case): its blob is the head's, kept
                 # as the state's is, with no put (a question to the pack) for it.
                 tasks_digest = (head.tasks_digest if digest_of(tasks) == head.tasks_digest
@@ -576,7 +580,7 @@ class World:
                 dry_run: bool = False, expected_head: str = "",
                 from_other_session: bool = False) -> RestoreResult:
         target = self.usable(checkpoint_id)
-        with self._session_locked(session_id, expected_head) as session:
+        with self._session_locked(session_id, expected_head) as (session, _):
             self._check_lineage(session, target, from_other_session)
             if session.container and target.container is None:
                 raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
@@ -788,19 +792,19 @@ class World:
                 {"action": "complete" if complete else "abandon"}, ids.now())])
         return self.session(session_id)
 
-    def _pending_restore(self, session_id: str) -> Session:
+    def _pending_restore(self, session_id: str) -> tuple[Session, list[Task]]:
         """A restore of this session that failed midway is completed before anything else
         happens to the session, if nothing changed since (the caller holds the lock);
         a session that needs attention takes no operation that changes its world.
-        Returns the session as it now is."""
+        Returns the session and its task list as they now are."""
         entry = self.journal.get(session_id)
         if entry is not None:
             log.warning("session %s: %s", session_id, self._finish_restore(entry))
-        session = self.session(session_id)
+        session, tasks = self.store.get_session_and_tasks(check_id("session", session_id))
         if session.needs_attention:
             raise FailedPrecondition(f"session {session_id} needs attention:"
                                      f" {session.needs_attention}")
-        return session
+        return session, tasks
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "",

@@ -178,6 +178,21 @@ def test_tasks_replace_on_append(store):
     assert [t.id for t in store.list_tasks(s.id)] == ["t9"]
 
 
+def test_a_session_and_its_tasks_read_together(store):
+    s, _ = new_session(store)
+    assert store.get_session_and_tasks(s.id) == (store.get_session(s.id), [])
+    tasks = [Task("b", "second", None, "pending", "", ids.now()),
+             Task("a", "first", "b", "in_progress", "a note", ids.now())]
+    for task in tasks:
+        store.set_task(s.id, task, [])
+    store.update_session(s.id, needs_attention="look")
+    session, read = store.get_session_and_tasks(s.id)
+    assert session == store.get_session(s.id) and session.needs_attention == "look"
+    assert read == store.list_tasks(s.id) == tasks  # in the order they were set
+    with pytest.raises(NotFound):
+        store.get_session_and_tasks(ids.new_id())
+
+
 def test_ordered_tasks_depth_first():
     t = lambda i, p=None: Task(i, i, p, "pending", "", "")
     order = ordered_tasks([t("a"), t("b"), t("a1", "a"), t("b1", "b"), t("a2", "a")])

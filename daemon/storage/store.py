@@ -56,6 +56,9 @@ class Store(Protocol):
     def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
                        events: list[AuditEvent]) -> None: ...
     def get_session(self, session_id: str) -> Session: ...
+    def get_session_and_tasks(self, session_id: str) -> tuple[Session, list[Task]]:
+        """The session and its working task list, read together (one statement: a
+        checkpoint's reads of both cost one round trip on a fleet's store)."""
     def list_sessions(self) -> list[Session]: ...
 
     def update_session(self, session_id: str, **fields) -> None:
@@ -360,6 +363,10 @@ class MemoryStore:
         with self._lock:
             self.get_session(session_id)
             return list(self._tasks[session_id].values())
+
+    def get_session_and_tasks(self, session_id):
+        with self._lock:
+            return self.get_session(session_id), list(self._tasks[session_id].values())
 
     def add_approval(self, approval, events):
         with self._lock:
