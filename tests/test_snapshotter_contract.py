@@ -212,3 +212,50 @@ def test_the_restore_journal_finds_every_entry_it_or_an_earlier_daemon_wrote(tmp
     assert journal.get("new") is None
     journal.set_aside("left")
     assert journal.get("left") is None and journal.get_set_aside("left")["target"] == "c1"
+
+
+def test_a_folder_looked_at_again_and_unchanged_puts_nothing(tmp_path):
+    """Folders holding hard links are re-examined by every capture (a write through
+    one name gives no event for the others). Found unchanged, their trees and the
+    layer's hard-link groups are the head's blobs: the capture puts only what the edit
+    changed (on a fleet each put of a blob stored before is a question to the index)."""
+    from worldline.daemon.capture.tracker import Changes
+
+    class Counted(MemoryBlobStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.put: list[bytes] = []
+
+        def put_bytes(self, data, base=None):
+            self.put.append(data)
+            return super().put_bytes(data, base)
+
+    blobs = Counted()
+    w = DirWorld(tmp_path / "ws", blobs, TreeReader(blobs))
+    w.write("src/main.py", b"print(1)\n")
+    os.link(w.path / "src/main.py", w.path / "src/alias.py")
+    w.write("docs/readme.txt", b"read me\n")
+    w.write("top.txt", b"top\n")
+    first = w.snap.capture()
+    w.snap.commit(first)
+    linked = {"src/main.py", "src/alias.py"}
+    w.write("docs/readme.txt", b"read me again\n")
+    blobs.put.clear()
+    second = w.snap.capture(changes=Changes(False, dirty={"docs/readme.txt"}, linked=linked),
+                            base=first.root)
+    assert not second.full
+    trees = TreeReader(blobs)
+    root = trees.read(second.root)
+    assert root["src"].ref == trees.read(first.root)["src"].ref  # the same tree
+    put = set(blobs.put)
+    assert put == {b"read me again\n", blobs.read_bytes(root["docs"].ref),
+                   blobs.read_bytes(second.root)}
+    w.snap.commit(second)
+    # A change through a linked name is seen, and its folder's tree is put.
+    with open(w.path / "src/alias.py", "ab") as f:
+        f.write(b"print(2)\n")
+    blobs.put.clear()
+    third = w.snap.capture(changes=Changes(False, linked=linked), base=second.root)
+    assert b"print(1)\nprint(2)\n" in blobs.put
+    assert blobs.read_bytes(trees.read(third.root)["src"].ref) in blobs.put
+    assert w.state() == tree_state(w.path)

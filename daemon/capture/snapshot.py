@@ -326,7 +326,8 @@ class WorkspaceSnapshotter:
         _check_depth(prefix)
         if scan.persist:
             scan.memos[prefix.rstrip("/")] = None
-        tree = Tree(self.trees.read(base))
+        was = self.trees.read(base)
+        tree = Tree(was)
         for name, child in node.items():
             if name == _RESCAN or name.startswith(TEMP_PREFIX):
                 continue
@@ -377,7 +378,8 @@ class WorkspaceSnapshotter:
                     raise
                 tree.pop(name, None)  # a folder swapped for a symlink while we looked
         if prefix == "":
-            tree.own = self._root_entry(scan)
+            own = getattr(was, "own", None)
+            tree.own = self._root_entry(scan, own.extras().get("links", "") if own else "")
         data, total, rows = self.trees.encode_update(tree, base, node)
         digest = self._stored(tree, data, scan, base)
         if rows is not None and scan.persist:
@@ -425,7 +427,9 @@ class WorkspaceSnapshotter:
         """Read and store a file the stat cache could not vouch for. Its delta base is
         ``previous`` (its entry in the tree being updated) or what the stat cache knew
         of the path (a file written just before the last checkpoint has no stat cache
-        entry: its time could not vouch for it)."""
+        entry: its time could not vouch for it). Content equal to its entry in the
+        tree being updated is that blob, which the head names and so keeps: no put."""
+        kept = previous
         if previous is None:
             known = cache.get(path)
             previous = known[1] if known is not None else None
@@ -453,7 +457,8 @@ class WorkspaceSnapshotter:
                 size = before.st_size
             else:
                 kind = FILE
-                ref, size = self._read_content(fd, before.st_size, scan.persist, previous)
+                ref, size = self._read_content(fd, before.st_size, scan.persist, previous,
+                                               kept)
             xattrs = read_xattrs(fd)
             after = os.fstat(fd)
         finally:
@@ -466,13 +471,16 @@ class WorkspaceSnapshotter:
         return entry
 
     def _read_content(self, fd: int, size_hint: int, persist: bool,
-                      previous: str | None) -> tuple[str, int]:
+                      previous: str | None, kept: str | None = None) -> tuple[str, int]:
         """Store the file's content; ``previous`` is the digest its path had last time,
-        a base the blob store may store the new version as a difference from."""
+        a base the blob store may store the new version as a difference from; ``kept``,
+        a blob the head names (a small file's content equal to it is not put)."""
         if size_hint <= SMALL_FILE:
             data = read_small(fd, size_hint)
-            return (self.blobs.put_bytes(data, base=previous) if persist
-                    else digest_of(data)), len(data)
+            digest = digest_of(data)
+            if persist and digest != kept:
+                self.blobs.put_bytes(data, base=previous)
+            return digest, len(data)
         if persist:
             return self.blobs.put_fd(fd)
         hasher, size = hashlib.sha256(), 0
@@ -492,26 +500,33 @@ class WorkspaceSnapshotter:
         """The digest of a tree encoded as ``data``; ``base``, its previous tree, may
         serve as a delta base. A full scan's trees (no base) are stored together when
         it ends: nearly all are stored already, and one question for many is cheaper
-        than one each."""
+        than one each. A tree equal to its base (a folder looked at again, as those
+        holding hard links are, and found unchanged) is the base's blob, which the head
+        names and so keeps: no put (a question to the pack; on a fleet, to its index)."""
         if scan.persist and base is None:
             digest = digest_of(data)
             scan.deferred.append(data)
             self.trees.remember(digest, tree)
         elif scan.persist:
-            digest = self.blobs.put_bytes(data, base=base)
+            digest = digest_of(data)
+            if digest != base:
+                self.blobs.put_bytes(data, base=base)
             self.trees.remember(digest, tree)
         else:
             digest = digest_of(data)
             scan.trees[digest] = tree
         return digest
 
-    def _root_entry(self, scan: _Scan) -> Entry:
-        """The root folder's own entry; its extras name the layer's hard-link groups."""
+    def _root_entry(self, scan: _Scan, known: str = "") -> Entry:
+        """The root folder's own entry; its extras name the layer's hard-link groups
+        (a blob put unless it is ``known``: the groups the base's root names)."""
         groups = link_groups(scan.links)
         links = ""
         if groups:
             body = json.dumps(groups, separators=(",", ":")).encode()
-            links = self.blobs.put_bytes(body) if scan.persist else digest_of(body)
+            links = digest_of(body)
+            if scan.persist and links != known:
+                self.blobs.put_bytes(body)
         st = os.fstat(scan.root_fd)
         return entry_of(DIR, st, xattrs=read_xattrs(scan.root_fd), links=links)
 
