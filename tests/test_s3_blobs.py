@@ -69,6 +69,79 @@ def test_one_pack_object_per_sync_and_large_blobs_alone(request, tmp_path, index
     assert f"fleet/blobs/{digest[:2]}/{digest}" in keys
 
 
+def _asked(monkeypatch, index) -> list[list[str]]:
+    """The digests each ``touch_blobs`` call asks the index about (the real call runs)."""
+    asked: list[list[str]] = []
+    touch = index.touch_blobs
+
+    def counted(digests, now):
+        asked.append(list(digests))
+        return touch(digests, now)
+
+    monkeypatch.setattr(index, "touch_blobs", counted)
+    return asked
+
+
+def test_only_what_may_be_stored_already_is_asked_about(request, tmp_path, index,
+                                                        s3_server, monkeypatch):
+    """A small batch of new blobs (an agent's edit) is uploaded without a round trip
+    to the index; a blob this host cached before (a file edited back) is asked about,
+    found and not sent; a large batch asks about every digest (an install another host
+    may have stored), and sends none that is stored."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    asked = _asked(monkeypatch, index)
+    first = a.put_bytes(b"version 1\n" * 40)
+    a.sync()
+    assert asked == [] and a.requests["put"] == 1
+    second = a.put_bytes(b"version 2\n" * 40)
+    assert a.put_bytes(b"version 1\n" * 40) == first  # edited back
+    a.sync()
+    assert asked == [[first]] and a.requests["put"] == 2
+    second_pack = index.locate_blobs([second])[second].object
+    assert [d for d, _ in index.object_entries(second_pack)] == [second]  # not first again
+    # Host b never saw them: a large batch holding them asks, and sends only the rest.
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    big = [os.urandom(200_000) for _ in range(6)]
+    fresh = b.put_many(big)
+    b.put_bytes(b"version 1\n" * 40)
+    b.put_bytes(b"version 2\n" * 40)
+    b.sync()
+    assert sorted(asked[-1]) == sorted([*fresh, first, second])
+    (pack,) = {index.locate_blobs([d])[d].object for d in fresh}
+    assert sorted(d for d, _ in index.object_entries(pack)) == sorted(fresh)
+
+
+def test_a_blob_stored_elsewhere_and_uploaded_again_keeps_one_row(request, tmp_path, index,
+                                                                  s3_server):
+    """Host b puts, in a small batch, a blob host a stored long ago (b never saw it):
+    b uploads its own copy without asking. Recording it keeps a's row, renewed, so gc
+    (which removes rows older than its grace) leaves it; had gc removed the row first,
+    the recording names b's copy. Either way every host reads it."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    shared, other = b"the same file, written on two hosts\n" * 20, b"only on b\n" * 20
+    d = a.put_bytes(shared)
+    a.sync()
+    first = index.locate_blobs([d])[d]
+    cutoff = time.time() + 0.01
+    time.sleep(0.02)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    b.put_bytes(shared)
+    b.sync()
+    assert b.requests["put"] == 1  # its own copy went out
+    renewed = index.locate_blobs([d])[d]
+    assert renewed.object == first.object and renewed.stored_at > first.stored_at
+    assert b.delete(d, older_than=cutoff) == 0  # gc spares it
+    # gc removes the row before host c's recording: c's copy is what the row names.
+    assert b.delete(d, older_than=time.time() + 1) > 0
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    c.put_bytes(shared)
+    c.put_bytes(other)
+    c.sync()
+    assert index.locate_blobs([d])[d].object != first.object
+    reader = s3_blob_store(request, tmp_path, host="r", index=index, bucket=_bucket_of(a))
+    assert reader.read_bytes(d) == shared
+
+
 def test_another_host_reads_everything_verified_a_pack_at_a_time(request, tmp_path, index,
                                                                  s3_server):
     a = s3_blob_store(request, tmp_path, host="a", index=index)

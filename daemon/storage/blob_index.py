@@ -8,9 +8,12 @@ s3_blobs.py), kept in the metadata store so every host finds every blob.
   one transaction per object (``add_blob_object``).
 - ``blob_index``: digest -> (object, offset, length, size, codec, stored_at).
   ``stored_at`` is renewed whenever a host finds the blob already stored and relies
-  on it (``touch_blobs``), in one statement with the finding, so garbage collection,
-  which removes only rows older than its grace period, never removes a blob a
-  checkpoint being committed relies on.
+  on it (``touch_blobs``), in one statement with the finding, and when a host records
+  an object holding a blob indexed already (the row keeps its first location), so
+  garbage collection, which removes only rows older than its grace period (one
+  statement: ``forget_blob``), never removes a blob a checkpoint being committed
+  relies on: either the renewal comes first and the row stays, or the removal does and
+  the recording inserts the row again, naming its own copy.
 
 ``BlobIndexSql`` is mixed into the SQL stores (SQLite, PostgreSQL): it uses their
 ``_tx``, ``_one``, ``_all``, ``IN_LIST`` and ``_list_arg``.
@@ -30,6 +33,11 @@ CREATE TABLE IF NOT EXISTS blob_index (
     size BIGINT NOT NULL, codec TEXT NOT NULL, stored_at DOUBLE PRECISION NOT NULL);
 CREATE INDEX IF NOT EXISTS blob_index_by_object ON blob_index (object);
 """
+
+
+# An index row for a digest indexed already: its location stays, its stored_at renews.
+RENEW = (" ON CONFLICT (digest) DO UPDATE SET stored_at = excluded.stored_at"
+         " WHERE blob_index.stored_at < excluded.stored_at")
 
 
 class Location(NamedTuple):
@@ -56,7 +64,7 @@ class BlobIndex(Protocol):
                         entries: list[tuple[str, int, int, int, str]]) -> None:
         """Record an object the bucket now holds and the blobs in it (digest, offset,
         length, size, codec), in one transaction; a digest indexed already keeps its
-        first location."""
+        first location, its ``stored_at`` renewed."""
 
     def touch_blobs(self, digests: list[str], now: float) -> set[str]:
         """Which of ``digests`` are indexed; their ``stored_at`` becomes ``now``."""
@@ -91,7 +99,7 @@ class BlobIndexSql:
     def add_objects(self, db, objects: list[StoredObject]) -> None:
         """Record ``objects`` inside the caller's transaction ``db``, in name order (two
         transactions recording the same objects wait for each other in one order, never
-        in a cycle); what is recorded already stays as it is."""
+        in a cycle); what is recorded already stays where it is, renewed."""
         for o in sorted(objects):
             db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
                        " DO NOTHING", (o.name, o.nbytes, o.created_at, o.host))
@@ -99,10 +107,10 @@ class BlobIndexSql:
                                          for d, off, ln, size, codec in o.entries])
 
     def _insert_index_rows(self, db, rows: list[tuple]) -> None:
-        """Index rows, a digest indexed already keeping its first location (PostgreSQL
-        overrides this with one statement for all the rows)."""
-        db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)"
-                       " ON CONFLICT (digest) DO NOTHING", rows)
+        """Index rows, a digest indexed already keeping its first location with its
+        ``stored_at`` renewed (PostgreSQL overrides this with one statement for all
+        the rows)."""
+        db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)" + RENEW, rows)
 
     def touch_blobs(self, digests, now):
         found: set[str] = set()

@@ -123,7 +123,7 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
         if rows:  # one statement, one round trip, however many rows
             db.execute("INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
                        " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[],"
-                       " ?::double precision[]) ON CONFLICT (digest) DO NOTHING",
+                       " ?::double precision[])" + blob_index.RENEW,
                        [list(column) for column in zip(*rows, strict=True)])
 
     def _lock_chain(self, db) -> None:
@@ -141,6 +141,6 @@ def _object_statement(o: StoredObject) -> tuple[str, tuple]:
     return ("WITH o AS (INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
             " DO NOTHING) INSERT INTO blob_index SELECT * FROM unnest(?::text[], ?::text[],"
             " ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::double precision[])"
-            " ON CONFLICT (digest) DO NOTHING",
+            + blob_index.RENEW,
             (o.name, o.nbytes, o.created_at, o.host,
              *([list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7)))

@@ -5,8 +5,15 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
 
 - **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
   for upload. ``sync()`` asks the blob index once which of the noted digests the
-  bucket has (renewing their ``stored_at``, so gc on another
-  host leaves them be), and uploads the rest. Small blobs go as **one pack object**:
+  bucket has (renewing their ``stored_at``, so gc on another host leaves them be),
+  and uploads the rest. It asks only about the digests worth a round trip: those this
+  host had cached before (it uploaded or fetched them: a file edited back, a fork's
+  files) and, in a batch over ``ASK_ALL_OVER``, every digest (an install or a build
+  another host may have stored). A new blob in a small batch (an agent's edit, the
+  trees above it) is uploaded without asking: recording it renews the row of a
+  digest already indexed, as asking would have, so a checkpoint on the fleet costs
+  one round trip less, and a blob another host happened to store already costs its
+  bytes in this pack (garbage, for gc's repack) instead. Small blobs go as **one pack object**:
   entries compressed one by one as the local pack compresses whole rows (so a host
   filling its cache stores them as they come), concatenated, written under a
   write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).
@@ -70,6 +77,7 @@ except ImportError:  # pragma: no cover - the fleet extra is not installed
     obstore = None
 
 ALONE = 8 << 20  # a blob larger than this is an object of its own
+ASK_ALL_OVER = 1 << 20  # a batch larger than this asks the index about every digest
 PART_BYTES = 16 << 20  # its parts
 PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
@@ -113,6 +121,7 @@ class S3BlobStore:
         self.cache_bytes = cache_bytes
         self._upload: dict[str, bytes | None] = {}  # digest -> bytes, or None: read back
         self._uploading: dict[str, bytes | None] = {}  # taken by the running sync
+        self._reput: set[str] = set()  # noted for upload, cached here before: ask first
         self._unindexed: dict[str, StoredObject] = {}  # uploaded, no commit recorded it yet
         self._lru: OrderedDict[str, int] = OrderedDict()  # digest -> size, in the cache
         self._lru_bytes = 0
@@ -211,6 +220,8 @@ class S3BlobStore:
         with self._lock:
             if digest not in self._upload:
                 self._upload[digest] = data if data is not None and size <= ALONE else None
+                if digest in self._lru:
+                    self._reput.add(digest)
             self._used(digest, size)
 
     def _used(self, digest: str, size: int) -> None:
@@ -267,14 +278,16 @@ class S3BlobStore:
             self._resend_stale()
             with self._lock:
                 batch, self._upload = self._upload, {}
+                reput, self._reput = self._reput, set()
                 self._uploading = batch
             try:
                 if batch:
-                    self._upload_batch(batch)
+                    self._upload_batch(batch, reput)
             except BaseException:
                 with self._lock:  # the next sync tries them again
                     for digest, data in batch.items():
                         self._upload.setdefault(digest, data)
+                    self._reput |= reput
                 raise
             finally:
                 with self._lock:
@@ -296,6 +309,7 @@ class S3BlobStore:
                 del self._unindexed[o.name]
                 for digest, *_ in o.entries:
                     self._upload.setdefault(digest, None)
+                    self._reput.add(digest)
 
     def _index(self, objects: list[StoredObject]) -> None:
         for o in objects:
@@ -307,9 +321,12 @@ class S3BlobStore:
             for o in objects:
                 self._unindexed.pop(o.name, None)
 
-    def _upload_batch(self, batch: dict[str, bytes | None]) -> None:
+    def _upload_batch(self, batch: dict[str, bytes | None], reput: set[str]) -> None:
         now = time.time()
-        stored = self.index.touch_blobs(sorted(batch), now)
+        large = (any(data is None for data in batch.values())
+                 or sum(len(data) for data in batch.values()) > ASK_ALL_OVER)
+        ask = sorted(batch) if large else sorted(reput.intersection(batch))
+        stored = self.index.touch_blobs(ask, now) if ask else set()
         entries: list[tuple[str, int, int, int, str]] = []
         pack = bytearray()
         for digest in sorted(d for d in batch if d not in stored):
