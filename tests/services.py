@@ -119,9 +119,9 @@ class S3Emulator:
 class UnixRelay:
     """A Unix-socket relay from ``path`` to the real service at ``target``. It can hold
     what clients send for ``delay`` seconds (answers pass at once: a call then takes
-    about ``delay`` times the round trips it makes), and ``cut()`` closes every
-    connection and refuses new ones, as a dead or unreachable service would, until
-    ``restore()``."""
+    about ``delay`` times the round trips it makes; ``delay`` may change at any time,
+    e.g. once a daemon has started), and ``cut()`` closes every connection and refuses
+    new ones, as a dead or unreachable service would, until ``restore()``."""
 
     def __init__(self, path, target, delay: float = 0.0) -> None:
         self.target, self.delay = str(target), delay
@@ -144,14 +144,16 @@ class UnixRelay:
             service = socket.socket(socket.AF_UNIX)
             service.connect(self.target)
             self.conns += [client, service]
-            for src, dst, delay in ((client, service, self.delay), (service, client, 0.0)):
+            for src, dst, delay in ((client, service, lambda: self.delay),
+                                    (service, client, None)):
                 threading.Thread(target=self._pump, args=(src, dst, delay),
                                  daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst, delay: float) -> None:
-        """Copy ``src`` to ``dst``, each chunk ``delay`` seconds after it came (in
-        order, by a thread of its own when delayed); close both at the end."""
+    def _pump(src, dst, delay) -> None:
+        """Copy ``src`` to ``dst``; with ``delay`` (a function), each chunk that many
+        seconds after it came (in order, by a thread of its own); close both at the
+        end."""
         held: list = []
         ready = threading.Condition()
 
@@ -187,7 +189,7 @@ class UnixRelay:
                     send(chunk)
                     continue
                 with ready:
-                    held.append((time.monotonic() + delay, chunk or None))
+                    held.append((time.monotonic() + delay(), chunk or None))
                     ready.notify()
                 if not chunk:
                     later.join()

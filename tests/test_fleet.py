@@ -416,3 +416,39 @@ def test_postgres_restarted_under_load_is_unavailable_then_served_again(
     finally:
         f.stop_all()
         cluster.remove()
+
+
+def test_a_checkpoint_waits_on_postgresql_three_times(fleet, pg_cluster, agent_tree,
+                                                      tmp_path):
+    """Each round trip to the fleet's PostgreSQL is a wait on the network. Through a
+    link that holds each request 0.2 s, an agent's edit checkpoints in three: the
+    session read with its task list, the transaction's reads, its writes with the
+    COMMIT. (The bucket's index is not asked about an edit's new blobs; content this
+    host had before, as ``_edit``'s "new" files are, would be asked about: one more.)"""
+    from tests.services import UnixRelay
+    relayed = tmp_path / "relayed"
+    relayed.mkdir()
+    link = UnixRelay(relayed / ".s.PGSQL.5432",
+                     os.path.join(pg_cluster.dir, ".s.PGSQL.5432"))
+    fleet.url = fleet.url.replace(f"host={pg_cluster.dir}", f"host={relayed}")
+    try:
+        a = fleet.host("a")
+        with a.client() as ca:
+            s = ca.create_session(str(agent_tree))
+            _edit(agent_tree, 0)
+            s.checkpoint()
+            link.delay = delay = 0.2
+            times = []
+            for n in range(1, 6):
+                as_agent(f"printf 'edit {n}\\n' >> pkg/m{n}.py && printf 'note {n}' >"
+                         f" note{n}.txt", agent_tree)
+                t = time.monotonic()
+                s.checkpoint()
+                times.append(time.monotonic() - t)
+            link.delay = 0.0
+            round_trips = sorted(times)[len(times) // 2] / delay
+            assert 2.5 < round_trips < 3.7, times
+            assert "note5.txt" in ca.diff(s.log()[0].id, s.log()[-1].id).added
+    finally:
+        fleet.stop_all()
+        link.close()
