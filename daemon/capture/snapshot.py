@@ -360,7 +360,7 @@ class WorkspaceSnapshotter:
                     entry = _cached_file(path, sig, fields, scan, cache)
                     if entry is None:
                         entry = (self._read_file(dfd, name, path, scan, cache,
-                                                 old.ref if old is not None
+                                                 old if old is not None
                                                  and old.kind == FILE else None)
                                  if st_.S_ISREG(mode) else self._read_symlink(
                                      dfd, name, path, os.readlink(name, dir_fd=dfd), sig,
@@ -423,14 +423,15 @@ class WorkspaceSnapshotter:
         return entry
 
     def _read_file(self, dfd: int, name: str, path: str, scan: _Scan, cache,
-                   previous: str | None = None) -> Entry | None:
+                   kept: Entry | None = None) -> Entry | None:
         """Read and store a file the stat cache could not vouch for. Its delta base is
-        ``previous`` (its entry in the tree being updated) or what the stat cache knew
-        of the path (a file written just before the last checkpoint has no stat cache
-        entry: its time could not vouch for it). Content equal to its entry in the
-        tree being updated is that blob, which the head names and so keeps: no put."""
-        kept = previous
-        if previous is None:
+        ``kept`` (its entry in the tree being updated) or what the stat cache knew of
+        the path (a file written just before the last checkpoint has no stat cache
+        entry: its time could not vouch for it). Content equal to ``kept`` is that blob,
+        which the head names and so keeps: no put."""
+        if kept is not None:
+            previous = kept.ref
+        else:
             known = cache.get(path)
             previous = known[1] if known is not None else None
         try:
@@ -471,16 +472,17 @@ class WorkspaceSnapshotter:
         return entry
 
     def _read_content(self, fd: int, size_hint: int, persist: bool,
-                      previous: str | None, kept: str | None = None) -> tuple[str, int]:
+                      previous: str | None, kept: Entry | None = None) -> tuple[str, int]:
         """Store the file's content; ``previous`` is the digest its path had last time,
         a base the blob store may store the new version as a difference from; ``kept``,
-        a blob the head names (a small file's content equal to it is not put)."""
+        an entry the head names (a small file's content equal to its blob is not put)."""
         if size_hint <= SMALL_FILE:
             data = read_small(fd, size_hint)
-            digest = digest_of(data)
-            if persist and digest != kept:
-                self.blobs.put_bytes(data, base=previous)
-            return digest, len(data)
+            if not persist:
+                return digest_of(data), len(data)
+            if kept is not None and kept.size == len(data) and digest_of(data) == kept.ref:
+                return kept.ref, len(data)
+            return self.blobs.put_bytes(data, base=previous), len(data)
         if persist:
             return self.blobs.put_fd(fd)
         hasher, size = hashlib.sha256(), 0
