@@ -13,7 +13,8 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   trees above it) is uploaded without asking: recording it renews the row of a
   digest already indexed, as asking would have, so a checkpoint on the fleet costs
   one round trip less, and a blob another host happened to store already costs its
-  bytes in this pack (garbage, for gc's repack) instead. Small blobs go as **one pack object**:
+  bytes in this pack (garbage, for gc's repack) instead.
+  Small blobs go as **one pack object**:
   entries compressed one by one as the local pack compresses whole rows (so a host
   filling its cache stores them as they come), concatenated, written under a
   write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).

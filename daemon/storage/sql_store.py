@@ -134,7 +134,7 @@ class SqlStore:
                          " ORDER BY t.position", (session_id,))
         if not rows:
             raise NotFound(f"session {session_id} does not exist")
-        n = _SESSION_N
+        n = _SESSION_N  # the session's columns, then the task's (NULL: it has none)
         return Session(*rows[0][:n]), [Task(*r[n:]) for r in rows if r[n] is not None]
 
     def list_sessions(self):
