@@ -425,3 +425,36 @@ def test_an_entry_that_does_not_decode_to_its_digest_is_data_loss(request, tmp_p
     with pytest.raises(DataLoss):
         b.read_bytes(digest)
     assert not b.cache.has(digest)
+
+
+def test_a_recording_racing_gcs_removal_always_leaves_the_row(index):
+    """The gc guarantee of recording without asking, under real concurrency: gc's
+    removal of an old row (one statement, only if older than its cutoff) races a host
+    recording an object that holds the same digest. Whichever wins, the row is there
+    afterwards, naming an object that holds the blob."""
+    import threading
+
+    def remove(start, digest):
+        start.wait()
+        index.forget_blob(digest, older_than=2000.0)
+
+    def record(start, digest, name):
+        start.wait()
+        index.add_blob_object(name, 10, "b", time.time(), [(digest, 0, 10, 10, "raw")])
+
+    missing = []
+    for i in range(60):
+        digest = hashlib.sha256(b"raced %d" % i).hexdigest()
+        index.add_blob_object(f"packs/old-{i}.pack", 10, "a", 1000.0,
+                              [(digest, 0, 10, 10, "raw")])
+        start = threading.Barrier(2)
+        threads = [threading.Thread(target=remove, args=(start, digest)),
+                   threading.Thread(target=record, args=(start, digest, f"packs/new-{i}.pack"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        found = index.locate_blobs([digest]).get(digest)
+        if found is None or found.stored_at < 2000.0:
+            missing.append((i, found))
+    assert missing == []
