@@ -37,7 +37,6 @@ _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at,
                  " needs_attention, deleted_at, host, lease_expires, released_to")
 _SESSION_N = len(_SESSION_COLS.split(","))
 _SESSION_COLS_OF_S = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLS.split(","))
-_TASK_COLS_OF_T = "t.id, t.title, t.parent, t.status, t.note, t.updated_at"
 _MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention", "deleted_at"}
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
@@ -129,12 +128,15 @@ class SqlStore:
         return Session(*row)
 
     def get_session_and_tasks(self, session_id):
-        rows = self._all(f"SELECT {_SESSION_COLS_OF_S}, {_TASK_COLS_OF_T} FROM sessions s"
+        # One statement: no row at all, no such session; a session with no task, one
+        # row whose task columns are NULL.
+        rows = self._all(f"SELECT {_SESSION_COLS_OF_S}, t.id, t.title, t.parent, t.status,"
+                         " t.note, t.updated_at FROM sessions s"
                          " LEFT JOIN tasks t ON t.session_id = s.id WHERE s.id = ?"
                          " ORDER BY t.position", (session_id,))
         if not rows:
             raise NotFound(f"session {session_id} does not exist")
-        n = _SESSION_N  # the session's columns, then the task's (NULL: it has none)
+        n = _SESSION_N  # the session's columns, then the task's
         return Session(*rows[0][:n]), [Task(*r[n:]) for r in rows if r[n] is not None]
 
     def list_sessions(self):
@@ -328,13 +330,7 @@ class SqlStore:
             self._append_audit(db, events)
 
     def list_tasks(self, session_id):
-        # The session and its tasks in one statement: no row at all, no such session.
-        rows = self._all(f"SELECT {_TASK_COLS_OF_T}"
-                         " FROM sessions s LEFT JOIN tasks t ON t.session_id = s.id"
-                         " WHERE s.id = ? ORDER BY t.position", (session_id,))
-        if not rows:
-            raise NotFound(f"session {session_id} does not exist")
-        return [Task(*r) for r in rows if r[0] is not None]
+        return self.get_session_and_tasks(session_id)[1]
 
     def _replace_tasks(self, db, session_id: str, tasks: list[Task]) -> None:
         db.execute("DELETE FROM tasks WHERE session_id = ?", (session_id,))

@@ -360,9 +360,7 @@ class MemoryStore:
             self.append_audit(events)
 
     def list_tasks(self, session_id):
-        with self._lock:
-            self.get_session(session_id)
-            return list(self._tasks[session_id].values())
+        return self.get_session_and_tasks(session_id)[1]
 
     def get_session_and_tasks(self, session_id):
         with self._lock:
