@@ -26,6 +26,7 @@ _lock = threading.Lock()
 POINTS = (
     "checkpoint.admitted",         # an incremental capture holds its turn, nothing read
     "checkpoint.after_blobs",      # blobs written and synced, metadata not committed
+    "checkpoint.before_flush",     # committed in the capture's turn, the fsync not taken
     "checkpoint.after_commit",     # committed, the reply not yet sent
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all

@@ -106,3 +106,55 @@ def test_a_holder_that_outstays_the_patience_lets_the_next_one_in():
 def test_patience_must_be_positive():
     with pytest.raises(ValueError):
         FairGate(1, patience=0)
+
+
+def test_a_local_commit_runs_in_the_turn_and_its_fsync_after_it(tmp_path):
+    """On the embedded store a checkpoint's commit (Python work, SQLite) runs in its
+    capture's turn, so that it never takes the interpreter lock from the next capture;
+    its fsync, a wait, comes after the turn, and before the reply. A daemon in a child
+    process, its store's commit and the write-ahead log's fsyncs watched."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root, ws = tmp_path / "root", tmp_path / "ws"
+    ws.mkdir()
+    script = (
+        "import json, os, time\n"
+        "from worldline.client import Client\n"
+        "from worldline.daemon.main import Daemon\n"
+        f"root, ws = {str(root)!r}, {str(ws)!r}\n"
+        "d = Daemon(root, f'unix://{root}/wl.sock')\n"
+        "d.start()\n"
+        "gate, store = d.world.admission, d.world.store\n"
+        "log = os.path.join(root, 'meta.db-wal')\n"
+        "events = []\n"
+        "real_fsync, real_append = os.fsync, store.append_checkpoint\n"
+        "def fsync(fd):\n"
+        "    counted = gate.counted\n"
+        "    real_fsync(fd)\n"
+        "    if os.readlink(f'/proc/self/fd/{fd}') == log:\n"
+        "        events.append(['fsync', counted, time.monotonic()])\n"
+        "def append(*args, **kwargs):\n"
+        "    events.append(['commit', gate.counted, time.monotonic()])\n"
+        "    return real_append(*args, **kwargs)\n"
+        "os.fsync, store.append_checkpoint = fsync, append\n"
+        "out = []\n"
+        "with Client(f'unix://{root}/wl.sock') as c:\n"
+        "    s = c.create_session(ws)\n"
+        "    s.checkpoint()  # the first after a start scans everything: no turn taken\n"
+        "    for i in range(3):\n"
+        "        open(os.path.join(ws, 'f'), 'w').write(str(i))\n"
+        "        events.clear()\n"
+        "        s.checkpoint()\n"
+        "        answered = time.monotonic()\n"
+        "        out.append([[kind, counted, at <= answered] for kind, counted, at in events])\n"
+        "d.stop()\n"
+        "print(json.dumps(out))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
+    assert run.returncode == 0, run.stderr
+    for events in json.loads(run.stdout):
+        # the commit in the turn (its holder counted), then one fsync of the log with
+        # nobody in the turn, before the reply
+        assert events == [["commit", 1, True], ["fsync", 0, True]], events

@@ -14,7 +14,7 @@ from worldline.daemon.records import AuditEvent
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.config import StorageConfig
 from worldline.daemon.storage.packs import Pack
-from worldline.daemon.storage.sqlite_store import SqliteStore
+from worldline.daemon.storage.sqlite_store import SqliteStore, flushes_deferred
 
 from .conftest import DaemonProcess, tree_state
 
@@ -112,6 +112,46 @@ def test_a_checkpoint_commit_takes_one_fsync_for_its_blobs_and_its_record(
         assert len(fsyncs.paths) == 1 and blobs.pack.unflushed
         blobs.sync()
         assert fsyncs.paths == [store.path + "-wal"] * 2 and not blobs.pack.unflushed
+    finally:
+        blobs.close()
+        store.close()
+
+
+def test_fsyncs_deferred_on_a_thread_are_taken_by_its_flush(tmp_path, monkeypatch):
+    """``flushes_deferred``: this thread's commits return before their fsync, which the
+    flush it yields takes (one for the file's commits and the pack's rows). Another
+    thread's commits are flushed as ever meanwhile; a block that raises leaves its
+    commits to the next fsync of the log; blocks do not nest."""
+    store, blobs = _open(tmp_path)
+    try:
+        blobs.put_bytes(b"warm")
+        blobs.sync()
+        fsyncs = _Fsyncs(monkeypatch)
+        with flushes_deferred() as flush:
+            blobs.put_bytes(b"e" * 200)
+            with blobs.committing():
+                store.append_audit([_event(5)])
+            store.append_audit([_event(6)])
+            assert fsyncs.paths == [] and store._flushed < store._committed
+            other = threading.Thread(target=store.append_audit, args=([_event(7)],))
+            other.start()
+            other.join(10)
+            assert fsyncs.paths == [store.path + "-wal"]  # the other thread's, at once
+            with pytest.raises(RuntimeError):
+                with flushes_deferred():
+                    pass
+            store.append_audit([_event(8)])
+        assert len(fsyncs.paths) == 1 and store._flushed < store._committed
+        flush()
+        assert fsyncs.paths == [store.path + "-wal"] * 2
+        assert store._flushed == store._committed
+        with pytest.raises(RuntimeError, match="after the commit"):
+            with flushes_deferred():
+                store.append_audit([_event(9)])
+                raise RuntimeError("after the commit")
+        assert len(fsyncs.paths) == 2 and store._flushed < store._committed
+        store.append_audit([_event(10)])  # not deferred: flushed, the one before with it
+        assert len(fsyncs.paths) == 3 and store._flushed == store._committed
     finally:
         blobs.close()
         store.close()

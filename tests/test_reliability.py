@@ -99,7 +99,8 @@ def _restart_clean(d: DaemonProcess) -> None:
 
 
 @pytest.mark.parametrize("point", [
-    "checkpoint.after_blobs:2", "checkpoint.after_commit:2", "restore.after_journal",
+    "checkpoint.after_blobs:2", "checkpoint.before_flush:2", "checkpoint.after_commit:2",
+    "restore.after_journal",
     "restore.between_files:5", "restore.before_rename:3", "restore.before_commit", "fork.mid",
 ])
 def test_kill_at_named_points(tmp_path, point):

@@ -57,6 +57,10 @@ def check_digest(digest: str) -> str:
 
 
 class BlobStore(Protocol):
+    # True when ``committing`` writes only this host's disk; False for a bucket (it
+    # uploads, and waits on the network).
+    local: bool
+
     def has(self, digest: str) -> bool: ...
 
     def put_bytes(self, data: bytes, base: str | None = None) -> str:
@@ -124,6 +128,8 @@ class LocalBlobStore:
     whose temporary is durable and named after its digest, and ``recover()`` at the next
     start verifies such a temporary against its name and finishes the rename. Anything
     else in ``tmp`` (a temporary whose bytes never reached the disk) is removed."""
+
+    local = True
 
     def __init__(self, root: str, durable: bool = True, pack_file: str = "",
                  store_lock: threading.RLock | None = None) -> None:
@@ -613,6 +619,8 @@ def _discard(fd: int, tmp: str) -> None:
 
 class MemoryBlobStore:
     """The reference blob store: a dict. Durable for as long as the process lives."""
+
+    local = True
 
     def __init__(self) -> None:
         self._blobs: dict[str, bytes] = {}

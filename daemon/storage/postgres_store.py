@@ -92,6 +92,7 @@ SCHEMA_VERSION = latest(MIGRATIONS)
 
 class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     FOR_UPDATE = " FOR UPDATE"
+    local = False
     IN_LIST = "{column} = ANY(?)"
 
     def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0) -> None:

@@ -105,6 +105,8 @@ def parse_url(url: str) -> tuple[str, str]:
 
 
 class S3BlobStore:
+    local = False
+
     def __init__(self, url: str, cache: LocalBlobStore, index: BlobIndex, host: str,
                  cache_bytes: int = 16 << 30) -> None:
         if obstore is None:

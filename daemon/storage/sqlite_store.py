@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from worldline.client.errors import ResourceExhausted
@@ -155,9 +155,34 @@ def _checkpoints_by_id(db) -> None:
 SCHEMA_VERSION = latest(MIGRATIONS)
 # The files each thread has a write transaction open to (``SqliteDatabase._tx``).
 _WRITING = threading.local()
+# The commits whose fsync each thread takes later, if it asked to (``flushes_deferred``).
+_DEFERRED = threading.local()
 # A new file gives freed pages back to the file system when asked (the pack's
 # ``incremental_vacuum``: a data root made from 0.7.7 on keeps its pack in this file).
 FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
+
+
+@contextmanager
+def flushes_deferred() -> Iterator[Callable[[], None]]:
+    """Within the block, a write transaction this thread commits to a database that
+    makes each commit durable returns before its fsync. The callable yielded takes
+    those fsyncs (each a group commit, as ever): call it after the block, before
+    anything is acknowledged. A checkpoint's commit is CPU work but for its fsync: it
+    runs in the capture's turn at the admission gate, and the fsync after that turn
+    (world.py). A block that raises leaves its commits to the next fsync of the same
+    log (nothing was acknowledged)."""
+    if getattr(_DEFERRED, "commits", None) is not None:
+        raise RuntimeError("fsyncs are deferred already on this thread")
+    commits: dict[SqliteDatabase, int] = {}  # each file's latest: its fsync covers the rest
+
+    def flush() -> None:
+        for db, number in commits.items():
+            db._flush(number)
+    _DEFERRED.commits = commits
+    try:
+        yield flush
+    finally:
+        _DEFERRED.commits = None
 
 
 class SqliteDatabase:
@@ -227,7 +252,11 @@ class SqliteDatabase:
             mine = self._committed
         self._wal.committed()
         if self._flush_each:
-            self._flush(mine)
+            deferred = getattr(_DEFERRED, "commits", None)
+            if deferred is None:
+                self._flush(mine)
+            else:
+                deferred[self] = mine
 
     def _flush(self, commit: int) -> None:
         """Return once write transaction number ``commit`` is durable: an fsync of the WAL
@@ -312,6 +341,7 @@ class SqliteDatabase:
 
 class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
     integrity_errors = (sqlite3.IntegrityError,)
+    local = True
 
     def __init__(self, path: str) -> None:
         # The latest tables are made when absent (an older file gains its new tables

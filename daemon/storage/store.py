@@ -53,6 +53,11 @@ from .blob_index import StoredObject
 
 
 class Store(Protocol):
+    # True when a commit writes only this host's disk, its one wait an fsync (which
+    # ``sqlite_store.flushes_deferred`` can take later); False for a fleet's database,
+    # whose every commit waits on the network.
+    local: bool
+
     def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
                        events: list[AuditEvent]) -> None: ...
     def get_session(self, session_id: str) -> Session: ...
@@ -193,6 +198,8 @@ def ordered_tasks(tasks: list[Task]) -> list[Task]:
 
 class MemoryStore:
     """The reference store: plain dicts behind one lock."""
+
+    local = True
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
