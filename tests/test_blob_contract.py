@@ -339,3 +339,9 @@ def test_a_base_chosen_by_a_put_is_safe_from_a_concurrent_gc(tmp_path):
     assert blobs.delete(d1, older_than=time.time() + 1) == 0  # d2, pending, needs it
     blobs.sync()
     assert blobs.read_bytes(d2) == v1 + b"v2\n"
+
+
+def test_a_blob_store_says_whether_its_commits_stay_on_this_host(blobs, request):
+    """``local``, as for stores: a bucket's ``committing`` uploads, so a checkpoint that
+    writes to one commits after its capture's turn, never in it (world.py)."""
+    assert blobs.local is (request.node.callspec.params["blobs"] != "s3")

@@ -407,3 +407,11 @@ def test_a_checkpoints_bucket_objects_are_indexed_in_its_transaction(store):
     again = store.append_checkpoint(make_cp(s.id, cp.id), [], cp.id, None, [], objects)
     assert store.get_session(s.id).head == again.id
     assert len(store.blob_objects()) == 2
+
+
+def test_a_store_says_whether_its_commits_stay_on_this_host(store, request):
+    """``local``: a checkpoint's commit runs in its capture's turn only on a store whose
+    commit waits on nothing but this host's fsync (world.py). A fleet's database, whose
+    commits wait on the network, says False: in the turn, every session's commit would
+    queue behind the others' round trips."""
+    assert store.local is (request.node.callspec.params["store"] != "postgres")
