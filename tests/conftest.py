@@ -20,6 +20,15 @@ from worldline.client import Client
 WORLDLINE = [sys.executable, "-m", "worldline.client.cli"]
 
 
+def run_python(script: str, timeout: float) -> str:
+    """Run ``script`` in a fresh interpreter (a daemon started in-process there, whose
+    insides it can then look at); its standard output, once it has exited 0."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 _STARTED: list["DaemonProcess"] = []
 
 

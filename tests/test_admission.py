@@ -114,9 +114,8 @@ def test_a_local_commit_runs_in_the_turn_and_its_fsync_after_it(tmp_path):
     its fsync, a wait, comes after the turn, and before the reply. A daemon in a child
     process, its store's commit and the write-ahead log's fsyncs watched."""
     import json
-    import os
-    import subprocess
-    import sys
+
+    from .conftest import run_python
     root, ws = tmp_path / "root", tmp_path / "ws"
     ws.mkdir()
     script = (
@@ -151,10 +150,7 @@ def test_a_local_commit_runs_in_the_turn_and_its_fsync_after_it(tmp_path):
         "        out.append([[kind, counted, at <= answered] for kind, counted, at in events])\n"
         "d.stop()\n"
         "print(json.dumps(out))\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
-    assert run.returncode == 0, run.stderr
-    for events in json.loads(run.stdout):
+    for events in json.loads(run_python(script, timeout=120)):
         # the commit in the turn (its holder counted), then one fsync of the log with
         # nobody in the turn, before the reply
         assert events == [["commit", 1, True], ["fsync", 0, True]], events

@@ -22,7 +22,7 @@ from worldline.client import (
 )
 from worldline.daemon.main import GC_YOUNG
 
-from .conftest import DaemonProcess, corrupt_blob, tree_state
+from .conftest import DaemonProcess, corrupt_blob, run_python, tree_state
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts)")
 
@@ -260,7 +260,6 @@ def test_a_daemon_keeps_nothing_of_the_sessions_it_no_longer_serves(tmp_path):
     goes when the session is deleted, so memory does not grow with every session ever
     served."""
     import json
-    import sys
     root = tmp_path / "root"
     script = (
         "import gc, json, os\n"
@@ -290,10 +289,7 @@ def test_a_daemon_keeps_nothing_of_the_sessions_it_no_longer_serves(tmp_path):
         " len(w._locks), kept.id]))\n"
         "d.stop()\n")
     (tmp_path / "kept").mkdir()
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
-    assert out.returncode == 0, out.stderr
-    forks, heads, workspaces, locks, kept = json.loads(out.stdout)
+    forks, heads, workspaces, locks, kept = json.loads(run_python(script, timeout=120))
     assert forks == 20
     assert heads == workspaces == [kept]  # the live session's, nobody else's
     assert locks == 0  # no call in flight: no lock kept
@@ -303,7 +299,6 @@ def test_a_started_daemon_leaves_the_cycle_collector_almost_nothing(tmp_path):
     """Everything made while starting is frozen out of the collector's sight, so a full
     collection during a large scan has little to traverse (0.6 imported psycopg after
     the freeze: 12,000 objects in every full collection, 15 ms on a rescan)."""
-    import sys
     root = tmp_path / "root"
     script = (
         "import gc, sys\n"
@@ -313,9 +308,6 @@ def test_a_started_daemon_leaves_the_cycle_collector_almost_nothing(tmp_path):
         "gc.collect()\n"
         "print(len(gc.get_objects()), 'psycopg' in sys.modules, gc.get_threshold()[0])\n"
         "d.stop()\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "WORLDLINE_LOG_LEVEL": "WARNING"})
-    assert out.returncode == 0, out.stderr
-    tracked, psycopg, young = out.stdout.split()
+    tracked, psycopg, young = run_python(script, timeout=60).split()
     assert int(tracked) < 2000 and psycopg == "False"  # the embedded default needs none
     assert int(young) == GC_YOUNG  # and young collections are rare (main.py says why)

@@ -92,8 +92,8 @@ SCHEMA_VERSION = latest(MIGRATIONS)
 
 class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     FOR_UPDATE = " FOR UPDATE"
-    local = False
     IN_LIST = "{column} = ANY(?)"
+    local = False  # every commit waits on the network (Store.local)
 
     def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
         PostgresDatabase.__init__(self, url, pool_size=pool_size,
