@@ -6,11 +6,8 @@ import json
 import os
 from typing import Any
 
-import grpc
 from worldline.v1 import worldline_pb2 as pb
-from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .channel import mapped, open_channel
 from .config import default_address, normalize_address
 from .models import (
     Approval,
@@ -25,6 +22,7 @@ from .models import (
     Task,
     ToolCall,
 )
+from .transport import open_transport
 
 
 def _dumps(value: Any) -> str:
@@ -36,14 +34,16 @@ class Client:
     ``host:port``; None means ``$WORLDLINE_ADDRESS`` or the default socket."""
 
     def __init__(self, address: str | None = None, timeout: float = 120.0,
-                 token: str | None = None, tls_ca: str | None = None) -> None:
+                 token: str | None = None, tls_ca: str | None = None,
+                 transport: str = "auto") -> None:
         """On TCP (``host:port``) the channel is TLS, trusting ``tls_ca`` (a PEM file;
         default ``$WORLDLINE_TLS_CA``, else the system's roots), and every call carries
-        the bearer ``token`` (default ``$WORLDLINE_TOKEN``)."""
+        the bearer ``token`` (default ``$WORLDLINE_TOKEN``). On a Unix socket the calls
+        go as frames to the daemon's gateway (gRPC when it has none); ``transport``
+        ("grpc" or "frames") forces one (client/transport.py)."""
         self.address = normalize_address(address) if address else default_address()
         self.timeout = timeout
-        self._channel = open_channel(self.address, token, tls_ca)
-        self._stub = pb_grpc.WorldlineStub(self._channel)
+        self._transport = open_transport(self.address, token, tls_ca, transport)
 
     def __enter__(self) -> Client:
         return self
@@ -52,13 +52,10 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        self._transport.close()
 
     def _call(self, method: str, request, timeout: float | None = None):
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise mapped(exc, self.address) from None
+        return self._transport.call(method, request, timeout or self.timeout)
 
     # sessions
     def create_session(self, workspace: str, container: str | None = None,

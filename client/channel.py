@@ -9,8 +9,8 @@ import grpc
 
 from .config import unix_path
 from .errors import Unavailable, WorldlineError, error_for_code
+from .wire import MAX_MESSAGE
 
-MAX_MESSAGE = 64 << 20
 OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
            ("grpc.max_send_message_length", MAX_MESSAGE)]
 

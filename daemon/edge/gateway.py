@@ -20,6 +20,7 @@ is one line: ``{"response": {...}}`` with every field present, or
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -29,15 +30,19 @@ import threading
 import time
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from worldline.client import wire
 from worldline.client.lite import parse_request, response_json
 from worldline.v1 import worldline_pb2 as pb
 
-from ..observe import ACTIVITY
+from .. import ids
+from ..observe import ACTIVITY, REQUEST_ID, RPC_SECONDS
 from .server import WorldlineServicer, status_of
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"]
+REQUESTS = {m.name: getattr(pb, m.input_type.name) for m in SERVICE.methods}
 MAX_LINE = 64 << 20
 SUFFIX = ".json"
 
@@ -87,16 +92,44 @@ class JsonGateway:
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as lines:
-            for line in lines:
-                if len(line) > MAX_LINE:
-                    answer = _error("RESOURCE_EXHAUSTED", f"a request over {MAX_LINE} bytes")
-                else:
-                    answer = self.call(line)
-                try:
-                    conn.sendall(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
-                except OSError:
+        with conn, conn.makefile("rb") as stream:
+            first = stream.readline()
+            if first == wire.PREFACE:
+                self._serve_frames(conn, stream)
+            elif first:
+                self._serve_lines(conn, itertools.chain((first,), stream))
+
+    def _serve_lines(self, conn: socket.socket, lines) -> None:
+        for line in lines:
+            if len(line) > MAX_LINE:
+                answer = _error("RESOURCE_EXHAUSTED", f"a request over {MAX_LINE} bytes")
+            else:
+                answer = self.call(line)
+            try:
+                conn.sendall(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
+            except OSError:
+                return
+
+    def _serve_frames(self, conn: socket.socket, stream) -> None:
+        while True:
+            try:
+                body = wire.read_frame(stream.readinto)
+            except wire.FrameError as exc:  # out of step with the caller: answer, then end
+                code = ("RESOURCE_EXHAUSTED" if isinstance(exc, wire.FrameTooLarge)
+                        else "INVALID_ARGUMENT")
+                answer, body = _error_frame(code, f"not a frame: {exc}"), None
+            except OSError:
+                return
+            else:
+                if body is None:
                     return
+                answer = self.call_frame(body)
+            try:
+                conn.sendall(answer)
+            except OSError:
+                return
+            if body is None:
+                return
 
     def call(self, line: bytes) -> dict:
         """One request line to its answer; never raises."""
@@ -112,22 +145,51 @@ class JsonGateway:
             timeout = envelope.get("timeout")
         except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
             return _error("INVALID_ARGUMENT", f"not a request: {exc}".splitlines()[0])
+        code, message, reply = self._invoke(method.name, request, timeout)
+        return {"response": response_json(reply)} if reply is not None else _error(code, message)
+
+    def call_frame(self, body: bytes) -> bytes:
+        """One request frame's body to its answer frame; never raises."""
+        try:
+            name, timeout, data = wire.read_request(body)
+            kind = REQUESTS.get(name)
+            if kind is None:
+                return _error_frame("UNIMPLEMENTED", f"no method {name!r} in {SERVICE.full_name}")
+            request = kind.FromString(data)
+        except (wire.FrameError, DecodeError) as exc:
+            return _error_frame("INVALID_ARGUMENT", f"not a request: {exc}".splitlines()[0])
+        code, message, reply = self._invoke(name, request, timeout)
+        if reply is None:
+            return _error_frame(code, message)
+        data = reply.SerializeToString()
+        if len(data) > wire.MAX_MESSAGE:  # as the gRPC server refuses to send it
+            return _error_frame("RESOURCE_EXHAUSTED", f"{name}'s answer of {len(data)} bytes"
+                                f" is over the {wire.MAX_MESSAGE}-byte limit")
+        return wire.answer_frame(0, data)
+
+    def _invoke(self, name: str, request, timeout: float | None):
+        """The servicer's answer to one call, timed and counted as the gRPC edge's
+        interceptors time and count theirs: (status name, error message, reply or
+        None)."""
         with self._idle:
             if self._closed:
-                return _error("UNAVAILABLE", "the worldline daemon is stopping")
+                return "UNAVAILABLE", "the worldline daemon is stopping", None
             self._active += 1
+        code, message, reply = "OK", "", None
+        start, token = time.perf_counter(), REQUEST_ID.set(ids.new_id())
         ACTIVITY.begin()
         try:
-            reply = getattr(self.servicer, method.name)(request, _Context(timeout))
+            reply = getattr(self.servicer, name)(request, _Context(timeout))
         except Exception as exc:  # noqa: BLE001 -- mapped exactly as the gRPC edge maps it
-            code, message = status_of(exc, method.name)
-            return _error(code, message)
+            code, message = status_of(exc, name)
         finally:
             ACTIVITY.end()
+            RPC_SECONDS.labels(name, code).observe(time.perf_counter() - start)
+            REQUEST_ID.reset(token)
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
-        return {"response": response_json(reply)}
+        return code, message, reply
 
     def close(self, grace: float = 10.0) -> None:
         """Stop accepting; wait up to ``grace`` seconds for the calls under way."""
@@ -147,6 +209,10 @@ class JsonGateway:
 
 def _error(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
+
+
+def _error_frame(code: str, message: str) -> bytes:
+    return wire.answer_frame(wire.STATUS[code], message.encode("utf-8", "replace"))
 
 
 def _peer_uid(conn: socket.socket) -> int:

@@ -1,0 +1,168 @@
+"""The Python client's two ways to the daemon on a Unix socket: gRPC, and frames on the
+gateway (client/transport.py, client/wire.py). Both give the same answers and the same
+errors; the frames' own edges (a pool shared by threads, deadlines, a daemon that
+restarted or has no gateway, frames that do not fit) are checked here."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable, wire
+from worldline.client.transport import FrameTransport, GrpcTransport
+from worldline.v1 import worldline_pb2 as pb
+
+from .conftest import DaemonProcess
+
+KINDS = ("grpc", "frames")
+
+
+def _gateway(d: DaemonProcess) -> str:
+    return str(d.root / "worldline.sock.json")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_both_transports_give_the_same_answers_and_errors(daemon, tmp_path, kind):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_text("one")
+    with Client(daemon.address, transport=kind) as c:
+        assert isinstance(c._transport, GrpcTransport if kind == "grpc" else FrameTransport)
+        s = c.create_session(str(ws))
+        (ws / "a").write_text("two")
+        cp = s.checkpoint(label="edit", state={"step": 1}, messages=[{"role": "user"}])
+        assert cp.seq == 1 and cp.label == "edit"
+        assert c.show(cp.id).state == {"step": 1}
+        assert c.diff(c.log(s.id)[0].id, cp.id).modified == ["a"]
+        with pytest.raises(NotFound):
+            c.get_session(s.id[:-4] + "0000")
+        with pytest.raises(InvalidArgument, match="no-such"):
+            c.get_session("no-such")
+        with pytest.raises(InvalidArgument):
+            c.checkpoint_raw(s.id, state_json="{not json")
+        assert [x.id for x in c.list_sessions(workspace=str(ws))] == [s.id]
+
+
+def test_a_client_shared_by_threads_calls_on_several_connections(daemon, tmp_path):
+    """A call that waits (an approval) does not hold up another thread's calls on the
+    same client, as on a gRPC channel: each call has a connection to itself."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Client(daemon.address, transport="frames") as c:
+        s = c.create_session(str(ws))
+        a = s.request_approval("deploy")
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(a=c.wait_approval(a.id, 20)))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()  # still waiting on its own connection
+        c.decide_approval(a.id, approve=True, reason="ok")
+        waiter.join(20)
+        assert got["a"].status == "approved"
+        assert len(c._transport._idle) == 2  # the waiter's connection and this thread's
+
+
+def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
+    """A daemon that takes the call and never answers (forced here: a listener that
+    only reads) costs the caller its deadline, not more, and the connection is not
+    reused (its answer could still come)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "wl.sock.json"))
+    listener.listen(1)
+    taken = []
+    threading.Thread(target=lambda: taken.append(listener.accept()), daemon=True).start()
+    try:
+        with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
+            start = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                c._call("ListSessions", pb.ListSessionsRequest(), timeout=0.3)
+            assert 0.3 <= time.monotonic() - start < 3
+            assert c._transport._idle == []
+    finally:
+        listener.close()
+
+
+def test_a_client_outlives_a_daemon_restart(tmp_path):
+    """Its idle connection to the old daemon is closed; the next call goes on a new one
+    and is answered, not failed."""
+    d = DaemonProcess(tmp_path / "root").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        with Client(d.address, transport="frames") as c:
+            s = c.create_session(str(ws))
+            assert len(c._transport._idle) == 1
+            d.stop()
+            with pytest.raises(Unavailable):
+                c.get_session(s.id)
+            d.start()
+            assert c.get_session(s.id).id == s.id
+    finally:
+        d.stop()
+
+
+def test_without_a_gateway_auto_goes_over_grpc_and_frames_says_unavailable(tmp_path):
+    d = DaemonProcess(tmp_path / "root").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        os.unlink(_gateway(d))  # as a daemon from before the gateway, or a relay's socket
+        with Client(d.address) as c:
+            s = c.create_session(str(ws))
+            assert c._transport._grpc is not None and c.get_session(s.id).id == s.id
+        with Client(d.address, transport="frames") as c, pytest.raises(Unavailable):
+            c.get_session(s.id)
+    finally:
+        d.stop()
+
+
+def _raw(path: str, data: bytes) -> list[tuple[int, bytes]]:
+    """The answers the gateway gives to ``data`` sent after the preface, until it
+    closes the connection or stops answering."""
+    answers = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(wire.PREFACE + data)
+        s.shutdown(socket.SHUT_WR)
+        while (body := wire.read_frame(s.recv_into)) is not None:
+            answers.append(wire.read_answer(body))
+    return answers
+
+
+def test_frames_that_do_not_fit_get_a_status_and_change_nothing(daemon):
+    path = _gateway(daemon)
+    before = len(Client(daemon.address, transport="grpc").list_sessions())
+    # frames whose length is right but whose content is not a call: each answered, and
+    # the calls after them on the same connection are still served
+    bad = [(wire.request_frame("NoSuchCall", b"", None), "UNIMPLEMENTED"),
+           (wire.request_frame("CreateSession", b"\xff\xff\xff", None), "INVALID_ARGUMENT"),
+           (struct.pack(">I", 3) + b"\x05ab", "INVALID_ARGUMENT"),  # shorter than its header
+           (struct.pack(">IB", 10, 1) + b"X" + struct.pack(">d", -1.0), "INVALID_ARGUMENT")]
+    answers = _raw(path, b"".join(f for f, _ in bad)
+                   + wire.request_frame("ListSessions", b"", None))
+    assert [wire.CODES[c] for c, _ in answers] == [code for _, code in bad] + ["OK"]
+    assert b"NoSuchCall" in answers[0][1]
+    # a frame over the limit: answered, then the connection ends (it is out of step)
+    answers = _raw(path, struct.pack(">I", wire.MAX_FRAME + 1)
+                   + wire.request_frame("ListSessions", b"", None))
+    assert [wire.CODES[c] for c, _ in answers] == ["RESOURCE_EXHAUSTED"]
+    assert len(Client(daemon.address, transport="grpc").list_sessions()) == before
+
+
+def test_the_wire_form_reads_back_what_it_writes():
+    frame = wire.request_frame("CreateCheckpoint", b"\x01\x02", 2.5)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    assert wire.read_request(frame[4:]) == ("CreateCheckpoint", 2.5, b"\x01\x02")
+    assert wire.read_request(wire.request_frame("X", b"", None)[4:]) == ("X", None, b"")
+    assert wire.read_answer(wire.answer_frame(5, b"gone")[4:]) == (5, b"gone")
+    for bad in (b"", b"\x09abc", b"\x01\xff" + struct.pack(">d", 1.0),
+                b"\x01X" + struct.pack(">d", float("nan"))):
+        with pytest.raises(wire.FrameError):
+            wire.read_request(bad)
+    assert wire.STATUS["UNAVAILABLE"] == 14 and wire.CODES[5] == "NOT_FOUND"
