@@ -13,6 +13,7 @@ import fcntl
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -157,8 +158,8 @@ class Daemon:
                         " incomplete temporary file(s)", renamed, removed)
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
         self.repacker = Repacker(getattr(self.blobs, "cache", self.blobs), files_named)
-        self.monitor = (ChangeMonitor(os.path.join(self.root, "cookies"), self.max_watches)
-                        if self.track else None)
+        self.monitor = ChangeMonitor(self.max_watches) if self.track else None
+        shutil.rmtree(os.path.join(self.root, "cookies"), ignore_errors=True)  # before 0.7.11
         self.engine = Engine(os.environ.get("DOCKER_HOST") or None)
         views = Views(self.root, self.blobs, TreeReader(self.blobs), self.stat_cache)
         if not self.overlay_forks:

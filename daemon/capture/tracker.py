@@ -11,14 +11,14 @@ Correctness rules, in order of importance:
   cannot vouch for its picture (queue overflow, a watch it could not add, the
   watch limit, a start with no history), it asks for a *full* scan instead, which
   compares every file's stat against the stat cache.
-- ``prepare()`` is a barrier: the monitor creates a cookie file in its own private
-  folder (watched by the same inotify instance), then reads and dispatches the
-  queue itself until the cookie's event has been seen (the reader thread drains
-  the queue between requests; one of them reads at a time). One inotify instance
-  queues every event in order, and the kernel queues a write's event before the
-  write returns, so every write that finished before the request is then in the
-  dirty set (watchman's sync cookies). The cookie never touches a workspace or a
-  container layer.
+- ``prepare()`` is a barrier: the calling thread reads and dispatches the inotify
+  queue itself until the read would block (the reader thread drains the queue
+  between requests; one of them reads at a time, so a batch the reader took is
+  dispatched before the barrier reads on). The kernel queues a write's event before
+  the write returns (fsnotify runs in the writer's system call), so every write that
+  finished before the request is then in the dirty set. Watchman needs a sync cookie
+  for this because its queries cannot read the queue; a cookie here cost a file
+  created and removed per checkpoint for nothing more (0.7.10 had one).
 - Folders are watched through ``/proc/self/fd`` of a descriptor opened with
   ``O_NOFOLLOW``, so a symlink is never watched through.
 """
@@ -41,7 +41,6 @@ from .walk import MAX_DEPTH, folders_below
 
 log = logging.getLogger(__name__)
 
-COOKIE_PREFIX = ".worldline-tmp-cookie-"
 READER_DELAY = 0.005  # seconds the reader thread waits after waking (see _run)
 EVENT_BUFFER = 1 << 18  # bytes of events per read (an event is at most 272 bytes)
 TEMP_PREFIX = ".worldline-tmp-"
@@ -148,9 +147,9 @@ class WorkspaceTracker:
                 self._wds[rel] = wd
                 self._paths[wd] = rel
 
-    def prepare(self, timeout: float = 5.0) -> Changes:
+    def prepare(self) -> Changes:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
-        self._barrier(timeout)
+        self._barrier()
         with self._lock:
             changes = Changes(self._full, self._dirty, self._rescan, set(self.linked))
             self._full, self._dirty, self._rescan = self._degraded, set(), set()
@@ -159,9 +158,9 @@ class WorkspaceTracker:
         # thousands of watches floods the queue with IN_IGNORED events and overflows it).
         return changes
 
-    def peek(self, timeout: float = 5.0) -> Changes:
+    def peek(self) -> Changes:
         """As ``prepare`` but the changes stay for the next capture."""
-        self._barrier(timeout)
+        self._barrier()
         with self._lock:
             return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked))
 
@@ -214,12 +213,12 @@ class WorkspaceTracker:
         self.invalidate("the inotify queue overflowed")
 
     # -- internals -----------------------------------------------------------------------
-    def _barrier(self, timeout: float) -> None:
+    def _barrier(self) -> None:
         with self._lock:
             if self._full:
                 return  # a full scan needs no barrier: it reads everything
-        if not self.monitor.barrier(timeout):
-            self.invalidate(f"the sync cookie was not seen within {timeout}s")
+        if not self.monitor.barrier():
+            self.invalidate("the inotify queue could not be read")
 
     def _watch_new_folder(self, rel: str) -> None:
         """Watch a folder that appeared, and every folder below it (it is rescanned)."""
@@ -274,7 +273,7 @@ class ChangeMonitor:
     """The daemon's one inotify instance and its reader thread. Lock order: the read
     lock (held while events are dispatched) before the monitor's lock."""
 
-    def __init__(self, cookie_dir: str, max_watches_per_workspace: int = 1 << 20) -> None:
+    def __init__(self, max_watches_per_workspace: int = 1 << 20) -> None:
         self.max_watches = max_watches_per_workspace
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
@@ -283,16 +282,8 @@ class ChangeMonitor:
         self._owners: dict[int, WorkspaceTracker] = {}
         self._trackers: dict[str, WorkspaceTracker] = {}
         self._lock = threading.Lock()
-        self.cookie_dir = cookie_dir
-        os.makedirs(cookie_dir, mode=0o700, exist_ok=True)
-        for name in os.listdir(cookie_dir):  # left by a crash
-            os.unlink(os.path.join(cookie_dir, name))
-        self._cookies: dict[str, threading.Event] = {}
         self._read_lock = threading.Lock()
         self._events = bytearray(EVENT_BUFFER)  # read into under _read_lock
-        self._cookie_wd = _libc.inotify_add_watch(self.fd, os.fsencode(cookie_dir), IN_CREATE)
-        if self._cookie_wd < 0:
-            raise OSError(ctypes.get_errno(), f"cannot watch {cookie_dir}")
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="change-monitor", daemon=True)
@@ -313,29 +304,11 @@ class ChangeMonitor:
         if tracker is not None:
             tracker.close()
 
-    def barrier(self, timeout: float) -> bool:
-        """True once every event queued before this call has been dispatched."""
-        name = COOKIE_PREFIX + os.urandom(8).hex()
-        event = threading.Event()
-        with self._lock:
-            self._cookies[name] = event
-        path = os.path.join(self.cookie_dir, name)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            # The kernel queued the cookie's event before open() returned: read the queue
-            # here, up to and past it, instead of waiting for the reader thread to wake
-            # and win the GIL (a thread hand-off per checkpoint, milliseconds under load).
-            self._drain()
-            return event.is_set() or event.wait(timeout)
-        except OSError:
-            return False
-        finally:
-            with self._lock:
-                self._cookies.pop(name, None)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+    def barrier(self) -> bool:
+        """Dispatch every event queued before this call, here (not by waking the reader
+        thread: a thread hand-off per checkpoint, milliseconds under load); False if
+        the queue could not be read (every tracker has then been told to scan)."""
+        return self._drain()
 
     @contextlib.contextmanager
     def holding_events(self):
@@ -365,8 +338,8 @@ class ChangeMonitor:
         while not self._stopping:
             try:
                 poller.poll()
-                # Let a barrier that just made its cookie drain the queue itself: reading
-                # here at once would take the interpreter lock from it, mid-request.
+                # Let a checkpoint's barrier drain the queue itself: reading here at once
+                # would take the interpreter lock from it, mid-request.
                 time.sleep(READER_DELAY)
                 if self._stopping or not self._drain():
                     break
@@ -404,12 +377,6 @@ class ChangeMonitor:
     def _dispatch(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:
             self._overflow()
-            return
-        if wd == self._cookie_wd:
-            with self._lock:
-                event = self._cookies.get(name)
-            if event is not None:
-                event.set()
             return
         with self._lock:
             owner = self._owners.get(wd)
