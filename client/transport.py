@@ -28,6 +28,7 @@ KINDS = ("auto", "grpc", "frames")
 _SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"]
 _RESPONSES = {m.name: getattr(pb, m.output_type.name) for m in _SERVICE.methods}
 _NO_GATEWAY = (FileNotFoundError, ConnectionRefusedError, NotADirectoryError)
+_NOSIGNAL = socket.MSG_NOSIGNAL  # a daemon gone is an error, not a SIGPIPE for the caller
 
 
 class GrpcTransport:
@@ -83,7 +84,7 @@ class FrameTransport:
         try:
             sock.settimeout(timeout)
             try:
-                sock.sendall(frame)
+                sock.sendall(frame, _NOSIGNAL)
             except (BrokenPipeError, ConnectionResetError):
                 if not reused:
                     raise
@@ -94,7 +95,7 @@ class FrameTransport:
                 if sock is None:
                     return self._over_grpc().call(method, request, timeout)
                 sock.settimeout(timeout)
-                sock.sendall(frame)
+                sock.sendall(frame, _NOSIGNAL)
             body = wire.read_frame(sock.recv_into)
         except TimeoutError:
             sock.close()
@@ -126,7 +127,7 @@ class FrameTransport:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
-            sock.sendall(wire.PREFACE)
+            sock.sendall(wire.PREFACE, _NOSIGNAL)
         except OSError as exc:
             sock.close()
             if self._fallback and isinstance(exc, _NO_GATEWAY):

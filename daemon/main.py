@@ -37,7 +37,7 @@ from .capture.trees import TreeReader, files_named
 from .capture.views import Views
 from .edge.auth import PeerRelay, TokenInterceptor, read_token
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
-from .edge.gateway import JsonGateway
+from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
 from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
@@ -104,7 +104,7 @@ class Daemon:
         self.allow_uids = allow_uids or set()
         self.token: str | None = None
         self.relay: PeerRelay | None = None
-        self.gateway: JsonGateway | None = None
+        self.gateway: Gateway | None = None
         self.overlay_forks = overlay_forks
         self.listen = listen
         self.policy_path = policy_path
@@ -215,7 +215,7 @@ class Daemon:
         server.start()
         self.server = server
         if socket_path is not None:
-            self.gateway = JsonGateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids)
+            self.gateway = Gateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids)
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()

@@ -166,3 +166,53 @@ def test_the_wire_form_reads_back_what_it_writes():
         with pytest.raises(wire.FrameError):
             wire.read_request(bad)
     assert wire.STATUS["UNAVAILABLE"] == 14 and wire.CODES[5] == "NOT_FOUND"
+
+
+def _line_call(sock: socket.socket, line: bytes) -> bytes:
+    """The answer to one JSON line; b"" if the gateway closed the connection."""
+    got = b""
+    try:
+        sock.sendall(line)
+        while not got.endswith(b"\n"):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            got += chunk
+    except (BrokenPipeError, ConnectionResetError):  # closed, the request unread
+        pass
+    return got
+
+
+def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
+    """Each connection has a thread: past ``MAX_CONNECTIONS`` a new one is closed at
+    once (and served again once one ends); a JSON line over ``MAX_LINE`` is answered
+    and ends its connection. In-process, with the limits made small: a line of 64 MiB
+    and a thousand connections are what they stand for."""
+    from worldline.daemon.edge import gateway
+
+    monkeypatch.setattr(gateway, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(gateway, "MAX_LINE", 100)
+    gw = gateway.Gateway(str(tmp_path / "g.sock.json"), servicer=None)
+    unknown = b'{"method": "NoSuchCall", "request": {}}\n'
+    try:
+        held = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+        for s in held:
+            s.settimeout(10)
+            s.connect(gw.path)
+        assert b"UNIMPLEMENTED" in _line_call(held[0], unknown)
+        assert b"UNIMPLEMENTED" in _line_call(held[1], unknown)
+        assert _line_call(held[2], unknown) == b""  # over the limit: closed unanswered
+        held[0].close()
+        deadline = time.monotonic() + 10
+        while gw._connections > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(gw.path)
+            long_line = b'{"method": "' + b"x" * 200 + b'"}\n'
+            assert b"RESOURCE_EXHAUSTED" in _line_call(s, long_line)
+            assert _line_call(s, unknown) == b""  # and the connection ended
+        for s in held[1:]:
+            s.close()
+    finally:
+        gw.close()

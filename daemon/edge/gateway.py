@@ -1,26 +1,31 @@
-"""The JSON gateway: the Worldline service's calls as JSON lines over a Unix socket.
+"""The gateway: the Worldline service's calls over a Unix socket without HTTP/2, as
+JSON lines (for hooks) or as protobuf frames (for the Python client).
 
-It exists for clients that must start in milliseconds: an agent's hook runs as a new
-process twice per tool call, and importing grpc alone costs such a process about
-70 ms, where Python and ``json`` cost about 20. The gateway serves the same servicer
-as the gRPC socket, maps errors through the same ``server.status_of``, and listens
-at ``<socket>.json`` beside the gRPC socket with the same permissions (owner-only;
-with ``--allow-uid``, every peer's uid is checked as the relay checks it).
+JSON lines exist for clients that must start in milliseconds: an agent's hook runs as
+a new process twice per tool call, and importing grpc alone costs such a process
+about 70 ms, where Python and ``json`` cost about 20. Frames exist for the Python
+client's calls after an idle gap, which gRPC answers about a millisecond later on a
+2-core VM (client/wire.py). The gateway serves the same servicer as the gRPC socket,
+maps errors through the same ``server.status_of``, times and counts calls in the same
+metric, and listens at ``<socket>.json`` beside the gRPC socket with the same
+permissions (owner-only; with ``--allow-uid``, every peer's uid is checked as the
+relay checks it).
 
-Protocol. A connection carries any number of requests, one after another. Each is
-one line of JSON::
+Protocol. A connection whose first line is ``wire.PREFACE`` speaks frames (see
+client/wire.py). Any other connection carries JSON requests, one line each, one after
+another::
 
     {"method": "CreateCheckpoint", "request": {...}, "timeout": 30}
 
 ``request`` is the method's request message in proto3 JSON with the .proto's field
 names; ``timeout`` (seconds, optional) is the call's deadline, as gRPC's. The answer
 is one line: ``{"response": {...}}`` with every field present, or
-``{"error": {"code": "NOT_FOUND", "message": "..."}}`` with a gRPC status name.
+``{"error": {"code": "NOT_FOUND", "message": "..."}}`` with a gRPC status name. A
+request over ``MAX_LINE`` bytes (or a frame over ``wire.MAX_FRAME``) is answered
+RESOURCE_EXHAUSTED and ends the connection: the stream cannot be read past it.
 """
-
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -45,6 +50,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"]
 REQUESTS = {m.name: getattr(pb, m.input_type.name) for m in SERVICE.methods}
 MAX_LINE = 64 << 20
 SUFFIX = ".json"
+MAX_CONNECTIONS = 1024  # open at once; a Python client keeps one per thread calling
 
 
 class _Context:
@@ -57,7 +63,10 @@ class _Context:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
 
-class JsonGateway:
+class Gateway:
+    """The socket ``path`` and a thread per connection (at most ``MAX_CONNECTIONS``),
+    each serving its calls one after another, as JSON lines or as frames."""
+
     def __init__(self, path: str, servicer: WorldlineServicer,
                  allowed_uids: set[int] | None = None) -> None:
         self.path = path
@@ -74,9 +83,11 @@ class JsonGateway:
         os.chmod(path, 0o666 if self.allowed else 0o600)
         self.sock.listen(64)
         self._closed = False
-        self._active = 0
+        self._active = 0  # calls under way
+        self._connections = 0
+        self._refused_at = 0.0  # when a connection over the limit was last logged
         self._idle = threading.Condition()
-        self._thread = threading.Thread(target=self._accept, name="json-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name="gateway", daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
@@ -88,27 +99,43 @@ class JsonGateway:
             if self.allowed is not None and _peer_uid(conn) not in self.allowed:
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="json-call",
+            with self._idle:
+                full = self._connections >= MAX_CONNECTIONS
+                if not full:
+                    self._connections += 1
+            if full:
+                conn.close()  # a thread each: the limit keeps a caller from exhausting them
+                if time.monotonic() - self._refused_at > 60:
+                    self._refused_at = time.monotonic()
+                    log.warning("gateway: %d connections open; refusing more",
+                                MAX_CONNECTIONS)
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="gateway-call",
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as stream:
-            first = stream.readline()
-            if first == wire.PREFACE:
-                self._serve_frames(conn, stream)
-            elif first:
-                self._serve_lines(conn, itertools.chain((first,), stream))
+        try:
+            with conn, conn.makefile("rb") as stream:
+                first = stream.readline(MAX_LINE + 1)
+                if first == wire.PREFACE:
+                    self._serve_frames(conn, stream)
+                else:
+                    self._serve_lines(conn, stream, first)
+        except OSError:
+            pass  # the caller went away
+        finally:
+            with self._idle:
+                self._connections -= 1
 
-    def _serve_lines(self, conn: socket.socket, lines) -> None:
-        for line in lines:
-            if len(line) > MAX_LINE:
+    def _serve_lines(self, conn: socket.socket, stream, line: bytes) -> None:
+        while line:
+            if len(line) > MAX_LINE:  # its end is not read: answer, then end
                 answer = _error("RESOURCE_EXHAUSTED", f"a request over {MAX_LINE} bytes")
-            else:
-                answer = self.call(line)
-            try:
-                conn.sendall(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
-            except OSError:
+                conn.sendall(json.dumps(answer).encode() + b"\n")
                 return
+            answer = self.call(line)
+            conn.sendall(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
+            line = stream.readline(MAX_LINE + 1)
 
     def _serve_frames(self, conn: socket.socket, stream) -> None:
         while True:
@@ -118,16 +145,11 @@ class JsonGateway:
                 code = ("RESOURCE_EXHAUSTED" if isinstance(exc, wire.FrameTooLarge)
                         else "INVALID_ARGUMENT")
                 answer, body = _error_frame(code, f"not a frame: {exc}"), None
-            except OSError:
-                return
             else:
                 if body is None:
                     return
                 answer = self.call_frame(body)
-            try:
-                conn.sendall(answer)
-            except OSError:
-                return
+            conn.sendall(answer)
             if body is None:
                 return
 
