@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from worldline.v1 import worldline_pb2 as pb
 
@@ -78,7 +79,7 @@ class FrameTransport:
             raise ResourceExhausted(f"Sent message larger than max ({len(message)} vs."
                                     f" {wire.MAX_MESSAGE})")
         frame = wire.request_frame(method, message, timeout)
-        sock, reused = self._take()
+        sock, reused = self._take(timeout)
         if sock is None:
             return self._over_grpc().call(method, request, timeout)
         try:
@@ -91,10 +92,9 @@ class FrameTransport:
                 # the daemon closed this idle connection (it restarted): nothing was
                 # delivered, so the call goes on a new one
                 sock.close()
-                sock, _ = self._take(fresh=True)
+                sock, _ = self._take(timeout, fresh=True)
                 if sock is None:
                     return self._over_grpc().call(method, request, timeout)
-                sock.settimeout(timeout)
                 sock.sendall(frame, _NOSIGNAL)
             body = wire.read_frame(sock.recv_into)
         except TimeoutError:
@@ -114,9 +114,12 @@ class FrameTransport:
             raise error_for_code(code, payload.decode("utf-8", "replace"))
         return kind.FromString(payload)
 
-    def _take(self, fresh: bool = False) -> tuple[socket.socket | None, bool]:
+    def _take(self, timeout: float, fresh: bool = False
+              ) -> tuple[socket.socket | None, bool]:
         """A connection to the gateway and whether it was used before; (None, False)
-        when the daemon serves no gateway there and the call may go over gRPC."""
+        when the daemon serves no gateway there and the call may go over gRPC. A
+        connection opened here waits ``timeout`` at most (a daemon too busy to accept
+        it: DeadlineExceeded)."""
         with self._lock:
             if self._closed:
                 raise Unavailable("this client is closed")
@@ -125,9 +128,21 @@ class FrameTransport:
             if self._idle and not fresh:
                 return self._idle.pop(), True
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
         try:
-            sock.connect(self.path)
+            while True:
+                try:
+                    sock.connect(self.path)
+                    break
+                except BlockingIOError:  # its backlog is full: a Unix socket says so at once
+                    if time.monotonic() > deadline:
+                        raise TimeoutError from None
+                    time.sleep(0.001)
             sock.sendall(wire.PREFACE, _NOSIGNAL)
+        except TimeoutError:
+            sock.close()
+            raise DeadlineExceeded("Deadline Exceeded") from None
         except OSError as exc:
             sock.close()
             if self._fallback and isinstance(exc, _NO_GATEWAY):

@@ -86,6 +86,34 @@ def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
         listener.close()
 
 
+def test_a_gateway_too_busy_to_accept_costs_the_deadline_not_an_error_at_once(tmp_path):
+    """A full backlog (forced here: a listener that never accepts) makes a Unix
+    socket's connect fail at once with EAGAIN; the client waits for room until the
+    call's deadline, as a gRPC call would, instead of calling the daemon unreachable."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "wl.sock.json"))
+    listener.listen(0)
+    filling = []
+    try:
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            filling.append(s)
+            s.connect(str(tmp_path / "wl.sock.json"))
+    except BlockingIOError:
+        pass
+    try:
+        with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
+            start = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                c._call("ListSessions", pb.ListSessionsRequest(), timeout=0.3)
+            assert 0.3 <= time.monotonic() - start < 3
+    finally:
+        for s in filling:
+            s.close()
+        listener.close()
+
+
 def test_a_client_outlives_a_daemon_restart(tmp_path):
     """Its idle connection to the old daemon is closed; the next call goes on a new one
     and is answered, not failed."""

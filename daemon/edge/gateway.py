@@ -81,7 +81,7 @@ class Gateway:
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o666 if self.allowed else 0o600)
-        self.sock.listen(64)
+        self.sock.listen(1024)  # clients wait in the backlog while it is full (transport.py)
         self._closed = False
         self._active = 0  # calls under way
         self._connections = 0
