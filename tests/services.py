@@ -11,6 +11,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -82,21 +83,35 @@ def free_port() -> int:
 
 
 class S3Emulator:
-    """moto's server mode on loopback: an S3 emulator, not a real S3 server."""
+    """moto's server mode on loopback, in a process of its own: an S3 emulator, not a
+    real S3 server. Not a thread of the caller's: the bench times calls from this
+    process, and an emulator sharing its interpreter would hold the interpreter lock
+    while the timed thread has its answer (up to the 5 ms switch interval), as no
+    real bucket can."""
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
         self.port = free_port()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
-                                         verbose=False)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                     "AWS_ALLOW_HTTP": "true"}
+        self.proc: subprocess.Popen | None = None
 
-    def start(self) -> S3Emulator:
-        self.server.start()
-        return self
+    def start(self, timeout: float = 30.0) -> S3Emulator:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto's server exited {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("moto's server did not start listening in time")
 
     def client(self):
         import boto3
@@ -113,7 +128,13 @@ class S3Emulator:
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def stop(self) -> None:
-        self.server.stop()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 class UnixRelay:
