@@ -66,6 +66,14 @@ def test_a_client_shared_by_threads_calls_on_several_connections(daemon, tmp_pat
         assert len(c._transport._idle) == 2  # the waiter's connection and this thread's
 
 
+def _costs_its_deadline(c: Client, deadline: float = 0.3) -> None:
+    """A call through ``c`` raises DeadlineExceeded after its deadline, not much later."""
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        c._call("ListSessions", pb.ListSessionsRequest(), timeout=deadline)
+    assert deadline <= time.monotonic() - start < deadline + 2.7
+
+
 def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
     """A daemon that takes the call and never answers (forced here: a listener that
     only reads) costs the caller its deadline, not more, and the connection is not
@@ -77,10 +85,7 @@ def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
     threading.Thread(target=lambda: taken.append(listener.accept()), daemon=True).start()
     try:
         with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
-            start = time.monotonic()
-            with pytest.raises(DeadlineExceeded):
-                c._call("ListSessions", pb.ListSessionsRequest(), timeout=0.3)
-            assert 0.3 <= time.monotonic() - start < 3
+            _costs_its_deadline(c)
             assert c._transport._idle == []
     finally:
         listener.close()
@@ -104,10 +109,7 @@ def test_a_gateway_too_busy_to_accept_costs_the_deadline_not_an_error_at_once(tm
         pass
     try:
         with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
-            start = time.monotonic()
-            with pytest.raises(DeadlineExceeded):
-                c._call("ListSessions", pb.ListSessionsRequest(), timeout=0.3)
-            assert 0.3 <= time.monotonic() - start < 3
+            _costs_its_deadline(c)
     finally:
         for s in filling:
             s.close()
@@ -214,7 +216,7 @@ def _line_call(sock: socket.socket, line: bytes) -> bytes:
 def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
     """Each connection has a thread: past ``MAX_CONNECTIONS`` a new one is closed at
     once (and served again once one ends); a JSON line over ``MAX_LINE`` is answered
-    and ends its connection. In-process, with the limits made small: a line of 64 MiB
+    and ends its connection; a timeout that is not a number of seconds is refused. In-process, with the limits made small: a line of 64 MiB
     and a thousand connections are what they stand for."""
     from worldline.daemon.edge import gateway
 
@@ -229,6 +231,9 @@ def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
             s.connect(gw.path)
         assert b"UNIMPLEMENTED" in _line_call(held[0], unknown)
         assert b"UNIMPLEMENTED" in _line_call(held[1], unknown)
+        for timeout in (b'"soon"', b"-1", b"true"):  # refused before any servicer runs
+            line = b'{"method": "ListSessions", "timeout": ' + timeout + b"}\n"
+            assert b"INVALID_ARGUMENT" in _line_call(held[1], line)
         assert _line_call(held[2], unknown) == b""  # over the limit: closed unanswered
         held[0].close()
         deadline = time.monotonic() + 10

@@ -165,6 +165,9 @@ class Gateway:
                 return _error("UNIMPLEMENTED", f"no method {envelope.get('method')!r} in"
                                                f" {SERVICE.full_name}")
             timeout = envelope.get("timeout")
+            if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                    timeout, int | float) or not timeout >= 0):
+                raise ValueError(f"timeout {timeout!r} is not a number of seconds")
         except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
             return _error("INVALID_ARGUMENT", f"not a request: {exc}".splitlines()[0])
         code, message, reply = self._invoke(method.name, request, timeout)
