@@ -216,8 +216,9 @@ def _line_call(sock: socket.socket, line: bytes) -> bytes:
 def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
     """Each connection has a thread: past ``MAX_CONNECTIONS`` a new one is closed at
     once (and served again once one ends); a JSON line over ``MAX_LINE`` is answered
-    and ends its connection; a timeout that is not a number of seconds is refused. In-process, with the limits made small: a line of 64 MiB
-    and a thousand connections are what they stand for."""
+    and ends its connection; a timeout that is not a number of seconds is refused.
+    In-process, with the limits made small: a line of 64 MiB and a thousand
+    connections are what they stand for."""
     from worldline.daemon.edge import gateway
 
     monkeypatch.setattr(gateway, "MAX_CONNECTIONS", 2)
