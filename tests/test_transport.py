@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable, wire
@@ -250,3 +251,58 @@ def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
             s.close()
     finally:
         gw.close()
+
+
+def _as_uid(uid: int, work) -> str:
+    """``work()`` in a child forked to run as ``uid`` (the client's modules are loaded
+    here first: the child may not be able to read this checkout); what it returned, or
+    the name of what it raised."""
+    import json
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = work()
+        except Exception as exc:  # noqa: BLE001 -- reported to the parent
+            out = type(exc).__name__
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        return json.loads(f.read())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
+def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_path):
+    """With --allow-uid 1000, a Python client running as uid 1000 reaches the daemon
+    at its usual address (as frames on the gateway, its peer uid checked); uid 65534
+    is turned away, over frames and over gRPC alike."""
+    import shutil
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="wl-tr-"))
+    os.chmod(base, 0o711)
+    d = DaemonProcess(base / "root", extra=["--allow-uid", "1000"]).start()
+    try:
+        ws = base / "agent-ws"
+        ws.mkdir()
+        os.chown(ws, 1000, 1000)
+
+        def checkpoint(kind):
+            def work():
+                with Client(d.address, transport=kind) as c:
+                    s = c.create_session(str(ws))
+                    return [s.checkpoint().seq, c._transport._grpc is None]  # no gRPC
+            return work
+
+        assert _as_uid(1000, checkpoint("auto")) == [1, True]
+        assert _as_uid(65534, checkpoint("frames")) == "Unavailable"
+        assert _as_uid(65534, checkpoint("grpc")) == "Unavailable"
+        with d.client() as c:
+            assert [s.workspace for s in c.list_sessions()] == [str(ws)]
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
