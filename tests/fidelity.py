@@ -13,9 +13,11 @@ The agent's actions run as uid 1000 on the host (``as_agent``) and as ``nobody``
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 AGENT_UID = 1000
@@ -99,6 +101,31 @@ def as_agent(script: str, cwd: Path | str, uid: int = AGENT_UID, check: bool = T
     if check and res.returncode != 0:
         raise AssertionError(f"as uid {uid}: {script!r}: {res.stderr}")
     return res
+
+
+def in_child_as(uid: int, work: Callable[[], object]) -> object:
+    """``work()`` in a child forked to run as uid and gid ``uid`` with no supplementary
+    groups; what it returned (JSON-able), or the name of the exception it raised. The
+    child imports nothing (it may not be able to read this checkout): whatever
+    ``work`` needs is loaded here first."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                out = work()
+            except Exception as exc:  # noqa: BLE001 -- reported to the parent
+                out = type(exc).__name__
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        return json.loads(f.read())
 
 
 # The agent's part of a host workspace: its own files with every kind of metadata an

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from worldline.client import Client, Unauthenticated
 
 from .conftest import WORLDLINE, DaemonProcess
+from .fidelity import in_child_as
 
 
 def free_port() -> int:
@@ -87,27 +88,17 @@ def connect_as(uid: int, socket_path: str) -> str:
     """In a child running as ``uid``: open the socket and speak the HTTP/2 preface.
     gRPC answers an admitted connection with its SETTINGS frame; a refused one is
     closed before anything comes back."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no grpc here, only a raw socket
+    def connect():  # no grpc in the child: only a raw socket
         try:
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX)
-            s.settimeout(5)
-            s.connect(socket_path)
-            empty_settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + empty_settings)
-            answer = b"admitted" if s.recv(64) else b"refused"
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(5)
+                s.connect(socket_path)
+                empty_settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + empty_settings)
+                return "admitted" if s.recv(64) else "refused"
         except OSError as exc:
-            answer = f"refused {exc.__class__.__name__}".encode()
-        os.write(w, answer)
-        os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    out = os.read(r, 100).decode()
-    os.close(r)
-    return out
+            return f"refused {exc.__class__.__name__}"
+    return in_child_as(uid, connect)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")

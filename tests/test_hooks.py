@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from worldline.client import _json
 from worldline.client.hooks import agents, transcripts
 
 from .conftest import WORLDLINE
+from .fidelity import in_child_as
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks"
 AGENTS = ["claude-code", "codex", "gemini", "cursor", "generic"]
@@ -457,29 +459,19 @@ def test_init_empty_file_and_user_scope(tmp_path):
 
 
 def gateway_call_as(uid: int, socket_path: str, method: str, request: dict) -> dict | str:
-    """In a child running as ``uid`` (forked: it imports nothing, so it needs no read
-    access to this checkout): one JSON line to the gateway, its answer back."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+    """In a child running as ``uid``: one JSON line to the gateway, its answer back."""
+    def call():
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            import socket
-            s = socket.socket(socket.AF_UNIX)
-            s.settimeout(10)
-            s.connect(socket_path)
-            s.sendall(json.dumps({"method": method, "request": request}).encode() + b"\n")
-            answer = s.makefile("rb").readline() or b'"refused"'
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(socket_path)
+                s.sendall(json.dumps({"method": method, "request": request}).encode()
+                          + b"\n")
+                answer = s.makefile("rb").readline()
+            return json.loads(answer) if answer else "refused"
         except OSError as exc:
-            answer = json.dumps(f"refused {exc.__class__.__name__}").encode()
-        os.write(w, answer)
-        os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    with os.fdopen(r, "rb") as f:
-        return json.loads(f.read())
+            return f"refused {exc.__class__.__name__}"
+    return in_child_as(uid, call)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")

@@ -18,6 +18,7 @@ from worldline.client.transport import FrameTransport, GrpcTransport
 from worldline.v1 import worldline_pb2 as pb
 
 from .conftest import DaemonProcess
+from .fidelity import in_child_as
 
 KINDS = ("grpc", "frames")
 
@@ -253,29 +254,6 @@ def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
         gw.close()
 
 
-def _as_uid(uid: int, work) -> str:
-    """``work()`` in a child forked to run as ``uid`` (the client's modules are loaded
-    here first: the child may not be able to read this checkout); what it returned, or
-    the name of what it raised."""
-    import json
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            out = work()
-        except Exception as exc:  # noqa: BLE001 -- reported to the parent
-            out = type(exc).__name__
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    with os.fdopen(r, "rb") as f:
-        return json.loads(f.read())
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_path):
     """With --allow-uid 1000, a Python client running as uid 1000 reaches the daemon
@@ -298,9 +276,9 @@ def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_
                     return [s.checkpoint().seq, c._transport._grpc is None]  # no gRPC
             return work
 
-        assert _as_uid(1000, checkpoint("auto")) == [1, True]
-        assert _as_uid(65534, checkpoint("frames")) == "Unavailable"
-        assert _as_uid(65534, checkpoint("grpc")) == "Unavailable"
+        assert in_child_as(1000, checkpoint("auto")) == [1, True]
+        assert in_child_as(65534, checkpoint("frames")) == "Unavailable"
+        assert in_child_as(65534, checkpoint("grpc")) == "Unavailable"
         with d.client() as c:
             assert [s.workspace for s in c.list_sessions()] == [str(ws)]
     finally:
