@@ -33,23 +33,25 @@ _NOSIGNAL = socket.MSG_NOSIGNAL  # a daemon gone is an error, not a SIGPIPE for 
 
 
 class GrpcTransport:
+    """Calls over a gRPC channel (grpc is imported here, when one is made: a client on
+    a Unix socket never loads it)."""
+
     def __init__(self, address: str, token: str | None = None,
                  tls_ca: str | None = None) -> None:
+        import grpc
         from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-        from .channel import open_channel
+        from .channel import mapped, open_channel
         self.address = address
         self._channel = open_channel(address, token, tls_ca)
         self._stub = pb_grpc.WorldlineStub(self._channel)
+        self._failed, self._mapped = grpc.RpcError, mapped
 
     def call(self, method: str, request, timeout: float):
-        import grpc
-
-        from .channel import mapped
         try:
             return getattr(self._stub, method)(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            raise mapped(exc, self.address) from None
+        except self._failed as exc:
+            raise self._mapped(exc, self.address) from None
 
     def close(self) -> None:
         self._channel.close()

@@ -144,14 +144,11 @@ class Gateway:
             except wire.FrameError as exc:  # out of step with the caller: answer, then end
                 code = ("RESOURCE_EXHAUSTED" if isinstance(exc, wire.FrameTooLarge)
                         else "INVALID_ARGUMENT")
-                answer, body = _error_frame(code, f"not a frame: {exc}"), None
-            else:
-                if body is None:
-                    return
-                answer = self.call_frame(body)
-            conn.sendall(answer)
+                conn.sendall(_error_frame(code, f"not a frame: {exc}"))
+                return
             if body is None:
                 return
+            conn.sendall(self.call_frame(body))
 
     def call(self, line: bytes) -> dict:
         """One request line to its answer; never raises."""
