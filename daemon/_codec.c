@@ -11,6 +11,10 @@
  * base, and of the suffix they share in what is left after that prefix (the splice
  * delta's two ends, daemon/storage/packs.py).
  *
+ * copy_delta(base, data) -> bytes, apply_copies(base, delta, size) -> bytes: the pack's
+ * copy/insert delta (``COPIES`` rows, daemon/storage/packs.py, which holds the format and
+ * the Python twins).
+ *
  * encode_tree(items, codes) -> bytes: a tree's canonical JSON (daemon/capture/trees.py), from
  * its (name, Entry) pairs sorted by name: json.dumps of [[name, codes[kind], mode, ref,
  * size], ...] with ensure_ascii and the separators "," and ":"; an entry whose uid is
@@ -20,6 +24,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const signed char NIBBLE[256] = {
@@ -389,7 +394,192 @@ static PyObject *shared_ends(PyObject *Py_UNUSED(self), PyObject *args) {
     return Py_BuildValue("(nn)", (Py_ssize_t)prefix, (Py_ssize_t)suffix);
 }
 
+/* -- the copy/insert delta ------------------------------------------------------------ */
+
+#define BLOCK 16 /* bytes hashed per base block: the shortest copy */
+#define K1 0x9E3779B97F4A7C15ULL
+#define K2 0xC2B2AE3D27D4EB4FULL
+
+static uint64_t load64(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+
+static size_t block_hash(const unsigned char *p, int bits) {
+    return (size_t)((load64(p) * K1 ^ load64(p + 8) * K2) >> (64 - bits));
+}
+
+static unsigned char *put_op(unsigned char *out, size_t length, int copy, size_t offset) {
+    out = put_varint(out, (length << 1) | (size_t)copy);
+    return copy ? put_varint(out, offset) : out;
+}
+
+static unsigned char *put_literal(unsigned char *out, const unsigned char *from, size_t n) {
+    if (!n)
+        return out;
+    out = put_op(out, n, 0, 0);
+    memcpy(out, from, n);
+    return out + n;
+}
+
+/* The delta into out (at least 3 * lb + 128 bytes); its length, or -1 if the table
+ * could not be allocated. */
+static Py_ssize_t copies(const unsigned char *a, size_t la, const unsigned char *b, size_t lb,
+                         unsigned char *out) {
+    unsigned char *o = out;
+    size_t limit = la < lb ? la : lb;
+    size_t prefix = common_prefix(a, b, limit);
+    size_t suffix = common_suffix(a, la, b, lb, limit - prefix);
+    size_t lo = prefix, hi = lb - suffix, literal = lo;
+    if (prefix)
+        o = put_op(o, prefix, 1, 0);
+    if (hi - lo >= 2 * BLOCK && la >= BLOCK && la < UINT32_MAX) {
+        size_t blocks = la / BLOCK;
+        int bits = 4;
+        while (((size_t)1 << bits) < 2 * blocks)
+            bits++;
+        uint32_t *table = calloc((size_t)1 << bits, sizeof(uint32_t));
+        if (!table)
+            return -1;
+        for (size_t k = 0; k < blocks; k++) {
+            size_t h = block_hash(a + k * BLOCK, bits);
+            if (!table[h])
+                table[h] = (uint32_t)(k * BLOCK + 1);
+        }
+        size_t pos = lo;
+        while (pos + BLOCK <= hi) {
+            uint32_t found = table[block_hash(b + pos, bits)];
+            if (!found || memcmp(a + found - 1, b + pos, BLOCK) != 0) {
+                pos++;
+                continue;
+            }
+            size_t from = found - 1, to = pos;
+            size_t n = common_prefix(a + from, b + to, (la - from) < (hi - to) ? la - from : hi - to);
+            while (to > literal && from > 0 && b[to - 1] == a[from - 1]) {
+                to--;
+                from--;
+                n++;
+            }
+            o = put_literal(o, b + literal, to - literal);
+            o = put_op(o, n, 1, from);
+            pos = literal = to + n;
+        }
+        free(table);
+    }
+    o = put_literal(o, b + literal, hi - literal);
+    if (suffix)
+        o = put_op(o, suffix, 1, la - suffix);
+    return o - out;
+}
+
+static PyObject *copy_delta(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer base, data;
+    if (!PyArg_ParseTuple(args, "y*y*:copy_delta", &base, &data))
+        return NULL;
+    PyObject *result = NULL;
+    size_t bound = 3 * (size_t)data.len + 128;
+    unsigned char *out = malloc(bound);
+    if (!out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = copies(base.buf, (size_t)base.len, data.buf, (size_t)data.len, out);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        PyErr_NoMemory();
+    else
+        result = PyBytes_FromStringAndSize((const char *)out, n);
+    free(out);
+done:
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* Reads a varint at *at (below end); 0 if it is cut short or over 64 bits. */
+static int get_varint(const unsigned char *d, size_t end, size_t *at, size_t *n) {
+    size_t value = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        if (*at >= end)
+            return 0;
+        unsigned char byte = d[(*at)++];
+        if (shift == 63 && (byte & 0x7E))
+            return 0; /* past 64 bits */
+        value |= (size_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *n = value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* NULL on success, else what is wrong with the delta. */
+static const char *apply(const unsigned char *a, size_t la, const unsigned char *d, size_t ld,
+                         unsigned char *out, size_t size) {
+    size_t at = 0, made = 0, tag, offset;
+    while (at < ld) {
+        if (!get_varint(d, ld, &at, &tag))
+            return "an operation is cut short";
+        size_t n = tag >> 1;
+        if (n == 0)
+            return "an operation of no bytes";
+        if (n > size - made)
+            return "the operations make more bytes than the row says";
+        if (tag & 1) {
+            if (!get_varint(d, ld, &at, &offset))
+                return "a copy is cut short";
+            if (offset > la || n > la - offset)
+                return "a copy reaches past the end of its base";
+            memcpy(out + made, a + offset, n);
+        } else {
+            if (n > ld - at)
+                return "an insert is cut short";
+            memcpy(out + made, d + at, n);
+            at += n;
+        }
+        made += n;
+    }
+    return made == size ? NULL : "the operations make fewer bytes than the row says";
+}
+
+static PyObject *apply_copies(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer base, delta;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*y*n:apply_copies", &base, &delta, &size))
+        return NULL;
+    PyObject *result = NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a negative size");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
+    if (!result)
+        goto done;
+    const char *wrong;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    wrong = apply(base.buf, (size_t)base.len, delta.buf, (size_t)delta.len, out, (size_t)size);
+    Py_END_ALLOW_THREADS
+    if (wrong) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_ValueError, wrong);
+    }
+done:
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&delta);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_delta", copy_delta, METH_VARARGS, "copy_delta(base, data) -> bytes"},
+    {"apply_copies", apply_copies, METH_VARARGS, "apply_copies(base, delta, size) -> bytes"},
     {"pack_hex", pack_hex, METH_O, "pack_hex(data) -> bytes"},
     {"unpack_hex", unpack_hex, METH_O, "unpack_hex(packed) -> bytes"},
     {"encode_tree", encode_tree, METH_VARARGS, "encode_tree(items, codes) -> bytes"},

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
-from worldline.daemon.storage.packs import DELTA, MAX_BLOB, MAX_DEPTH, ZDELTA, Row, encode_delta
+from worldline.daemon.storage.packs import (
+    COPIES,
+    DELTA,
+    MAX_BLOB,
+    MAX_DEPTH,
+    ZDELTA,
+    Row,
+    encode_delta,
+    zstd_delta,
+)
 
 from .conftest import corrupt_blob
 
@@ -247,7 +256,7 @@ def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     d2 = blobs.put_bytes(v2, base=d1)
     blobs.sync()
     row = blobs.pack.row(d2)
-    assert row.kind == ZDELTA and row.base == d1 and len(row.data) < 300
+    assert row.kind == COPIES and row.base == d1 and len(row.data) < 64
     assert [p for p in os.listdir(blobs.root) if len(p) == 2] == []  # no files
     reopened = LocalBlobStore(str(tmp_path / "b"))  # synced rows survive a restart
     assert reopened.read_bytes(d2) == v2 and reopened.read_bytes(d1) == v1
@@ -259,14 +268,14 @@ def test_small_blobs_are_packed_and_a_new_version_is_a_delta(tmp_path):
     assert list(reopened.digests()) == []
 
 
-def test_an_edit_in_one_place_is_a_splice_of_a_few_bytes(tmp_path):
+def test_an_edit_in_one_place_is_a_delta_of_a_few_bytes(tmp_path):
     blobs = LocalBlobStore(str(tmp_path / "b"))
     v1 = b"".join(b"line %d of the module\n" % i for i in range(3000))
     d1 = blobs.put_bytes(v1)
     d2 = blobs.put_bytes(v1 + b"# one more line\n", base=d1)
     blobs.sync()
     row = blobs.pack.row(d2)
-    assert row.kind == DELTA and len(row.data) < 24, len(row.data)
+    assert row.kind == COPIES and len(row.data) < 24, len(row.data)
 
 
 def test_a_delta_copies_from_anywhere_in_its_base(tmp_path):
@@ -283,9 +292,46 @@ def test_a_delta_copies_from_anywhere_in_its_base(tmp_path):
     d2 = blobs.put_bytes(v2, base=d1)
     blobs.sync()
     row = blobs.pack.row(d2)
-    assert row.kind == ZDELTA and len(row.data) < 400, len(row.data)
+    assert row.kind == COPIES and len(row.data) < 200, len(row.data)
     assert len(encode_delta(v1, v2)) > 50_000  # what 0.6 stored
     assert LocalBlobStore(str(tmp_path / "b")).read_bytes(d2) == v2
+
+
+def test_rows_of_the_zstd_delta_encoding_read(tmp_path):
+    """Rows the idle repack writes, and that checkpoints wrote before 0.7.12 (a zstd
+    frame with the base as its dictionary, kind ZDELTA), read."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"".join(b"row %d\n" % i for i in range(2000))
+    d1 = blobs.put_bytes(v1)
+    blobs.sync()
+    v2 = v1[:100] + b"one" + v1[100:9000] + b"two" + v1[9000:]
+    d2 = hashlib.sha256(v2).hexdigest()
+    with blobs._lock:
+        blobs.pack.pending[d2] = Row(ZDELTA, d1, 1, len(v2), 0.0, zstd_delta(v1, v2))
+    blobs.sync()
+    assert LocalBlobStore(str(tmp_path / "b")).read_bytes(d2) == v2
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d[:-1],  # an insert cut short
+    lambda d: d + b"\x21\x00",  # a copy too many: more bytes than the row's
+    lambda d: b"\xff" * 11,  # a varint past 64 bits
+    lambda d: b"\x21\xff\xff\x7f",  # a copy from past the end of the base
+    lambda d: b"",  # no operations: no bytes
+])
+def test_a_damaged_copies_row_is_data_loss_never_wrong_bytes(tmp_path, damage):
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    v1 = b"".join(b"entry %d\n" % i for i in range(500))
+    d1 = blobs.put_bytes(v1)
+    d2 = blobs.put_bytes(v1[:2000] + b"changed" + v1[2100:], base=d1)
+    blobs.sync()
+    row = blobs.pack.row(d2)
+    assert row.kind == COPIES
+    with blobs.pack._tx() as db:
+        db.execute("UPDATE objects SET data = ? WHERE digest = ?",
+                   (damage(row.data), bytes.fromhex(d2)))
+    with pytest.raises(DataLoss):
+        LocalBlobStore(str(tmp_path / "b")).read_bytes(d2)
 
 
 def test_rows_of_the_old_delta_encoding_still_read(tmp_path):

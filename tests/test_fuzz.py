@@ -111,9 +111,11 @@ def test_pack_codecs_round_trip(a, b):
     """The pack's encodings give back exactly the bytes they were given."""
     from worldline.daemon.storage.packs import (
         DELTA,
+        apply_copies,
         apply_delta,
         best_delta,
         compress,
+        copy_delta,
         decompress,
         encode_delta,
         pack_hex,
@@ -129,9 +131,47 @@ def test_pack_codecs_round_trip(a, b):
     for new in (b, a + b, a[:len(a) // 2] + b + a[len(a) // 2:]):
         kind, delta = best_delta(a, new)
         assert (apply_delta(a, delta) if kind == DELTA else zstd_apply(a, delta, len(new))) == new
+    for new in (b, a + b, b + a, a[:len(a) // 2] + b + a[len(a) // 2:], a + a):
+        assert apply_copies(a, copy_delta(a, new), len(new)) == new
     assert decompress(compress(b)) == b
     assert apply_delta(a, encode_delta(a, b)) == b
     assert apply_delta(a, encode_delta(a, a + b)) == a + b
+
+
+edits = st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 300), hexish), max_size=6)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(hexish, edits, st.binary(max_size=48))
+def test_copy_delta_in_c_is_the_python_codec(base, changes, garbage):
+    """The C copy/insert delta (daemon/_codec.c) is byte for byte the Python twin's,
+    on versions made by edits, moves and repeats of a base; and its decoder takes and
+    refuses exactly what the twin's does."""
+    from worldline.daemon.storage import packs
+    try:
+        from worldline.daemon._codec import apply_copies, copy_delta
+    except ImportError:
+        pytest.fail("worldline.daemon._codec was not built: install gcc and the Python"
+                    " headers, then `make install`")
+    base = base * 3  # long enough to hold blocks worth copying
+    new = base
+    for at, cut, text in changes:
+        at %= len(new) + 1
+        new = new[:at] + text + new[at + cut:]
+    for data in (new, new[len(new) // 2:] + new[:len(new) // 2], new + base[:100] + new):
+        delta = packs.copy_delta_python(base, data)
+        assert copy_delta(base, data) == delta
+        assert apply_copies(base, delta, len(data)) == data
+        for candidate, size in ((delta, len(data) + 1), (delta, max(len(data) - 1, 0)),
+                                (delta[:-1], len(data)), (delta + garbage, len(data)),
+                                (garbage, len(data)), (garbage, len(garbage))):
+            try:
+                expected = packs.apply_copies_python(base, candidate, size)
+            except ValueError as exc:
+                with pytest.raises(ValueError, match=str(exc)):
+                    apply_copies(base, candidate, size)
+            else:
+                assert apply_copies(base, candidate, size) == expected
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)

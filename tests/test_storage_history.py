@@ -7,7 +7,7 @@ import hashlib
 import os
 
 from worldline.daemon.storage.blobs import LocalBlobStore
-from worldline.daemon.storage.packs import DELTA, ZDELTA, Pack, Row, encode_delta
+from worldline.daemon.storage.packs import COPIES, DELTA, ZDELTA, Pack, Row, encode_delta
 from worldline.daemon.storage.repack import Repacker
 
 from .conftest import pack_of
@@ -45,7 +45,7 @@ def test_a_file_edited_right_before_each_checkpoint_is_stored_as_deltas(
     try:
         for before, digest in zip(versions, versions[1:], strict=False):
             row = pack.row(digest)
-            assert row is not None and row.kind in (DELTA, ZDELTA), row
+            assert row is not None and row.kind == COPIES, row
             assert len(row.data) < 200 and row.base == before
     finally:
         pack.close()
@@ -72,6 +72,33 @@ def _all_read_back(blobs, expected: dict[str, bytes]) -> None:
             assert again.read_bytes(digest) == data
     finally:
         again.close()
+
+
+def test_the_repack_makes_a_checkpoints_copies_smaller(tmp_path):
+    """A checkpoint stores a version as copies and inserts, quick to make and not
+    compressed; the idle repack stores it as a zstd delta at its strongest level (or a
+    splice), smaller, with the same base and depth. Every version still reads back."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    versions = [_text(800, "module")]
+    for i in range(1, 5):
+        lines = versions[-1].splitlines(keepends=True)
+        for at in (i * 90, 400 + i * 50, 700 + i * 10):
+            lines[at] = f"an edit {i} at {at}: {hashlib.sha256(bytes(at)).hexdigest()}\n".encode()
+        versions.append(b"".join(lines))
+    digests = [blobs.put_bytes(versions[0])]
+    for v in versions[1:]:
+        digests.append(blobs.put_bytes(v, base=digests[-1]))
+    blobs.sync()
+    before = [blobs.pack.row(d) for d in digests[1:]]
+    assert all(r.kind == COPIES for r in before)
+    repacker = Repacker(blobs)
+    while repacker.step():
+        pass
+    after = [blobs.pack.row(d) for d in digests[1:]]
+    for old, new in zip(before, after, strict=True):
+        assert new.kind in (DELTA, ZDELTA) and len(new.data) <= len(old.data) * 7 // 8
+        assert (new.base, new.depth) == (old.base, old.depth)
+    _all_read_back(blobs, dict(zip(digests, versions, strict=True)))
 
 
 def test_the_repack_gives_a_renamed_file_its_old_version_as_base(tmp_path):
@@ -286,7 +313,7 @@ def test_a_delta_base_is_read_with_one_question_per_stored_version(tmp_path, mon
     b = blobs.put_bytes(second, base=a)
     blobs.sync()
     pack = blobs.pack
-    assert pack.row(b).kind in (DELTA, ZDELTA) and pack.row(b).depth == 1
+    assert pack.row(b).kind == COPIES and pack.row(b).depth == 1
     asked = []
     real = Pack._one
     monkeypatch.setattr(Pack, "_one", lambda self, sql, args: asked.append(sql) or real(
