@@ -112,6 +112,7 @@ def test_pack_codecs_round_trip(a, b):
     from worldline.daemon.storage.packs import (
         DELTA,
         apply_copies,
+        apply_copies_row,
         apply_delta,
         best_delta,
         compress,
@@ -119,6 +120,7 @@ def test_pack_codecs_round_trip(a, b):
         decompress,
         encode_delta,
         pack_hex,
+        quick_delta,
         unpack_hex,
         zstd_apply,
         zstd_delta,
@@ -133,6 +135,9 @@ def test_pack_codecs_round_trip(a, b):
         assert (apply_delta(a, delta) if kind == DELTA else zstd_apply(a, delta, len(new))) == new
     for new in (b, a + b, b + a, a[:len(a) // 2] + b + a[len(a) // 2:], a + a):
         assert apply_copies(a, copy_delta(a, new), len(new)) == new
+        kind, delta = quick_delta(a, new)
+        assert (apply_delta(a, delta) if kind == DELTA
+                else apply_copies_row(a, delta, len(new))) == new
     assert decompress(compress(b)) == b
     assert apply_delta(a, encode_delta(a, b)) == b
     assert apply_delta(a, encode_delta(a, a + b)) == a + b

@@ -5,21 +5,24 @@ Why: a checkpoint after a small edit stores a few changed files and the trees of
 the folders above them, a dozen blobs of a few KB each. As files, each costs a
 file-system block and an inode, and each stores the whole content again although
 one line changed. In the pack each is a row; a changed file or tree whose previous
-version is given as its *base* is stored as a *delta*. A checkpoint writes one kind,
-made in a few microseconds because the agent is waiting:
-- *copies* (``COPIES``, since 0.7.12): the bytes it shares with its base, anywhere in
-  it and in any order, as copies, and the rest inserted as they are (git's copy/insert
-  delta without its compression; ``copy_delta``, in C).
-The idle repack (repack.py) later stores a row as the smallest of two other kinds, at
-zstd's strongest level, when that is an eighth smaller:
-- a *splice* (``DELTA``) when the change is one small region: the length of the
-  prefix and suffix it shares with the base, and the middle deflated;
-- else a *zstd frame* (``ZDELTA``) compressed with the whole base as a raw-content
-  dictionary, so every part of the new version that the base holds is a copy, and what
-  is new is entropy coded.
-Until 0.7.12 a checkpoint wrote the smaller of those two itself, 37 us a delta
-against 6 us for copies (the mean over the deltas a replay of history-400 makes); until
-0.7 every delta was a splice, which stores everything between two edits far apart.
+version is given as its *base* is stored as a *delta*, made by a checkpoint in
+microseconds because the agent is waiting (``quick_delta``), of one of two kinds:
+- a *splice* (``DELTA``) when the change is one small region, the usual single edit:
+  the length of the prefix and suffix it shares with the base, and the middle
+  deflated (a few bytes of framing);
+- else *copies* (``COPIES``, since 0.7.12): the bytes it shares with its base,
+  anywhere in it and in any order, as copies, and the rest inserted as they are, the
+  whole hex-packed (git's copy/insert delta without its compression; ``copy_delta``,
+  in C).
+The idle repack (repack.py) later stores a row as the smallest splice or *zstd frame*
+(``ZDELTA``) it can make at zstd's strongest level, when that is an eighth smaller: a
+frame compressed with the whole base as a raw-content dictionary, so every part of
+the new version that the base holds is a copy and what is new is entropy coded.
+Until 0.7.12 a checkpoint wrote zstd frames itself. Over the 1,368 deltas of more
+than one region that a replay of history-400 makes, a frame takes 25 us (median; 64
+mean) in a loop and about twice that inside a checkpoint, copies 4 us (11 mean).
+Until 0.7 every delta was a splice, which stores everything between two edits far
+apart.
 Other rows are stored whole: a zstd frame (``ZSTD``, level ``FAST``) when that saves an
 eighth, else raw; the idle repack may later store a row at zstd's strongest level.
 Packs made before 0.7.8 also hold zlib rows (``ZLIB``: deflate of the hex-packed
@@ -65,7 +68,7 @@ log = logging.getLogger("worldline.pack")
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
 RAW, ZLIB, DELTA, ZDELTA, ZSTD, COPIES = 0, 1, 2, 3, 4, 5  # DELTA: a splice; ZDELTA: a
-# zstd frame; COPIES: copies and inserts (copy_delta), the checkpoint's
+# zstd frame; COPIES: copies and inserts (copy_delta, hex-packed)
 WHOLE = (RAW, ZLIB, ZSTD)  # the kinds of a row that needs no base (decode_whole)
 FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
@@ -333,6 +336,21 @@ except ImportError:
 
 
 SPLICE_MAX = 512  # changed bytes (old and new) in one region up to which a splice wins
+
+
+def quick_delta(base: bytes, data: bytes) -> tuple[int, bytes]:
+    """(kind, bytes) of the checkpoint's delta of ``data`` from ``base``: a splice when
+    the change is one small region (about 11 us, and the smallest there is), else its
+    copies, hex-packed (``COPIES``: a few us, where a zstd frame takes tens)."""
+    prefix, suffix = ends = shared_ends(base, data)
+    if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
+        return DELTA, encode_delta(base, data, ends)
+    return COPIES, pack_hex(copy_delta(base, data))
+
+
+def apply_copies_row(base: bytes, stored: bytes, size: int) -> bytes:
+    """The bytes of a ``COPIES`` row: its copy delta, hex-packed."""
+    return apply_copies(base, unpack_hex(stored), size)
 
 
 def best_delta(base: bytes, data: bytes, level: int = FAST) -> tuple[int, bytes]:
@@ -607,7 +625,7 @@ class Pack(SqliteDatabase):
             elif row.kind == COPIES:
                 if row.size > MAX_BLOB:
                     raise ValueError(f"a delta of {row.size} bytes")
-                data = apply_copies(self.read(row.base, cached), row.data, row.size)
+                data = apply_copies_row(self.read(row.base, cached), row.data, row.size)
             elif row.kind == ZDELTA:
                 data = zstd_apply(self.read(row.base, cached), row.data, row.size)
             elif row.kind == DELTA:
@@ -650,14 +668,14 @@ class Pack(SqliteDatabase):
     def encode(self, data: bytes, base: str | None, base_data: bytes | None,
                base_depth: int) -> Row:
         """The checkpoint's encoding of ``data``, quick to make (the agent waits): its
-        copies from ``base`` when given and they take at most a quarter of its bytes
-        (the usual edit, in a few microseconds), else the smaller of that delta and the
-        whole blob compressed. The idle repack (repack.py) makes it small."""
+        delta from ``base`` when given (``quick_delta``) and it takes at most a quarter
+        of its bytes, the usual edit; else the smaller of that delta and the whole blob
+        compressed. The idle repack (repack.py) may make it smaller."""
         now = time.time()
         delta = None
         if base is not None and base_data is not None and base_depth < MAX_DEPTH:
-            delta = Row(COPIES, base, base_depth + 1, len(data), now,
-                        copy_delta(base_data, data))
+            kind, encoded = quick_delta(base_data, data)
+            delta = Row(kind, base, base_depth + 1, len(data), now, encoded)
             if len(delta.data) * 4 <= len(data):
                 return delta
         best = Row(RAW, None, 0, len(data), now, data)
