@@ -481,8 +481,12 @@ static PyObject *copy_delta(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*:copy_delta", &base, &data))
         return NULL;
     PyObject *result = NULL;
-    size_t bound = 3 * (size_t)data.len + 128;
-    unsigned char *out = malloc(bound);
+    unsigned char *out = NULL;
+    if ((size_t)data.len > (PY_SSIZE_T_MAX - 128) / 3) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = malloc(3 * (size_t)data.len + 128);
     if (!out) {
         PyErr_NoMemory();
         goto done;
