@@ -121,6 +121,10 @@ MIGRATIONS = (
     # this store indexes.
     Migration(10, "0.7.8: a bucket's entries may be zstd frames (codec 'zstd')",
               lambda db: None),
+    # Nor here: the version keeps a worldline before 0.7.12, which fails a pack row of
+    # kind COPIES as an unknown encoding, from a data root whose pack may hold them.
+    Migration(11, "0.7.12: the pack may hold copy deltas (rows of kind COPIES)",
+              lambda db: None),
 )
 
 
