@@ -242,9 +242,10 @@ def _block_hash(data: bytes, at: int, bits: int) -> int:
 
 
 def copy_delta_python(base: bytes, data: bytes) -> bytes:
-    """``data`` as copies from ``base`` and inserts (a ``COPIES`` row). Operations
-    follow each other to the end: varint(length << 1 | 1), varint(offset in the base)
-    for a copy; varint(length << 1), then the bytes, for an insert.
+    """``data`` as copies from ``base`` and inserts (what a ``COPIES`` row holds,
+    hex-packed). Operations follow each other to the end: varint(length << 1 | 1),
+    varint(offset in the base) for a copy; varint(length << 1), then the bytes, for an
+    insert.
 
     The shared prefix and suffix are one copy each; the middle is matched against an
     index of the base's ``COPY_BLOCK``-byte blocks (one offset per hash, the first;
