@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import zstandard
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
 from worldline.daemon.storage.packs import (
@@ -19,7 +20,9 @@ from worldline.daemon.storage.packs import (
     encode_delta,
     pack_hex,
     unpack_hex,
+    zstd_apply,
     zstd_delta,
+    zstd_whole,
 )
 
 from .conftest import corrupt_blob
@@ -314,16 +317,23 @@ def test_rows_of_the_zstd_delta_encoding_read(tmp_path):
     assert LocalBlobStore(str(tmp_path / "b")).read_bytes(d2) == v2
 
 
+def _framed(ops: bytes) -> bytes:
+    return zstd_whole(pack_hex(ops))
+
+
 @pytest.mark.parametrize("damage", [
-    lambda d: d[:-1],  # the last operation cut short
-    lambda d: d + b"\x21\x00",  # a copy too many: more bytes than the row's
-    lambda d: b"\xff" * 11,  # a varint past 64 bits
-    lambda d: b"\x21\xff\xff\x7f",  # a copy from past the end of the base
-    lambda d: b"",  # no operations: no bytes
+    lambda d: _framed(d[:-1]),  # the last operation cut short
+    lambda d: _framed(d + b"\x21\x00"),  # a copy too many: more bytes than the row's
+    lambda d: _framed(b"\xff" * 11),  # a varint past 64 bits
+    lambda d: _framed(b"\x21\xff\xff\x7f"),  # a copy from past the end of the base
+    lambda d: _framed(b""),  # no operations: no bytes
+    lambda d: _framed(d)[:-3],  # the frame cut short
+    lambda d: pack_hex(d),  # no frame at all
+    lambda d: _framed(d * 200),  # a frame holding more than any delta of this blob
 ])
 def test_a_damaged_copies_row_is_data_loss_never_wrong_bytes(tmp_path, damage):
-    """Each way a copy delta can be wrong (its operations, under the hex packing) is
-    found when the row is read, not served."""
+    """Each way a copy delta can be wrong (its operations, its hex packing, its zstd
+    frame) is found when the row is read, not served."""
     blobs = LocalBlobStore(str(tmp_path / "b"))
     v1 = b"".join(b"entry %d\n" % i for i in range(500))
     d1 = blobs.put_bytes(v1)
@@ -332,9 +342,10 @@ def test_a_damaged_copies_row_is_data_loss_never_wrong_bytes(tmp_path, damage):
     blobs.sync()
     row = blobs.pack.row(d2)
     assert row.kind == COPIES
+    ops = unpack_hex(zstd_apply(None, row.data, zstandard.frame_content_size(row.data)))
     with blobs.pack._tx() as db:
         db.execute("UPDATE objects SET data = ? WHERE digest = ?",
-                   (pack_hex(damage(unpack_hex(row.data))), bytes.fromhex(d2)))
+                   (damage(ops), bytes.fromhex(d2)))
     with pytest.raises(DataLoss):
         LocalBlobStore(str(tmp_path / "b")).read_bytes(d2)
 

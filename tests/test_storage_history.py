@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.packs import COPIES, DELTA, ZDELTA, Pack, Row, encode_delta
@@ -75,15 +76,21 @@ def _all_read_back(blobs, expected: dict[str, bytes]) -> None:
 
 
 def test_the_repack_makes_a_checkpoints_copies_smaller(tmp_path):
-    """A checkpoint stores a version as copies and inserts, quick to make and not
-    compressed; the idle repack stores it as a zstd delta at its strongest level (or a
-    splice), smaller, with the same base and depth. Every version still reads back."""
+    """A checkpoint stores a version edited in several places as copies and inserts,
+    compressed on their own; the idle repack stores it as a zstd frame with the base
+    as its dictionary, at zstd's strongest level, when that is an eighth smaller: here
+    the edits are pieces of the file's own text, shorter than the 16-byte blocks a copy
+    needs, which such a frame copies and the copies cannot. Same base and depth; every
+    version still reads back."""
     blobs = LocalBlobStore(str(tmp_path / "b"))
     versions = [_text(800, "module")]
+    rng = random.Random(5)
     for i in range(1, 5):
-        lines = versions[-1].splitlines(keepends=True)
+        old = versions[-1]
+        lines = old.splitlines(keepends=True)
         for at in (i * 90, 400 + i * 50, 700 + i * 10):
-            lines[at] = f"edit {i} at {at}: {'and text an entropy coder shrinks ' * 3}\n".encode()
+            pieces = b"".join(old[o:o + 10] for o in rng.sample(range(len(old) - 10), 12))
+            lines[at] = b"edit %d: %s\n" % (i, pieces)
         versions.append(b"".join(lines))
     digests = [blobs.put_bytes(versions[0])]
     for v in versions[1:]:

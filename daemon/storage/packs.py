@@ -11,16 +11,18 @@ microseconds because the agent is waiting (``quick_delta``), of one of two kinds
   the length of the prefix and suffix it shares with the base, and the middle
   deflated (a few bytes of framing);
 - else *copies* (``COPIES``, since 0.7.12): the bytes it shares with its base,
-  anywhere in it and in any order, as copies, and the rest inserted as they are, the
-  whole hex-packed (git's copy/insert delta without its compression; ``copy_delta``,
-  in C).
+  anywhere in it and in any order, as copies, and the rest inserted (git's copy/insert
+  delta; ``copy_delta``, in C), hex-packed, then compressed as one zstd frame at level
+  ``FAST`` with this thread's compressor, which needs no dictionary to be set up.
 The idle repack (repack.py) later stores a row as the smallest splice or *zstd frame*
 (``ZDELTA``) it can make at zstd's strongest level, when that is an eighth smaller: a
 frame compressed with the whole base as a raw-content dictionary, so every part of
 the new version that the base holds is a copy and what is new is entropy coded.
-Until 0.7.12 a checkpoint wrote zstd frames itself. Over the 1,368 deltas of more
-than one region that a replay of history-400 makes, a frame takes 25 us (median; 64
-mean) in a loop and about twice that inside a checkpoint, copies 4 us (11 mean).
+Until 0.7.12 a checkpoint wrote those zstd frames itself. Over the 1,368 deltas of
+more than one region that a replay of history-400 makes, in a loop: such a frame 23
+us (median; 61 mean) and 590 KB in all, copies 10 us (19 mean) and 632 KB (4 us and
+889 KB before their compression); inside a checkpoint the frame took about twice as
+long.
 Until 0.7 every delta was a splice, which stores everything between two edits far
 apart.
 Other rows are stored whole: a zstd frame (``ZSTD``, level ``FAST``) when that saves an
@@ -68,7 +70,7 @@ log = logging.getLogger("worldline.pack")
 MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
 RAW, ZLIB, DELTA, ZDELTA, ZSTD, COPIES = 0, 1, 2, 3, 4, 5  # DELTA: a splice; ZDELTA: a
-# zstd frame; COPIES: copies and inserts (copy_delta, hex-packed)
+# zstd frame with the base as dictionary; COPIES: copies and inserts (copy_delta), zstd
 WHOLE = (RAW, ZLIB, ZSTD)  # the kinds of a row that needs no base (decode_whole)
 FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
@@ -243,9 +245,9 @@ def _block_hash(data: bytes, at: int, bits: int) -> int:
 
 def copy_delta_python(base: bytes, data: bytes) -> bytes:
     """``data`` as copies from ``base`` and inserts (what a ``COPIES`` row holds,
-    hex-packed). Operations follow each other to the end: varint(length << 1 | 1),
-    varint(offset in the base) for a copy; varint(length << 1), then the bytes, for an
-    insert.
+    hex-packed and compressed). Operations follow each other to the end:
+    varint(length << 1 | 1), varint(offset in the base) for a copy; varint(length <<
+    1), then the bytes, for an insert.
 
     The shared prefix and suffix are one copy each; the middle is matched against an
     index of the base's ``COPY_BLOCK``-byte blocks (one offset per hash, the first;
@@ -342,16 +344,25 @@ SPLICE_MAX = 512  # changed bytes (old and new) in one region up to which a spli
 def quick_delta(base: bytes, data: bytes) -> tuple[int, bytes]:
     """(kind, bytes) of the checkpoint's delta of ``data`` from ``base``: a splice when
     the change is one small region (about 11 us, and the smallest there is), else its
-    copies, hex-packed (``COPIES``: a few us, where a zstd frame takes tens)."""
+    copies, hex-packed and compressed with zstd's level 3 (``COPIES``: 10 us where a
+    zstd frame with the base as dictionary takes 23, and within a tenth of its size)."""
     prefix, suffix = ends = shared_ends(base, data)
     if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
         return DELTA, encode_delta(base, data, ends)
-    return COPIES, pack_hex(copy_delta(base, data))
+    return COPIES, zstd_whole(pack_hex(copy_delta(base, data)), FAST)
 
 
 def apply_copies_row(base: bytes, stored: bytes, size: int) -> bytes:
-    """The bytes of a ``COPIES`` row: its copy delta, hex-packed."""
-    return apply_copies(base, unpack_hex(stored), size)
+    """The bytes (``size`` of them) of a ``COPIES`` row: a zstd frame of its copy
+    delta, hex-packed. A frame that says it holds more than any copy delta of ``size``
+    bytes can be is refused before anything is allocated."""
+    try:
+        said = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"not a zstd frame: {exc}") from None
+    if not 0 <= said <= 2 * size + 1024:
+        raise ValueError(f"a copy delta of {said} bytes for a blob of {size}")
+    return apply_copies(base, unpack_hex(zstd_apply(None, stored, said)), size)
 
 
 def best_delta(base: bytes, data: bytes, level: int = FAST) -> tuple[int, bytes]:
