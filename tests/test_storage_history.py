@@ -265,7 +265,9 @@ def test_a_daemon_killed_during_the_repack_loses_nothing(tmp_path):
     """SIGKILL inside a repack transaction, and right after a step: at the next start
     every checkpoint restores byte for byte and fsck finds nothing wrong. (Each round
     copies the file into a new folder, edited: stored whole, then repacked as a delta
-    of the same-named file, so the repack surely rewrites rows.)"""
+    of the same-named file, so the repack surely rewrites rows. The file itself is
+    edited in two places far apart: its versions are copy deltas, and those the
+    killed repack did not reach are read as such by the restores.)"""
     from .conftest import DaemonProcess, tree_state
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -279,11 +281,17 @@ def test_a_daemon_killed_during_the_repack_loses_nothing(tmp_path):
             session = s.id
             for n in range(6):
                 lines[n * 50] = f"# {point} {n}\n"
+                lines[799 - n * 40] = f"# and at the end, {point} {n}\n"
                 _replace(ws / "a.py", "".join(lines).encode())
                 (ws / f"copy{round_}-{n}").mkdir()
                 _replace(ws / f"copy{round_}-{n}" / "a.py", "".join(lines).encode() + b"#\n")
                 states[s.checkpoint().id] = tree_state(ws)
         assert d.proc.wait(timeout=60) == -9  # the idle repack reached the crash point
+    pack = Pack(str(pack_of(tmp_path / "root" / "blobs")))
+    try:
+        assert pack._one("SELECT count(*) FROM objects WHERE kind = ?", (COPIES,))[0] > 0
+    finally:
+        pack.close()
     d = DaemonProcess(tmp_path / "root").start()
     with d.client() as c:
         for cp, state in states.items():
