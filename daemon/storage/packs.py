@@ -341,21 +341,34 @@ except ImportError:
 SPLICE_MAX = 512  # changed bytes (old and new) in one region up to which a splice wins
 
 
-def quick_delta(base: bytes, data: bytes) -> tuple[int, bytes]:
-    """(kind, bytes) of the checkpoint's delta of ``data`` from ``base``: a splice when
-    the change is one small region (about 11 us, and the smallest there is), else its
-    copies, hex-packed and compressed with zstd's level 3 (``COPIES``: 10 us where a
-    zstd frame with the base as dictionary takes 23, and within a tenth of its size)."""
+def _splice(base: bytes, data: bytes) -> bytes | None:
+    """The splice of ``data`` from ``base`` when the change is one small region (then
+    the smallest delta there is: its framing is a few bytes, a zstd frame's a dozen);
+    None otherwise. Both the checkpoint's choice and the repack's start here."""
     prefix, suffix = ends = shared_ends(base, data)
     if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
-        return DELTA, encode_delta(base, data, ends)
+        return encode_delta(base, data, ends)
+    return None
+
+
+def quick_delta(base: bytes, data: bytes) -> tuple[int, bytes]:
+    """(kind, bytes) of the checkpoint's delta of ``data`` from ``base``: a splice when
+    the change is one small region (about 11 us), else its copies, hex-packed and
+    compressed with zstd's level 3 (``COPIES``: 10 us where a zstd frame with the base
+    as dictionary takes 23, and within a tenth of its size)."""
+    splice = _splice(base, data)
+    if splice is not None:
+        return DELTA, splice
     return COPIES, zstd_whole(pack_hex(copy_delta(base, data)), FAST)
 
 
 def apply_copies_row(base: bytes, stored: bytes, size: int) -> bytes:
-    """The bytes (``size`` of them) of a ``COPIES`` row: a zstd frame of its copy
-    delta, hex-packed. A frame that says it holds more than any copy delta of ``size``
-    bytes can be is refused before anything is allocated."""
+    """The bytes (``size`` of them, at most ``MAX_BLOB``, as any row's) of a ``COPIES``
+    row: a zstd frame of its copy delta, hex-packed. A size past that, or a frame that
+    says it holds more than any copy delta of ``size`` bytes can be, is refused before
+    anything is allocated."""
+    if size > MAX_BLOB:
+        raise ValueError(f"a delta of {size} bytes")
     try:
         said = zstandard.frame_content_size(stored)
     except zstandard.ZstdError as exc:
@@ -366,12 +379,12 @@ def apply_copies_row(base: bytes, stored: bytes, size: int) -> bytes:
 
 
 def best_delta(base: bytes, data: bytes, level: int = FAST) -> tuple[int, bytes]:
-    """(kind, bytes) of the better delta of ``data`` from ``base``: a splice when the
-    change is one small region (its framing is a few bytes, a zstd frame's a dozen),
-    else a zstd frame that copies from anywhere in the base."""
-    prefix, suffix = ends = shared_ends(base, data)
-    if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
-        return DELTA, encode_delta(base, data, ends)
+    """(kind, bytes) of the better delta of ``data`` from ``base`` (the repack's): a
+    splice when the change is one small region, else a zstd frame that copies from
+    anywhere in the base."""
+    splice = _splice(base, data)
+    if splice is not None:
+        return DELTA, splice
     return ZDELTA, zstd_delta(base, data, level)
 
 
@@ -635,8 +648,6 @@ class Pack(SqliteDatabase):
             if row.kind in WHOLE:
                 data = decode_whole(row.kind, row.data, row.size)
             elif row.kind == COPIES:
-                if row.size > MAX_BLOB:
-                    raise ValueError(f"a delta of {row.size} bytes")
                 data = apply_copies_row(self.read(row.base, cached), row.data, row.size)
             elif row.kind == ZDELTA:
                 data = zstd_apply(self.read(row.base, cached), row.data, row.size)
