@@ -129,12 +129,12 @@ class Gateway:
 
     def _serve_lines(self, conn: socket.socket, stream, line: bytes) -> None:
         while line:
-            if len(line) > MAX_LINE:  # its end is not read: answer, then end
-                answer = _error("RESOURCE_EXHAUSTED", f"a request over {MAX_LINE} bytes")
-                conn.sendall(json.dumps(answer).encode() + b"\n")
-                return
-            answer = self.call(line)
+            too_long = len(line) > MAX_LINE  # its end is not read: answer, then end
+            answer = (_error("RESOURCE_EXHAUSTED", f"a request over {MAX_LINE} bytes")
+                      if too_long else self.call(line))
             conn.sendall(json.dumps(answer, ensure_ascii=False).encode() + b"\n")
+            if too_long:
+                return
             line = stream.readline(MAX_LINE + 1)
 
     def _serve_frames(self, conn: socket.socket, stream) -> None:
