@@ -12,6 +12,7 @@ interface. Errors are the usual ``WorldlineError`` subclasses.
 from __future__ import annotations
 
 import _socket  # the C module: `socket` would add selectors, enum and more to start-up
+import time
 
 from . import _json as json
 from .config import default_address, normalize_address, unix_path
@@ -49,8 +50,14 @@ class LiteClient:
                               f" (start it with `worldline daemon`): {exc.strerror}") from None
         self._sock, self._buffer = sock, b""
 
-    def _readline(self) -> bytes:
+    def _readline(self, deadline: float) -> bytes:
+        """The answer's line; each read is given what is left until ``deadline`` (a
+        daemon that answers a byte at a time still costs the call its deadline)."""
         while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self._sock.settimeout(left)
             chunk = self._sock.recv(1 << 16)
             if not chunk:
                 return b""
@@ -63,11 +70,12 @@ class LiteClient:
         if self._sock is None:
             self._connect()
         wait = timeout or self.timeout
+        deadline = time.monotonic() + wait + 5  # the daemon's own, and time to answer
         self._sock.settimeout(wait + 5)
         envelope = {"method": method, "request": request or {}, "timeout": wait}
         try:
             self._sock.sendall(json.dumps(envelope).encode() + b"\n")
-            line = self._readline()
+            line = self._readline(deadline)
         except OSError as exc:
             self.close()
             raise Unavailable(f"the worldline daemon at {self.address} did not answer:"

@@ -73,6 +73,9 @@ class FrameTransport:
         self._closed = False
 
     def call(self, method: str, request, timeout: float):
+        """One call, given ``timeout`` seconds in all: waiting for room to connect,
+        sending, and each read of the answer take what is left of it, so a daemon
+        that answers a byte at a time still costs the caller its deadline, not more."""
         kind = _RESPONSES.get(method)
         if kind is None:
             raise error_for_code("UNIMPLEMENTED", f"no method {method!r} in {_SERVICE.full_name}")
@@ -80,25 +83,25 @@ class FrameTransport:
         if len(message) > wire.MAX_MESSAGE:  # as a gRPC channel refuses it, before sending
             raise ResourceExhausted(f"Sent message larger than max ({len(message)} vs."
                                     f" {wire.MAX_MESSAGE})")
-        frame = wire.request_frame(method, message, timeout)
-        sock, reused = self._take(timeout)
+        deadline = time.monotonic() + timeout
+        sock, reused = self._take(deadline)
         if sock is None:
-            return self._over_grpc().call(method, request, timeout)
+            return self._over_grpc().call(method, request, _until(deadline))
+        frame = wire.request_frame(method, message, _until(deadline))  # the daemon's too
         try:
-            sock.settimeout(timeout)
             try:
-                sock.sendall(frame, _NOSIGNAL)
+                _send(sock, frame, deadline)
             except (BrokenPipeError, ConnectionResetError):
                 if not reused:
                     raise
                 # the daemon closed this idle connection (it restarted): nothing was
                 # delivered, so the call goes on a new one
                 sock.close()
-                sock, _ = self._take(timeout, fresh=True)
+                sock, _ = self._take(deadline, fresh=True)
                 if sock is None:
-                    return self._over_grpc().call(method, request, timeout)
-                sock.sendall(frame, _NOSIGNAL)
-            body = wire.read_frame(sock.recv_into)
+                    return self._over_grpc().call(method, request, _until(deadline))
+                _send(sock, frame, deadline)
+            body = wire.read_frame(_receiver(sock, deadline))
         except TimeoutError:
             sock.close()
             raise DeadlineExceeded("Deadline Exceeded") from None
@@ -116,12 +119,12 @@ class FrameTransport:
             raise error_for_code(code, payload.decode("utf-8", "replace"))
         return kind.FromString(payload)
 
-    def _take(self, timeout: float, fresh: bool = False
+    def _take(self, deadline: float, fresh: bool = False
               ) -> tuple[socket.socket | None, bool]:
         """A connection to the gateway and whether it was used before; (None, False)
         when the daemon serves no gateway there and the call may go over gRPC. A
-        connection opened here waits ``timeout`` at most (a daemon too busy to accept
-        it: DeadlineExceeded)."""
+        connection opened here waits until ``deadline`` at most (a daemon too busy to
+        accept it: DeadlineExceeded)."""
         with self._lock:
             if self._closed:
                 raise Unavailable("this client is closed")
@@ -130,18 +133,15 @@ class FrameTransport:
             if self._idle and not fresh:
                 return self._idle.pop(), True
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        deadline = time.monotonic() + timeout
         try:
             while True:
+                sock.settimeout(_left(deadline))
                 try:
                     sock.connect(self.path)
                     break
                 except BlockingIOError:  # its backlog is full: a Unix socket says so at once
-                    if time.monotonic() > deadline:
-                        raise TimeoutError from None
                     time.sleep(0.001)
-            sock.sendall(wire.PREFACE, _NOSIGNAL)
+            _send(sock, wire.PREFACE, deadline)
         except TimeoutError:
             sock.close()
             raise DeadlineExceeded("Deadline Exceeded") from None
@@ -175,6 +175,34 @@ class FrameTransport:
             sock.close()
         if grpc_transport is not None:
             grpc_transport.close()
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline``; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _until(deadline: float) -> float:
+    """Seconds until ``deadline``, at least a millisecond: a timeout to hand on (the
+    callee then says DeadlineExceeded itself)."""
+    return max(deadline - time.monotonic(), 0.001)
+
+
+def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
+    sock.settimeout(_left(deadline))  # sendall's timeout bounds the whole of it
+    sock.sendall(data, _NOSIGNAL)
+
+
+def _receiver(sock: socket.socket, deadline: float):
+    """``sock.recv_into`` for read_frame, each read given what is left until
+    ``deadline`` (a socket's timeout is per read)."""
+    def recv_into(view) -> int:
+        sock.settimeout(_left(deadline))
+        return sock.recv_into(view)
+    return recv_into
 
 
 def open_transport(address: str, token: str | None = None, tls_ca: str | None = None,

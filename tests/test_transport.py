@@ -93,6 +93,63 @@ def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
         listener.close()
 
 
+def test_a_daemon_answering_a_byte_at_a_time_costs_the_deadline_not_more(tmp_path):
+    """The deadline is the call's, not each read's: a gateway that trickles its answer
+    (forced here: a byte every 50 ms of a frame that claims 1,000) would keep a
+    per-read timeout alive for a minute; the call ends at its deadline."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "wl.sock.json"))
+    listener.listen(1)
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the preface and the request
+            try:
+                for byte in struct.pack(">I", 1000) + b"\0" * 1000:
+                    conn.sendall(bytes((byte,)))
+                    time.sleep(0.05)
+            except OSError:  # the caller gave up and closed its end
+                pass
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
+            _costs_its_deadline(c, 0.5)
+            assert c._transport._idle == []
+    finally:
+        listener.close()
+
+
+def test_the_hooks_client_gives_up_on_a_trickled_answer_at_its_deadline(tmp_path):
+    """The same for the hooks' JSON-line client (client/lite.py), whose deadline is the
+    call's wait and 5 s for the daemon to answer: past it, the hook is told the daemon
+    is unavailable (and fails open or closed as configured), never left hanging."""
+    from worldline.client.lite import LiteClient
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "wl.sock.json"))
+    listener.listen(1)
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                for byte in b'{"response": {"x": "' + b"y" * 1000:
+                    conn.sendall(bytes((byte,)))
+                    time.sleep(0.05)
+            except OSError:
+                pass
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        with LiteClient(f"unix://{tmp_path}/wl.sock") as c:
+            start = time.monotonic()
+            with pytest.raises(Unavailable, match="did not answer"):
+                c.call("ListSessions", {}, timeout=0.5)
+            assert 5.5 <= time.monotonic() - start < 5.5 + 2.7
+    finally:
+        listener.close()
+
+
 def test_a_gateway_too_busy_to_accept_costs_the_deadline_not_an_error_at_once(tmp_path):
     """A full backlog (forced here: a listener that never accepts) makes a Unix
     socket's connect fail at once with EAGAIN; the client waits for room until the
