@@ -93,10 +93,9 @@ def test_a_call_past_its_deadline_raises_deadline_exceeded(tmp_path):
         listener.close()
 
 
-def test_a_daemon_answering_a_byte_at_a_time_costs_the_deadline_not_more(tmp_path):
-    """The deadline is the call's, not each read's: a gateway that trickles its answer
-    (forced here: a byte every 50 ms of a frame that claims 1,000) would keep a
-    per-read timeout alive for a minute; the call ends at its deadline."""
+def _trickling_gateway(tmp_path: Path, answer: bytes) -> socket.socket:
+    """A gateway (forced: a listener of the test's) that reads the call, then sends
+    ``answer`` a byte every 50 ms until the caller hangs up; the listener, to close."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "wl.sock.json"))
     listener.listen(1)
@@ -104,14 +103,22 @@ def test_a_daemon_answering_a_byte_at_a_time_costs_the_deadline_not_more(tmp_pat
     def trickle() -> None:
         conn, _ = listener.accept()
         with conn:
-            conn.recv(65536)  # the preface and the request
+            conn.recv(65536)  # the call (and a frame client's preface)
             try:
-                for byte in struct.pack(">I", 1000) + b"\0" * 1000:
+                for byte in answer:
                     conn.sendall(bytes((byte,)))
                     time.sleep(0.05)
             except OSError:  # the caller gave up and closed its end
                 pass
     threading.Thread(target=trickle, daemon=True).start()
+    return listener
+
+
+def test_a_daemon_answering_a_byte_at_a_time_costs_the_deadline_not_more(tmp_path):
+    """The deadline is the call's, not each read's: a gateway that trickles its answer
+    (a frame that claims 1,000 bytes, a byte every 50 ms) would keep a per-read timeout
+    alive for a minute; the call ends at its deadline."""
+    listener = _trickling_gateway(tmp_path, struct.pack(">I", 1000) + b"\0" * 1000)
     try:
         with Client(f"unix://{tmp_path}/wl.sock", transport="frames") as c:
             _costs_its_deadline(c, 0.5)
@@ -125,21 +132,7 @@ def test_the_hooks_client_gives_up_on_a_trickled_answer_at_its_deadline(tmp_path
     call's wait and 5 s for the daemon to answer: past it, the hook is told the daemon
     is unavailable (and fails open or closed as configured), never left hanging."""
     from worldline.client.lite import LiteClient
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(tmp_path / "wl.sock.json"))
-    listener.listen(1)
-
-    def trickle() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            try:
-                for byte in b'{"response": {"x": "' + b"y" * 1000:
-                    conn.sendall(bytes((byte,)))
-                    time.sleep(0.05)
-            except OSError:
-                pass
-    threading.Thread(target=trickle, daemon=True).start()
+    listener = _trickling_gateway(tmp_path, b'{"response": {"x": "' + b"y" * 1000)
     try:
         with LiteClient(f"unix://{tmp_path}/wl.sock") as c:
             start = time.monotonic()
