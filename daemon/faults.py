@@ -35,6 +35,8 @@ POINTS = (
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "fork.mid",                    # some of the fork's files written
     "blobs.after_put",             # a pack is in the bucket, not yet in the index
+    "blobs.rewrite_after_put",     # a host's packs rewritten as one in the bucket, unindexed
+    "blobs.rewrite_after_index",   # the rewrite indexed, the objects it replaces not deleted
     "takeover.mid",                # a take-over claimed the session, its workspace half made
     "repack.mid",                  # the idle repack rewrote a row, its transaction open
     "repack.step",                 # a repack step committed, the next not begun

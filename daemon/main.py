@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from worldline.client.channel import MAX_MESSAGE
 from worldline.client.config import default_address, default_root, unix_path
-from worldline.client.errors import WorldlineError
+from worldline.client.errors import Aborted, WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
@@ -57,6 +57,8 @@ GRAPHS_SERVICE = pb.DESCRIPTOR.services_by_name["Graphs"].full_name
 WAL_IDLE_SECONDS = 1.0
 REPACK_IDLE_SECONDS = 2.0  # no checkpoint for this long: the idle repack may run
 REPACK_STEP_SECONDS = 0.8  # then works in slices this long, between housekeeping
+CONSOLIDATE_REST = 10.0  # no call for this long: a fleet host rewrites its bucket packs
+CONSOLIDATE_EVERY = 10.0  # seconds between looks for them while it rests
 GC_YOUNG = 20_000  # allocations between young collections of the cycle collector (start)
 
 
@@ -97,6 +99,7 @@ class Daemon:
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
         self._housekeeping: threading.Thread | None = None
+        self._next_consolidate = 0.0  # monotonic: when a fleet host next looks (at rest)
         self.limits = limits or Limits()
         self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
@@ -282,6 +285,11 @@ class Daemon:
                     self.repacker.run(REPACK_STEP_SECONDS, self._idle_for_repack)
                 except Exception:
                     log.exception("the idle repack failed")
+                try:
+                    self._consolidate_bucket()
+                except Exception:
+                    log.exception("rewriting this host's packs in the bucket failed")
+                    self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
                 if time.monotonic() >= self._next_health:
                     self._next_health = time.monotonic() + 2.0
                     check()
@@ -290,6 +298,26 @@ class Daemon:
         self._next_health = time.monotonic() + 2.0
         self._housekeeping = threading.Thread(target=loop, name="housekeeping", daemon=True)
         self._housekeeping.start()
+
+    def _consolidate_bucket(self) -> None:
+        """A fleet host at rest rewrites its small pack objects in the bucket into one,
+        with deltas (S3BlobStore.consolidate), a group per pass while it stays idle;
+        under the store's gc lock, so one host of the fleet rewrites at a time."""
+        consolidate = getattr(self.blobs, "consolidate", None)
+        if (consolidate is None or time.monotonic() < self._next_consolidate
+                or ACTIVITY.quiet_for() < CONSOLIDATE_REST or not self._idle_for_repack()):
+            return
+        started = time.monotonic()
+        try:
+            with self.store.gc_lock():
+                done, before, after = consolidate(self._idle_for_repack)
+        except Aborted:  # another host collects or rewrites: later
+            done = 0
+        if done:
+            log.info("rewrote %d pack objects of %d bytes in the bucket as one of %d bytes"
+                     " in %.1f s", done, before, after, time.monotonic() - started)
+        else:
+            self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
 
     def _idle_for_repack(self) -> bool:
         """No call for a while, and none now; nothing committed to the pack lately."""

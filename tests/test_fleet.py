@@ -29,8 +29,8 @@ class Fleet:
         self.hosts: dict[str, DaemonProcess] = {}
 
     def host(self, name: str, faults: str = "", start: bool = True,
-             extra: tuple[str, ...] = ()) -> DaemonProcess:
-        env = dict(self.env)
+             extra: tuple[str, ...] = (), env_extra: dict | None = None) -> DaemonProcess:
+        env = {**self.env, **(env_extra or {})}
         if faults:
             env["WORLDLINE_FAULTS"] = faults
         d = DaemonProcess(self.tmp / f"root-{name}", [
@@ -456,3 +456,59 @@ def test_a_checkpoint_waits_on_postgresql_three_times(fleet, pg_cluster, agent_t
     finally:
         fleet.stop_all()
         link.close()
+
+
+def _restless(tmp_path) -> dict:
+    """The environment of a host that rewrites its bucket packs as soon as it rests: a
+    ``sitecustomize`` lowers the thresholds (4 objects, 0.3 s at rest) before the daemon
+    starts; everything else is the daemon as shipped."""
+    folder = tmp_path / "restless"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import worldline.daemon.main as m, worldline.daemon.storage.s3_blobs as s\n"
+        "s.CONSOLIDATE_MIN = 4\n"
+        "m.REPACK_IDLE_SECONDS = m.CONSOLIDATE_REST = m.CONSOLIDATE_EVERY = 0.3\n")
+    return {"PYTHONPATH": str(folder)}
+
+
+def _bucket_packs(s3_server, fleet) -> list[str]:
+    return [k for k in s3_server.keys(fleet.bucket) if k.startswith("fleet/packs/")]
+
+
+def test_a_host_at_rest_rewrites_its_packs_killed_midway_or_not_and_loses_nothing(
+        fleet, agent_tree, tmp_path, canary, s3_server):
+    """0.7.14: a host at rest rewrites its small pack objects into one, with deltas. A
+    host killed after the rewrite's PUT (before the index names it) restarts and
+    rewrites again; every checkpoint then forks on another host byte for byte."""
+    env = _restless(tmp_path)
+    a = fleet.host("a", faults="blobs.rewrite_after_put", env_extra=env)
+    wanted = {}
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        for i in range(6):
+            _edit(agent_tree, i)
+            wanted[s.checkpoint(label=f"edit {i}").id] = fingerprint(agent_tree)
+    assert a.proc.wait(30) == -signal.SIGKILL  # at rest: the rewrite, killed after its PUT
+    a.proc = None
+    from worldline.daemon.storage.postgres_store import PostgresStore
+    index = PostgresStore(fleet.url)
+    try:
+        indexed = {"fleet/" + row[0] for row in index.blob_objects()}
+        orphan = set(_bucket_packs(s3_server, fleet)) - indexed
+        assert len(orphan) == 1 and len(indexed) >= 7  # the rewrite, which no row names
+        a = fleet.host("a", env_extra=env)
+        deadline = time.monotonic() + 30
+        while len(index.blob_objects()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (rewrite,) = {"fleet/" + row[0] for row in index.blob_objects()}
+    finally:
+        index.close()
+    # the orphan is gc's (unless the rewrite made the very same bytes, and so its name)
+    assert set(_bucket_packs(s3_server, fleet)) == {rewrite} | orphan
+    b = fleet.host("b")
+    with b.client() as cb:
+        for n, (cp, want) in enumerate(wanted.items()):
+            if n % 2:
+                continue
+            fork = cb.get_session(s.id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
+            assert differences(want, fingerprint(fork.workspace)) == [], n

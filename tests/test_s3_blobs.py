@@ -458,3 +458,153 @@ def test_a_recording_racing_gcs_removal_always_leaves_the_row(index):
         if found is None or found.stored_at < 2000.0:
             missing.append((i, found))
     assert missing == []
+
+
+# -- a host's small packs rewritten at rest (0.7.14) -----------------------------------------
+def _edited_history(a, syncs: int = 20, files: int = 3, seed: int = 0) -> dict[str, bytes]:
+    """``syncs`` checkpoints' worth of uploads on host ``a``: each a new version of
+    ``files`` files, put against the version before (as a capture puts them), then a
+    sync: one small pack object each. Returns every blob put (digest -> bytes)."""
+    from .test_bucket_packs import _versions
+    histories = [_versions(syncs, seed=seed * 100 + f) for f in range(files)]
+    put: dict[str, bytes] = {}
+    last: list[str | None] = [None] * files
+    for i in range(syncs):
+        for f in range(files):
+            data = histories[f][i]
+            last[f] = a.put_bytes(data, base=last[f])
+            put[last[f]] = data
+        a.sync()
+    return put
+
+
+def _packs_of(s3_server, blobs) -> list[str]:
+    return [k for k in s3_server.keys(_bucket_of(blobs)) if k.startswith("fleet/packs/")]
+
+
+def test_a_hosts_small_packs_are_rewritten_at_rest_as_one_with_deltas(request, tmp_path, index,
+                                                                       s3_server):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    theirs = _edited_history(b, syncs=s3_blobs.CONSOLIDATE_MIN, seed=1)
+    before = {row[0]: row[1] for row in index.blob_objects()}
+    mine = {row[0]: row[1] for row in index.blob_objects() if row[4] == "a"}
+    assert len(_packs_of(s3_server, a)) == 20 + s3_blobs.CONSOLIDATE_MIN
+    assert a.consolidate(older_than=time.time() - 60) == (0, 0, 0)  # none that old yet
+    done, read, written = a.consolidate(older_than=time.time() + 1)
+    assert (done, read) == (20, sum(mine.values()))
+    assert written < read / 4
+    rows = index.locate_blobs(sorted(put))
+    assert len({loc.object for loc in rows.values()}) == 1  # one object now
+    assert sum(loc.codec == "delta" for loc in rows.values()) >= len(put) - 3
+    assert {loc.object for loc in index.locate_blobs(sorted(theirs)).values()} <= set(before)
+    assert len(_packs_of(s3_server, a)) == 1 + s3_blobs.CONSOLIDATE_MIN  # b's stay b's
+    assert a.consolidate(older_than=time.time() + 1) == (0, 0, 0)  # one small object left
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    for digest, data in put.items():
+        assert c.read_bytes(digest) == data
+    assert c.requests["get"] == 1  # the one object, every entry verified into the cache
+    assert c.cache.pack.row(next(iter(put))).kind in packs.WHOLE
+
+
+@pytest.mark.parametrize("killed", ["after-the-put", "after-the-index"])
+def test_a_rewrite_killed_midway_loses_nothing_and_gc_tidies_up(request, tmp_path, index,
+                                                                 s3_server, monkeypatch, killed):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a)
+
+    def die(*args, **kwargs):
+        raise SystemExit(f"killed {killed}")
+
+    if killed == "after-the-put":
+        monkeypatch.setattr(index, "rewrite_blobs", die)
+    else:
+        monkeypatch.setattr(a, "_delete_objects", die)
+    with pytest.raises(SystemExit):
+        a.consolidate(older_than=time.time() + 1)
+    monkeypatch.undo()
+    assert len(_packs_of(s3_server, a)) == 21  # the old ones and the new one
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    assert all(c.read_bytes(d) == data for d, data in put.items())
+    time.sleep(1.1)  # the bucket's times are in whole seconds
+    a = s3_blob_store(request, tmp_path, host="a", index=index, bucket=_bucket_of(a))  # again
+    removed, _ = a.compact(older_than=time.time())
+    # an orphan the index never recorded, or the 20 objects no row names any more
+    assert removed == (1 if killed == "after-the-put" else 20)
+    assert len(_packs_of(s3_server, a)) == (20 if killed == "after-the-put" else 1)
+    if killed == "after-the-put":
+        assert a.consolidate(older_than=time.time() + 1)[0] == 20
+    d = s3_blob_store(request, tmp_path, host="d", index=index, bucket=_bucket_of(a))
+    assert all(d.read_bytes(x) == data for x, data in put.items())
+
+
+@pytest.mark.parametrize("race", ["object-deleted", "rows-moved"])
+def test_a_read_racing_a_rewrite_finds_the_blob_where_it_went(request, tmp_path, index,
+                                                              s3_server, monkeypatch, race):
+    """Host b looks a blob up; host a rewrites its objects before b reads the old one:
+    it is gone (or, deleted a moment later, no longer names the blob), and b looks the
+    blob up again."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    if race == "rows-moved":
+        monkeypatch.setattr(a, "_delete_objects", lambda names: None)
+    locate = b._locate
+    raced = []
+
+    def locate_then_rewrite(digest):
+        found = locate(digest)
+        if not raced:
+            raced.append(a.consolidate(older_than=time.time() + 1))
+        return found
+
+    monkeypatch.setattr(b, "_locate", locate_then_rewrite)
+    digest, data = next(iter(put.items()))
+    assert b.read_bytes(digest) == data
+    assert raced[0][0] == 20
+    assert b.requests["get"] == 2  # the old object (gone, or without it), then the new one
+    assert all(b.read_bytes(d) == x for d, x in put.items())
+
+
+def test_gc_forgets_a_base_and_the_blobs_built_on_it_still_read(request, tmp_path, index,
+                                                                 s3_server):
+    """A rewritten object's deltas locate their bases themselves: gc removing the rows of
+    most of its blobs, the first versions included, leaves the rest readable, and the
+    compaction that rewrites the object, now mostly garbage, stores them anew."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a)
+    a.consolidate(older_than=time.time() + 1)
+    order = list(put)
+    keep = set(order[-9:])  # the last three versions of each file; everything below goes
+    cutoff = time.time() + 1
+    for digest in order:
+        if digest not in keep:
+            assert a.delete(digest, older_than=cutoff) > 0
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    assert all(b.read_bytes(d) == put[d] for d in keep)  # bases gone from the index
+    removed, freed = a.compact(older_than=time.time() + 1)
+    assert removed == 1 and freed > 0
+    assert len(_packs_of(s3_server, a)) == 1
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    assert all(c.read_bytes(d) == put[d] for d in keep)
+    assert not any(c.has(d) for d in set(order) - keep)
+
+
+def test_a_bucket_without_bulk_deletes_has_the_old_objects_deleted_one_by_one(
+        request, tmp_path, index, s3_server, monkeypatch):
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a, syncs=s3_blobs.CONSOLIDATE_MIN)
+    real = s3_blobs.obstore.delete
+
+    def no_bulk(store, paths):
+        if not isinstance(paths, str):
+            raise OSError("NotImplemented: this server has no DeleteObjects")
+        return real(store, paths)
+
+    monkeypatch.setattr(s3_blobs.obstore, "delete", no_bulk)
+    assert a.consolidate(older_than=time.time() + 1)[0] == s3_blobs.CONSOLIDATE_MIN
+    assert len(_packs_of(s3_server, a)) == 1
+    assert a.requests["delete"] == 1 + s3_blobs.CONSOLIDATE_MIN  # the refused one, then each
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    assert all(b.read_bytes(d) == data for d, data in put.items())

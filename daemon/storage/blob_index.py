@@ -45,7 +45,8 @@ class Location(NamedTuple):
     off: int
     len: int
     size: int
-    codec: str  # "zstd" (a zstd frame), "pack" (zlib, before 0.7.8) or "raw": s3_blobs.CODECS
+    codec: str  # "zstd" (a zstd frame), "raw", "delta" (bucket_packs.py) or "pack" (zlib,
+    # before 0.7.8)
     stored_at: float
 
 
@@ -76,8 +77,8 @@ class BlobIndex(Protocol):
         """Remove the digest's row (only if stored before ``older_than``); the length
         it held in its object, 0 if nothing was removed."""
 
-    def blob_objects(self) -> list[tuple[str, int, float, int]]:
-        """(name, bytes, created_at, bytes still indexed) of every object."""
+    def blob_objects(self) -> list[tuple[str, int, float, int, str]]:
+        """(name, bytes, created_at, bytes still indexed, host) of every object."""
 
     def remove_blob_object(self, name: str) -> None:
         """Forget an object that no row names any longer (after its DELETE)."""
@@ -85,10 +86,12 @@ class BlobIndex(Protocol):
     def object_entries(self, name: str) -> list[tuple[str, Location]]:
         """The blobs indexed in object ``name``, in offset order."""
 
-    def move_blobs(self, old: str, new: str, nbytes: int, host: str, created_at: float,
-                   entries: list[tuple[str, int, int, int, str]]) -> None:
-        """Record object ``new`` (a repack of ``old``) and point each entry's row that
-        still names ``old`` at it, in one transaction."""
+    def rewrite_blobs(self, new: StoredObject, read_from: dict[str, str]) -> None:
+        """Record object ``new`` (a rewrite of others) and point the row of each of its
+        entries that still names the object it was read from (``read_from``: digest ->
+        that object) at its place in ``new`` (offset, length and codec), and forget those
+        objects that no row names any longer (their DELETE comes after), in one
+        transaction."""
 
 
 class BlobIndexSql:
@@ -147,22 +150,27 @@ class BlobIndexSql:
 
     def blob_objects(self):
         return [tuple(r) for r in self._all(
-            "SELECT o.name, o.bytes, o.created_at, CAST(COALESCE(SUM(i.len), 0) AS BIGINT)"
-            " FROM blob_objects o"
+            "SELECT o.name, o.bytes, o.created_at, CAST(COALESCE(SUM(i.len), 0) AS BIGINT),"
+            " o.host FROM blob_objects o"
             " LEFT JOIN blob_index i ON i.object = o.name"
-            " GROUP BY o.name, o.bytes, o.created_at ORDER BY o.name")]
+            " GROUP BY o.name, o.bytes, o.created_at, o.host ORDER BY o.name")]
 
     def object_entries(self, name):
         rows = self._all("SELECT digest, object, off, len, size, codec, stored_at FROM"
                          " blob_index WHERE object = ? ORDER BY off", (name,))
         return [(r[0], Location(*r[1:])) for r in rows]
 
-    def move_blobs(self, old, new, nbytes, host, created_at, entries):
+    def rewrite_blobs(self, new, read_from):
         with self._tx() as db:
             db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
-                       " DO NOTHING", (new, nbytes, created_at, host))
-            db.executemany("UPDATE blob_index SET object = ?, off = ? WHERE digest = ?"
-                           " AND object = ?", [(new, off, d, old) for d, off, *_ in entries])
+                       " DO NOTHING", (new.name, new.nbytes, new.created_at, new.host))
+            db.executemany("UPDATE blob_index SET object = ?, off = ?, len = ?, codec = ?"
+                           " WHERE digest = ? AND object = ?",
+                           [(new.name, off, length, codec, d, read_from[d])
+                            for d, off, length, _size, codec in new.entries])
+            db.executemany("DELETE FROM blob_objects WHERE name = ? AND NOT EXISTS"
+                           " (SELECT 1 FROM blob_index WHERE object = ?)",
+                           [(old, old) for old in sorted(set(read_from.values()))])
 
     def remove_blob_object(self, name):
         with self._tx() as db:

@@ -86,6 +86,11 @@ MIGRATIONS = (
     # 0.7.8 host starts (README, Running a fleet).
     Migration(10, "0.7.8: the bucket's entries may be zstd frames (codec 'zstd')",
               lambda db: None),
+    # No change either: a host before 0.7.14 fails the bucket's entries of codec "delta"
+    # (a host's packs rewritten at rest, bucket_packs.py) as an unknown codec; the
+    # version makes such a host refuse the store at start, as for 0.7.8.
+    Migration(11, "0.7.14: the bucket's entries may be deltas within their object"
+              " (codec 'delta')", lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

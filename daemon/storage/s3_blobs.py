@@ -41,8 +41,17 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
 - **Garbage collection** (one host at a time, under the store's gc lock): ``delete``
   removes a digest's index row (and its cached copy) if it is older than the grace
   period; ``compact`` then deletes objects no row names and rewrites packs that are
-  mostly garbage (their live entries go to a new pack, the rows move to it in one
-  transaction, then the old object is deleted).
+  mostly garbage (``_rewrite``, below).
+- **Rewriting at rest** (``consolidate``, under the gc lock too, called by the daemon
+  once the host has rested): this host's small packs become one object, each entry a
+  delta from an earlier entry of the same object where that is smaller (the base its
+  cache stores the blob against; bucket_packs.py), so what checkpoints uploaded whole
+  is stored about as git's pack stores it, and still reads with one GET. ``_rewrite``
+  reads the live entries (from the cache, verified, when it holds them all), PUTs the
+  new object, points the rows at it and forgets the old objects in one transaction,
+  then deletes them. A kill between those steps leaves an object no row names, which
+  ``compact`` deletes; a reader that had located a blob in an old object finds it gone
+  or no longer naming the blob (``_Vanished``) and looks it up again.
 
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
@@ -55,16 +64,14 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import zstandard
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from ..faults import crash_point
-from . import packs
+from . import bucket_packs, packs
 from .blob_index import BlobIndex, Location, StoredObject
 from .blobs import LocalBlobStore, check_digest, digest_of
 
@@ -84,6 +91,9 @@ PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 UNINDEXED_SECONDS = 60.0  # an upload not indexed within this is sent again (gc grace: 600)
 REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
+CONSOLIDATE_SMALL = 2 << 20  # a pack smaller than this is rewritten with others at rest
+CONSOLIDATE_MIN = 16  # ...once this host has made this many
+CONSOLIDATE_BYTES = 16 << 20  # ...at most this many bytes of them into one
 
 
 # An entry's codec in the index -> the pack's row of the same bytes (the cache keeps
@@ -133,6 +143,7 @@ class S3BlobStore:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
+        self._rewrite_lock = threading.Lock()  # compact and consolidate: one at a time
         self._behind = threading.Condition(self._lock)  # the cache's commits: _commit_behind
         self._behind_due = self._closing = False
         self._behind_thread: threading.Thread | None = None
@@ -340,11 +351,7 @@ class S3BlobStore:
                     self._upload_alone(digest, size, now)
                     continue
                 data = self.cache.read_bytes(digest)
-            packed, codec = data, "raw"
-            if len(data) >= 64:
-                squeezed = packs.zstd_whole(data, packs.FAST)
-                if len(squeezed) < len(data) * 7 // 8:
-                    packed, codec = squeezed, "zstd"
+            packed, codec = bucket_packs.whole(data, packs.FAST)
             entries.append((digest, len(pack), len(packed), len(data), codec))
             pack += packed
             if len(pack) >= PACK_LIMIT:
@@ -410,29 +417,32 @@ class S3BlobStore:
             if loc.codec == "raw" and loc.off == 0 and loc.size > ALONE:
                 self._fetch_alone(digest, loc)
             else:
-                self._fetch_pack(loc.object)
+                self._fetch_pack(loc.object, digest)
             self._commit_behind()
 
-    def _fetch_pack(self, name: str) -> None:
+    def _fetch_pack(self, name: str, wanted: str) -> None:
+        """Every entry of object ``name`` the cache lacks, verified, into the cache. If
+        the index no longer places ``wanted`` there (a rewrite moved it after it was
+        looked up), ``_Vanished``: the caller looks it up again."""
         body = self._get_object(name)
-        wanted = self.index.object_entries(name)
-        fresh = [(d, loc) for d, loc in wanted if not self.cache.has(d)]
-        for digest, loc in fresh:
-            raw = body[loc.off:loc.off + loc.len]
-            if len(raw) != loc.len:
-                raise DataLoss(f"object {name} of {self.url} is shorter than its index says")
-            kind = CODECS.get(loc.codec)
-            if kind is None:
-                raise DataLoss(f"blob {digest} in {name} of {self.url} has an unknown codec"
-                               f" {loc.codec!r}")
-            try:
-                data = packs.decode_whole(kind, raw, loc.size)
-            except (zlib.error, zstandard.ZstdError, ValueError):
-                data = b""  # not what was written: the digest check below says so
+        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}")
+        entries = self.index.object_entries(name)
+        if wanted not in {d for d, _ in entries}:
+            raise _Vanished(name)
+        for digest, loc in entries:
+            if self.cache.has(digest):
+                continue
+            data = reader.entry(loc.off, loc.len, loc.codec, loc.size, digest)
             if digest_of(data) != digest:
                 raise DataLoss(f"blob {digest} in {name} of {self.url} does not match its"
                                " digest")
-            self.cache.put_verified(digest, data, (kind, raw))
+            kind = CODECS.get(loc.codec)
+            if kind is not None:  # a whole entry: the cache's row takes its bytes as they are
+                packed = (kind, body[loc.off:loc.off + loc.len])
+            else:  # a delta within the object: the cache keeps the blob whole
+                stored, codec = bucket_packs.whole(data, packs.FAST)
+                packed = (CODECS[codec], stored)
+            self.cache.put_verified(digest, data, packed)
             with self._lock:
                 self._used(digest, len(data))
                 self._keep_recent(digest, data)
@@ -580,46 +590,136 @@ class S3BlobStore:
         """Delete objects no index row names (and objects of the bucket the index never
         recorded: a crash between a PUT and its index) and rewrite packs that are mostly
         garbage, among objects made before ``older_than``; return (objects removed,
-        bytes freed)."""
+        bytes freed). The caller holds the store's gc lock."""
         removed = freed = 0
-        for name, nbytes, created_at, live in self.index.blob_objects():
-            if created_at >= older_than:
-                continue  # a sync may still be indexing it
-            if live and (not name.startswith("packs/") or live >= nbytes * REPACK_BELOW):
-                continue
-            if live:
-                self._repack(name)
-            self._delete_object(name)
-            self.index.remove_blob_object(name)
-            removed += 1
-            freed += nbytes - live
-        known = {row[0] for row in self.index.blob_objects()}  # repacks included
-        for batch in self._call("LIST", obstore.list, self.bucket):
-            for meta in batch:
-                if meta["path"] in known or meta["last_modified"].timestamp() >= older_than:
+        with self._rewrite_lock:
+            for name, nbytes, created_at, live, _host in self.index.blob_objects():
+                if created_at >= older_than:
+                    continue  # a sync may still be indexing it
+                if live and (not name.startswith("packs/") or live >= nbytes * REPACK_BELOW):
                     continue
-                self._delete_object(meta["path"])
+                if live:  # its live entries go to a new object, then it is deleted
+                    if self._rewrite([name]) is None:
+                        continue  # rewritten to the very same bytes: nothing to free
+                else:
+                    self._delete_objects([name])
+                    self.index.remove_blob_object(name)
                 removed += 1
-                freed += meta["size"]
+                freed += nbytes - live
+            known = {row[0] for row in self.index.blob_objects()}  # rewrites included
+            for batch in self._call("LIST", obstore.list, self.bucket):
+                for meta in batch:
+                    if (meta["path"] in known
+                            or meta["last_modified"].timestamp() >= older_than):
+                        continue
+                    self._delete_objects([meta["path"]])
+                    removed += 1
+                    freed += meta["size"]
         return removed, freed
 
-    def _delete_object(self, name: str) -> None:
-        self.requests["delete"] += 1
-        try:
-            self._call(f"DELETE {name}", obstore.delete, self.bucket, name)
-        except FileNotFoundError:
-            pass
+    def consolidate(self, keep_going: Callable[[], bool] = lambda: True,
+                    older_than: float | None = None) -> tuple[int, int, int]:
+        """Rewrite this host's small pack objects made before ``older_than`` (default:
+        now) into one, once there are ``CONSOLIDATE_MIN`` of them,
+        each entry a delta from an earlier one where that is smaller (bucket_packs.py),
+        then delete them. One group of at most ``CONSOLIDATE_BYTES`` per call; gives up
+        unchanged when ``keep_going()`` turns false before the upload. Returns (objects
+        rewritten, their bytes, the new object's bytes): (0, 0, 0) when there was nothing
+        to do. The caller holds the store's gc lock (one rewriter across the fleet)."""
+        cutoff = time.time() if older_than is None else older_than
+        with self._rewrite_lock:
+            small = sorted((created_at, name, nbytes) for name, nbytes, created_at, live, host
+                           in self.index.blob_objects()
+                           if host == self.host and name.startswith("packs/") and live
+                           and nbytes < CONSOLIDATE_SMALL and created_at < cutoff)
+            if len(small) < CONSOLIDATE_MIN:
+                return 0, 0, 0
+            group, before = [], 0
+            for _, name, nbytes in small:
+                if group and before + nbytes > CONSOLIDATE_BYTES:
+                    break
+                group.append(name)
+                before += nbytes
+            after = self._rewrite(group, keep_going)
+            if after is None:
+                return 0, 0, 0
+            return len(group), before, after
 
-    def _repack(self, name: str) -> None:
-        body = self._get_object(name)
-        entries, pack = [], bytearray()
-        for digest, loc in self.index.object_entries(name):
-            raw = body[loc.off:loc.off + loc.len]
-            entries.append((digest, len(pack), loc.len, loc.size, loc.codec))
-            pack += raw
-        new = f"packs/{hashlib.sha256(bytes(pack)).hexdigest()}.pack"
-        self._put_object(new, bytes(pack))
-        self.index.move_blobs(name, new, len(pack), self.host, time.time(), entries)
+    def _cached_entries(self, wanted: list[tuple[str, Location]]) -> dict[str, bytes] | None:
+        """The bytes of every blob of ``wanted``, verified, if the cache holds them all
+        (a host rewriting what it uploaded, the usual case: no GET); else None."""
+        if not all(self.cache.has(d) for d, _ in wanted):
+            return None
+        try:
+            return {d: self.cache.read_bytes(d) for d, _ in wanted}
+        except NotFound:  # evicted meanwhile
+            return None
+
+    def _delete_objects(self, names: list[str]) -> None:
+        """Delete objects: several in one request (S3's DeleteObjects, up to a thousand
+        per request), or one by one where the server does not take that; one already
+        gone is no error."""
+        if len(names) > 1:
+            self.requests["delete"] += 1
+            try:
+                obstore.delete(self.bucket, list(names))
+                return
+            except FileNotFoundError:
+                return
+            except (BaseError, OSError) as exc:  # no DeleteObjects here: one at a time
+                log.info("the bucket refused a bulk delete (%s); deleting one by one",
+                         str(exc).splitlines()[0] if str(exc) else exc)
+        for name in names:
+            self.requests["delete"] += 1
+            try:
+                self._call(f"DELETE {name}", obstore.delete, self.bucket, name)
+            except FileNotFoundError:
+                pass
+
+    def _rewrite(self, names: list[str],
+                 keep_going: Callable[[], bool] = lambda: True) -> int | None:
+        """The live entries of objects ``names``, read and verified, written as one new
+        object (bucket_packs.build: each a delta from the base this host's cache stores
+        it against, when that base is among them and the delta is smaller), and their
+        index rows pointed at it in one transaction that also forgets the old objects,
+        which are then deleted (in one request: S3's DeleteObjects). Returns the new
+        object's size, or None if nothing changed (given up, or the rewrite is one of
+        ``names`` already)."""
+        blobs: dict[str, bytes] = {}
+        read_from: dict[str, str] = {}
+        for name in names:
+            wanted = self.index.object_entries(name)
+            if not wanted:
+                continue
+            found = self._cached_entries(wanted)
+            if found is None:  # not all in the cache: the object itself
+                reader = bucket_packs.ObjectReader(self._get_object(name),
+                                                   f"{name} of {self.url}")
+                found = bucket_packs.decode_all(
+                    reader, [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in wanted])
+            blobs.update(found)
+            read_from.update(dict.fromkeys(found, name))
+            if not keep_going():
+                return None
+        bases = {}
+        for digest in blobs:
+            row = self.cache.pack.row(digest)
+            if row is not None and row.base in blobs:
+                bases[digest] = row.base
+        try:
+            body, entries = bucket_packs.build(blobs, bases, keep_going=keep_going)
+        except bucket_packs.GaveUp:
+            return None
+        new = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
+        if new in names or not keep_going():
+            return None
+        self._put_object(new, body)
+        crash_point("blobs.rewrite_after_put")
+        self.index.rewrite_blobs(StoredObject(new, len(body), self.host, time.time(), entries),
+                                 read_from)
+        crash_point("blobs.rewrite_after_index")  # the old objects: compact's LIST sweep
+        self._delete_objects(names)
+        return len(body)
 
     # -- the cache's bound -----------------------------------------------------------------
     def _evict(self) -> None:

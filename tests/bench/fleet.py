@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 
 from ..conftest import DaemonProcess, unmount_below
 
@@ -25,7 +26,7 @@ from ..conftest import DaemonProcess, unmount_below
 def case(bench):
     from ..services import PostgresCluster, S3Emulator
     from . import peers
-    from .run import ROUNDS, WARMUP, Case, settle, stat, timed
+    from .run import ROUNDS, WARMUP, Case, Stat, settle, stat, timed
     from .trees import edit, pick_files
 
     cluster, s3 = PostgresCluster(fsync=True).start(), S3Emulator().start()
@@ -64,6 +65,7 @@ def case(bench):
             cp = fleet_session.checkpoint()
 
         settle(a.root)
+        rested(s3, bucket, "bench/packs/")  # host a's packs rewritten, as a host at rest's
         settle(bench.daemon.root)
         cold, cp_a = [], []
         for i in range(max(3, ROUNDS // 10)):
@@ -80,6 +82,7 @@ def case(bench):
             cp_a.append(timed(lambda d=dst: peers.run(["cp", "-a", str(ws_fleet), str(d)])))
         for i in range(len(cp_a)):
             shutil.rmtree(bench.run_dir / f"fleet-cp-{i}")
+        replayed, at_rest, git_pack = bucket_of_history(bench, cluster, s3, env)
         fleet_s, local_s, cold_s, cp_s = stat(fleet), stat(local), stat(cold), stat(cp_a)
         per_cp = sum(puts) / len(puts)
         ratio = fleet_s.median / local_s.median
@@ -90,14 +93,77 @@ def case(bench):
                     {"checkpoint-small on the embedded default": local_s,
                      "cold fork of django on a host with no blobs": cold_s,
                      "cp -a of the tree": cp_s,
-                     "PUTs per checkpoint": stat(puts, unit="PUTs", scale=1.0)},
+                     "PUTs per checkpoint": stat(puts, unit="PUTs", scale=1.0),
+                     "history-400's bucket after the replay": Stat(replayed, replayed, 1,
+                                                                   "bytes"),
+                     "history-400's bucket at rest": Stat(at_rest, at_rest, 1, "bytes"),
+                     "git gc --aggressive pack of history-400": Stat(git_pack, git_pack, 1,
+                                                                     "bytes")},
                     round(ratio, 4), "fleet / embedded",
                     "≤ 2 × embedded; cold fork ≤ 3 × cp -a; 1 PUT per checkpoint", ok,
                     f"cold fork / cp -a = {cold_ratio:.3f}; PUTs per checkpoint ="
-                    f" {per_cp:.2f} (S3 is moto's emulator on loopback, not a real bucket)")
+                    f" {per_cp:.2f} (S3 is moto's emulator on loopback, not a real bucket);"
+                    f" history-400 replayed on a host of its own: its bucket"
+                    f" {replayed / 1e6:.2f} MB after the replay, {at_rest / 1e6:.2f} MB once"
+                    f" the host rested and rewrote its packs = {at_rest / git_pack:.2f} ×"
+                    f" git's pack (context, no target)")
     finally:
         for d in hosts:
             if d.proc is not None:
                 d.stop()
         s3.stop()
         cluster.remove()
+
+
+def bucket_bytes(s3, bucket: str, prefix: str = "") -> tuple[int, int]:
+    """(objects, bytes) under ``prefix`` in the bucket."""
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    sizes = [o["Size"] for page in pages for o in page.get("Contents", [])]
+    return len(sizes), sum(sizes)
+
+
+def rested(s3, bucket: str, prefix: str, patience: float = 300.0) -> None:
+    """Wait until the hosts writing under ``prefix`` have rewritten their small packs at
+    rest (fewer left than a rewrite waits for), so that nothing rewrites while the next
+    measure runs."""
+    from worldline.daemon.storage.s3_blobs import CONSOLIDATE_MIN, CONSOLIDATE_SMALL
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                      Prefix=prefix)
+        small = sum(o["Size"] < CONSOLIDATE_SMALL for page in pages
+                    for o in page.get("Contents", []))
+        if small < CONSOLIDATE_MIN:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"the packs under {prefix} were not rewritten in {patience:.0f} s")
+
+
+def bucket_of_history(bench, cluster, s3, env: dict) -> tuple[int, int, int]:
+    """history-400 replayed on a fleet host of its own (a database and a bucket of its
+    own), a checkpoint after each commit: the bucket's bytes after the replay, and once
+    the host has rested long enough to rewrite its packs (s3_blobs.consolidate); and
+    git's aggressive pack of the same commits."""
+    from .history import Replay, git_pack, source
+    url, bucket = cluster.new_database(), s3.new_bucket()
+    repo, commits = source(bench.cache)
+    ws = bench.run_dir / "fleet-history-ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    replay = Replay(repo, ws, bench.run_dir / "fleet-history.index")
+    replay.first(commits[0])
+    root = bench.run_dir / "fleet-history-host"
+    shutil.rmtree(root, ignore_errors=True)
+    d = DaemonProcess(root, ["--store", url, "--blobs", f"s3://{bucket}/history",
+                             "--host-id", "history"], env=env).start()
+    try:
+        with d.client() as c:
+            session = c.create_session(str(ws))
+            for prev, commit in zip(commits, commits[1:], strict=False):
+                replay.step(prev, commit)
+                session.checkpoint()
+        replayed = bucket_bytes(s3, bucket)[1]
+        rested(s3, bucket, "history/packs/")
+        at_rest = bucket_bytes(s3, bucket)[1]
+    finally:
+        d.stop()
+    return replayed, at_rest, git_pack(bench)
