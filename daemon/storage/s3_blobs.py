@@ -683,8 +683,8 @@ class S3BlobStore:
         it against, when that base is among them and the delta is smaller), and their
         index rows pointed at it in one transaction that also forgets the old objects,
         which are then deleted (in one request: S3's DeleteObjects). Returns the new
-        object's size, or None if nothing changed (given up, or the rewrite is one of
-        ``names`` already)."""
+        object's size, or None if nothing changed (given up, nothing live left to read,
+        or the rewrite is one of ``names`` already)."""
         blobs: dict[str, bytes] = {}
         read_from: dict[str, str] = {}
         for name in names:
@@ -693,14 +693,19 @@ class S3BlobStore:
                 continue
             found = self._cached_entries(wanted)
             if found is None:  # not all in the cache: the object itself
-                reader = bucket_packs.ObjectReader(self._get_object(name),
-                                                   f"{name} of {self.url}")
+                try:
+                    body = self._get_object(name)
+                except _Vanished:  # no row names it any longer: nothing of it to keep
+                    continue
                 found = bucket_packs.decode_all(
-                    reader, [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in wanted])
+                    bucket_packs.ObjectReader(body, f"{name} of {self.url}"),
+                    [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in wanted])
             blobs.update(found)
             read_from.update(dict.fromkeys(found, name))
             if not keep_going():
                 return None
+        if not blobs:
+            return None
         bases = {}
         for digest in blobs:
             row = self.cache.pack.row(digest)
@@ -718,7 +723,7 @@ class S3BlobStore:
         self.index.rewrite_blobs(StoredObject(new, len(body), self.host, time.time(), entries),
                                  read_from)
         crash_point("blobs.rewrite_after_index")  # the old objects: compact's LIST sweep
-        self._delete_objects(names)
+        self._delete_objects(sorted(set(read_from.values())))
         return len(body)
 
     # -- the cache's bound -----------------------------------------------------------------
