@@ -113,7 +113,8 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     def gc_lock(self):
         with self.advisory_lock(LOCK_GC, wait=False) as got:
             if not got:
-                raise Aborted("garbage collection is running on another host; try later")
+                raise Aborted("garbage collection, or a host rewriting its packs in the bucket, is"
+                              " running on another host; try later")
             yield
 
     def add_blob_object(self, name, nbytes, host, created_at, entries):
