@@ -238,9 +238,69 @@ def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> 
     compact = getattr(world.blobs, "compact", None)  # a bucket's packs and orphans
     if compact is not None and not dry_run:
         report.bytes_freed += compact(cutoff)[1]
+        report.bytes_freed += _consolidate(world, cutoff)
     report.images_removed = _gc_images(world, dry_run)
     report.views_removed = _gc_views(world, dry_run)
     return report
+
+
+def _consolidate(world: World, cutoff: float) -> int:
+    """Every host's small packs in the bucket made before ``cutoff``, rewritten with
+    deltas (S3BlobStore.consolidate), a group at a time: those of a host that never
+    rested to rewrite its own (an autoscaled sandbox stopped at once), with bases from
+    the trees. Returns the bytes freed."""
+    found: list[dict[str, str]] = []
+
+    def hints() -> dict[str, str]:  # read once, and only if there is something to rewrite
+        if not found:
+            found.append(base_hints(world))
+        return found[0]
+
+    freed = 0
+    while True:
+        done, before, after = world.blobs.consolidate(older_than=cutoff, any_host=True,
+                                                      hints=hints)
+        if not done:
+            return freed
+        freed += before - after
+
+
+def base_hints(world: World) -> dict[str, str]:
+    """digest -> the digest the same path of the same session's layer held in its
+    checkpoint before, for each file and folder that changed from one kept checkpoint
+    to the next: the base a capture on the host would have stored it against. Only
+    the folders that changed are read."""
+    hints: dict[str, str] = {}
+    last: dict[tuple[str, int, str], str] = {}  # (session, layer, path) -> digest
+    checkpoints = sorted(world.store.list_checkpoints(), key=lambda cp: (cp.session_id, cp.seq))
+    for cp in checkpoints:
+        if cp.pruned:
+            continue
+        for layer, root in enumerate((cp.tree, cp.container)):
+            stack = [("", root)] if root else []
+            while stack:
+                path, digest = stack.pop()
+                key = (cp.session_id, layer, path)
+                before = last.get(key)
+                last[key] = digest
+                if before == digest:
+                    continue  # unchanged here, and so everything below
+                if before is not None:
+                    hints.setdefault(digest, before)
+                try:
+                    tree = world.trees.read(digest)
+                except (NotFound, DataLoss):
+                    continue  # fsck's to report; a hint is only a hint
+                for name, entry in tree.items():
+                    if entry.is_folder:
+                        stack.append((f"{path}/{name}", entry.ref))
+                    elif entry.kind == FILE and entry.ref:
+                        key = (cp.session_id, layer, f"{path}/{name}")
+                        before = last.get(key)
+                        if before is not None and before != entry.ref:
+                            hints.setdefault(entry.ref, before)
+                        last[key] = entry.ref
+    return hints
 
 
 def _reachable_without(world: World, prune_ids: set[str]) -> set[str]:

@@ -512,3 +512,38 @@ def test_a_host_at_rest_rewrites_its_packs_killed_midway_or_not_and_loses_nothin
                 continue
             fork = cb.get_session(s.id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
             assert differences(want, fingerprint(fork.workspace)) == [], n
+
+
+def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree, tmp_path,
+                                                               canary, s3_server):
+    """Host b checkpoints and is killed before it ever rests; `worldline gc` on host a
+    rewrites b's small packs into one, with bases found in the checkpoints' trees, and
+    every checkpoint still forks byte for byte."""
+    b = fleet.host("b")
+    wanted = {}
+    with b.client() as cb:
+        s = cb.create_session(str(agent_tree))
+        for i in range(18):
+            _edit(agent_tree, i)
+            wanted[s.checkpoint().id] = fingerprint(agent_tree)
+    b.kill()
+    before = _bucket_packs(s3_server, fleet)
+    assert len(before) >= 18
+    time.sleep(GRACE + 1.1)  # gc takes only what is older than its grace period
+    a = fleet.host("a")
+    a.cli("gc")
+    after = _bucket_packs(s3_server, fleet)
+    assert len(after) == 1 and not set(after) & set(before)
+    from worldline.daemon.storage.postgres_store import PostgresStore
+    index = PostgresStore(fleet.url)
+    try:  # the folders' trees, changed at every checkpoint, are deltas from the one before
+        codecs = [loc.codec for _, loc in index.object_entries(after[0][len("fleet/"):])]
+    finally:
+        index.close()
+    assert codecs.count("delta") >= 17
+    with a.client() as ca:
+        for n, (cp, want) in enumerate(wanted.items()):
+            if n % 6:
+                continue
+            fork = ca.get_session(s.id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
+            assert differences(want, fingerprint(fork.workspace)) == [], n

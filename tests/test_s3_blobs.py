@@ -608,3 +608,31 @@ def test_a_bucket_without_bulk_deletes_has_the_old_objects_deleted_one_by_one(
     assert a.requests["delete"] == 1 + s3_blobs.CONSOLIDATE_MIN  # the refused one, then each
     b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
     assert all(b.read_bytes(d) == data for d, data in put.items())
+
+
+def test_gc_rewrites_the_small_packs_of_a_host_that_never_rested(request, tmp_path, index,
+                                                                 s3_server):
+    """Host b uploaded and went away without resting; gc on host a, whose cache knows
+    none of b's bases, rewrites b's packs with the bases the trees give (``hints``),
+    asked for only when there is something to rewrite."""
+    b = s3_blob_store(request, tmp_path, host="b", index=index)
+    put = _edited_history(b)
+    a = s3_blob_store(request, tmp_path, host="a", index=index, bucket=_bucket_of(b))
+    order = list(put)
+    files = 3
+    hints = {d: order[i - files] for i, d in enumerate(order) if i >= files}
+    asked = []
+
+    def hints_of():
+        asked.append(1)
+        return hints
+
+    assert a.consolidate(older_than=time.time() + 1, hints=hints_of) == (0, 0, 0)  # not a's
+    assert asked == []
+    done, read, written = a.consolidate(older_than=time.time() + 1, any_host=True,
+                                        hints=hints_of)
+    assert done == 20 and written < read / 4 and asked == [1]
+    rows = index.locate_blobs(order)
+    assert sum(loc.codec == "delta" for loc in rows.values()) >= len(put) - files
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(b))
+    assert all(c.read_bytes(d) == data for d, data in put.items())

@@ -51,7 +51,9 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   new object, points the rows at it and forgets the old objects in one transaction,
   then deletes them. A kill between those steps leaves an object no row names, which
   ``compact`` deletes; a reader that had located a blob in an old object finds it gone
-  or no longer naming the blob (``_Vanished``) and looks it up again.
+  or no longer naming the blob (``_Vanished``) and looks it up again. gc rewrites
+  every host's small packs the same way (``any_host``: those of a host gone before it
+  rested), with bases from the checkpoints' trees (maintenance.base_hints).
 
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
@@ -618,20 +620,26 @@ class S3BlobStore:
         return removed, freed
 
     def consolidate(self, keep_going: Callable[[], bool] = lambda: True,
-                    older_than: float | None = None) -> tuple[int, int, int]:
-        """Rewrite this host's small pack objects made before ``older_than`` (default:
-        now) into one, once there are ``CONSOLIDATE_MIN`` of them,
-        each entry a delta from an earlier one where that is smaller (bucket_packs.py),
-        then delete them. One group of at most ``CONSOLIDATE_BYTES`` per call; gives up
-        unchanged when ``keep_going()`` turns false before the upload. Returns (objects
-        rewritten, their bytes, the new object's bytes): (0, 0, 0) when there was nothing
-        to do. The caller holds the store's gc lock (one rewriter across the fleet)."""
+                    older_than: float | None = None, any_host: bool = False,
+                    hints: Callable[[], dict[str, str]] | None = None
+                    ) -> tuple[int, int, int]:
+        """Rewrite this host's small pack objects (every host's with ``any_host``: gc's)
+        made before ``older_than`` (default: now) into one, once there are
+        ``CONSOLIDATE_MIN`` of them, each entry a delta from an earlier one where that
+        is smaller (bucket_packs.py), then delete them. A blob's base is the one this
+        host's cache stores it against, else its base in what ``hints()`` returns
+        (digest -> the digest the same path held before: gc finds them in the trees;
+        asked only when there is a group to rewrite). One group of at
+        most ``CONSOLIDATE_BYTES`` per call; gives up unchanged when ``keep_going()``
+        turns false before the upload. Returns (objects rewritten, their bytes, the new
+        object's bytes): (0, 0, 0) when there was nothing to do. The caller holds the
+        store's gc lock (one rewriter across the fleet)."""
         cutoff = time.time() if older_than is None else older_than
         with self._rewrite_lock:
             small = sorted((created_at, name, nbytes) for name, nbytes, created_at, live, host
                            in self.index.blob_objects()
-                           if host == self.host and name.startswith("packs/") and live
-                           and nbytes < CONSOLIDATE_SMALL and created_at < cutoff)
+                           if (any_host or host == self.host) and name.startswith("packs/")
+                           and live and nbytes < CONSOLIDATE_SMALL and created_at < cutoff)
             if len(small) < CONSOLIDATE_MIN:
                 return 0, 0, 0
             group, before = [], 0
@@ -640,7 +648,7 @@ class S3BlobStore:
                     break
                 group.append(name)
                 before += nbytes
-            after = self._rewrite(group, keep_going)
+            after = self._rewrite(group, keep_going, hints() if hints else None)
             if after is None:
                 return 0, 0, 0
             return len(group), before, after
@@ -676,11 +684,12 @@ class S3BlobStore:
             except FileNotFoundError:
                 pass
 
-    def _rewrite(self, names: list[str],
-                 keep_going: Callable[[], bool] = lambda: True) -> int | None:
+    def _rewrite(self, names: list[str], keep_going: Callable[[], bool] = lambda: True,
+                 hints: dict[str, str] | None = None) -> int | None:
         """The live entries of objects ``names``, read and verified, written as one new
         object (bucket_packs.build: each a delta from the base this host's cache stores
-        it against, when that base is among them and the delta is smaller), and their
+        it against, or else ``hints`` gives, when that base is among them and the delta
+        is smaller), and their
         index rows pointed at it in one transaction that also forgets the old objects,
         which are then deleted (in one request: S3's DeleteObjects). Returns the new
         object's size, or None if nothing changed (given up, nothing live left to read,
@@ -711,6 +720,8 @@ class S3BlobStore:
             row = self.cache.pack.row(digest)
             if row is not None and row.base in blobs:
                 bases[digest] = row.base
+            elif hints and hints.get(digest) in blobs:
+                bases[digest] = hints[digest]
         try:
             body, entries = bucket_packs.build(blobs, bases, keep_going=keep_going)
         except bucket_packs.GaveUp:
