@@ -471,6 +471,16 @@ def _restless(tmp_path) -> dict:
     return {"PYTHONPATH": str(folder)}
 
 
+def _forks_equal(host, session_id: str, wanted: dict, tmp_path, every: int) -> None:
+    """Every ``every``-th checkpoint of ``wanted`` (id -> the workspace's fingerprint
+    when it was taken), forked on ``host``, is that workspace byte for byte."""
+    with host.client() as c:
+        for n, (cp, want) in enumerate(wanted.items()):
+            if n % every == 0:
+                fork = c.get_session(session_id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
+                assert differences(want, fingerprint(fork.workspace)) == [], n
+
+
 def _bucket_packs(s3_server, fleet) -> list[str]:
     return [k for k in s3_server.keys(fleet.bucket) if k.startswith("fleet/packs/")]
 
@@ -505,13 +515,7 @@ def test_a_host_at_rest_rewrites_its_packs_killed_midway_or_not_and_loses_nothin
         index.close()
     # the orphan is gc's (unless the rewrite made the very same bytes, and so its name)
     assert set(_bucket_packs(s3_server, fleet)) == {rewrite} | orphan
-    b = fleet.host("b")
-    with b.client() as cb:
-        for n, (cp, want) in enumerate(wanted.items()):
-            if n % 2:
-                continue
-            fork = cb.get_session(s.id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
-            assert differences(want, fingerprint(fork.workspace)) == [], n
+    _forks_equal(fleet.host("b"), s.id, wanted, tmp_path, every=2)
 
 
 def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree, tmp_path,
@@ -541,9 +545,4 @@ def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree
     finally:
         index.close()
     assert codecs.count("delta") >= 17
-    with a.client() as ca:
-        for n, (cp, want) in enumerate(wanted.items()):
-            if n % 6:
-                continue
-            fork = ca.get_session(s.id).fork(cp, workspace=str(tmp_path / f"fork-{n}"))
-            assert differences(want, fingerprint(fork.workspace)) == [], n
+    _forks_equal(a, s.id, wanted, tmp_path, every=6)
