@@ -10,7 +10,7 @@ import time
 
 import pytest
 from worldline.client.errors import Aborted, DataLoss, NotFound, Unavailable
-from worldline.daemon.storage import packs, s3_blobs
+from worldline.daemon.storage import bucket_packs, packs, s3_blobs
 from worldline.daemon.storage.s3_blobs import ALONE
 from worldline.daemon.storage.sqlite_store import SqliteStore
 
@@ -636,3 +636,26 @@ def test_gc_rewrites_the_small_packs_of_a_host_that_never_rested(request, tmp_pa
     assert sum(loc.codec == "delta" for loc in rows.values()) >= len(put) - files
     c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(b))
     assert all(c.read_bytes(d) == data for d, data in put.items())
+
+
+@pytest.mark.parametrize("goes_on", [0, 20], ids=["while-reading", "while-encoding"])
+def test_a_rewrite_told_to_stop_changes_nothing(request, tmp_path, index, s3_server, goes_on):
+    """A call arriving while a host rewrites at rest (``keep_going`` turns false) stops
+    it before its upload, whether it was still reading the objects or already encoding
+    (asked every ``ASK_EVERY`` entries): nothing is put, moved or deleted."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a, files=4)  # 80 blobs: the encoding is asked at least once
+    assert len(put) > bucket_packs.ASK_EVERY
+    keys, rows = _packs_of(s3_server, a), index.locate_blobs(sorted(put))
+    puts = a.requests["put"]
+    asked = []
+
+    def keep_going():
+        asked.append(1)
+        return len(asked) <= goes_on
+
+    assert a.consolidate(keep_going, older_than=time.time() + 1) == (0, 0, 0)
+    assert len(asked) == goes_on + 1  # stopped at the first "no"
+    assert (_packs_of(s3_server, a), index.locate_blobs(sorted(put))) == (keys, rows)
+    assert a.requests["put"] == puts
+    assert a.consolidate(older_than=time.time() + 1)[0] == 20  # at the next rest
