@@ -295,11 +295,11 @@ def base_hints(world: World) -> dict[str, str]:
                     if entry.is_folder:
                         stack.append((f"{path}/{name}", entry.ref))
                     elif entry.kind == FILE and entry.ref:
-                        key = (cp.session_id, layer, f"{path}/{name}")
-                        before = last.get(key)
-                        if before is not None and before != entry.ref:
-                            hints.setdefault(entry.ref, before)
-                        last[key] = entry.ref
+                        file_key = (cp.session_id, layer, f"{path}/{name}")
+                        earlier = last.get(file_key)
+                        if earlier is not None and earlier != entry.ref:
+                            hints.setdefault(entry.ref, earlier)
+                        last[file_key] = entry.ref
     return hints
 
 

@@ -35,6 +35,10 @@ CREATE INDEX IF NOT EXISTS blob_index_by_object ON blob_index (object);
 """
 
 
+# Forget an object (its name twice) once no index row names it.
+FORGET_OBJECT = ("DELETE FROM blob_objects WHERE name = ? AND NOT EXISTS"
+                 " (SELECT 1 FROM blob_index WHERE object = ?)")
+
 # An index row for a digest indexed already: its location stays, its stored_at renews.
 RENEW = (" ON CONFLICT (digest) DO UPDATE SET stored_at = excluded.stored_at"
          " WHERE blob_index.stored_at < excluded.stored_at")
@@ -168,11 +172,9 @@ class BlobIndexSql:
                            " WHERE digest = ? AND object = ?",
                            [(new.name, off, length, codec, d, read_from[d])
                             for d, off, length, _size, codec in new.entries])
-            db.executemany("DELETE FROM blob_objects WHERE name = ? AND NOT EXISTS"
-                           " (SELECT 1 FROM blob_index WHERE object = ?)",
+            db.executemany(FORGET_OBJECT,
                            [(old, old) for old in sorted(set(read_from.values()))])
 
     def remove_blob_object(self, name):
         with self._tx() as db:
-            db.execute("DELETE FROM blob_objects WHERE name = ? AND NOT EXISTS"
-                       " (SELECT 1 FROM blob_index WHERE object = ?)", (name, name))
+            db.execute(FORGET_OBJECT, (name, name))

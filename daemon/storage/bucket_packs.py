@@ -48,14 +48,17 @@ LEVEL = packs.SMALL  # the rewrite's zstd level: it runs at rest, the bucket kee
 ASK_EVERY = 64  # entries encoded between two questions whether to go on
 
 
+# A whole entry's codec in the index -> the pack's row of the same bytes (a cache
+# filled from the bucket keeps them as they are). "pack" (deflate of the hex-packed
+# bytes) is what hosts before 0.7.8 wrote; "zstd" is a frame of the whole blob.
+CODECS = {"raw": packs.RAW, "pack": packs.ZLIB, "zstd": packs.ZSTD}
+
+
 def whole(data: bytes, level: int) -> tuple[bytes, str]:
-    """(bytes, codec) of ``data`` stored whole: a zstd frame when that saves an eighth,
-    else raw (as a checkpoint's upload, at ``level``)."""
-    if len(data) >= 64:
-        squeezed = packs.zstd_whole(data, level)
-        if len(squeezed) < len(data) * 7 // 8:
-            return squeezed, "zstd"
-    return data, "raw"
+    """(bytes, codec) of ``data`` stored whole, as the pack stores a whole row
+    (packs.compress_whole: a zstd frame when that saves an eighth, else raw)."""
+    kind, stored = packs.compress_whole(data, level)
+    return stored, "zstd" if kind == packs.ZSTD else "raw"
 
 
 class ObjectReader:
@@ -80,7 +83,7 @@ class ObjectReader:
                              f" {len(self.body)} bytes")
         raw = self.body[off:off + length]
         if codec != DELTA:
-            kind = {"raw": packs.RAW, "zstd": packs.ZSTD, "pack": packs.ZLIB}.get(codec)
+            kind = CODECS.get(codec)
             if kind is None:
                 raise ValueError(f"an unknown codec {codec!r}")
             return packs.decode_whole(kind, raw, size)

@@ -425,9 +425,20 @@ def zstd_whole(data: bytes, level: int = SMALL) -> bytes:
     return _compressor(level).compress(data)
 
 
+def compress_whole(data: bytes, level: int = FAST) -> tuple[int, bytes]:
+    """(kind, bytes) of ``data`` stored whole: a zstd frame at ``level`` (``ZSTD``) when
+    that saves an eighth, else its raw bytes (``RAW``). A checkpoint's whole rows, and a
+    bucket's whole entries (bucket_packs.whole)."""
+    if len(data) >= 64:
+        packed = zstd_whole(data, level)
+        if len(packed) < len(data) * 7 // 8:
+            return ZSTD, packed
+    return RAW, data
+
+
 def decode_whole(kind: int, stored: bytes, size: int) -> bytes:
     """The bytes of a blob stored whole as ``kind`` (one of ``WHOLE``): a pack's row, or
-    a bucket's entry (s3_blobs.CODECS). Raises ValueError, zlib.error or ZstdError when
+    a bucket's entry (bucket_packs.CODECS). Raises ValueError, zlib.error or ZstdError when
     ``stored`` is not such an encoding of ``size`` bytes."""
     if kind == RAW:
         return stored
@@ -701,11 +712,8 @@ class Pack(SqliteDatabase):
             delta = Row(kind, base, base_depth + 1, len(data), now, encoded)
             if len(delta.data) * 4 <= len(data):
                 return delta
-        best = Row(RAW, None, 0, len(data), now, data)
-        if len(data) >= 64:
-            packed = zstd_whole(data, FAST)
-            if len(packed) < len(data) * 7 // 8:
-                best = Row(ZSTD, None, 0, len(data), now, packed)
+        kind, stored = compress_whole(data, FAST)
+        best = Row(kind, None, 0, len(data), now, stored)
         # A delta costs its readers a rebuild: it must at least halve the row.
         return delta if delta is not None and len(delta.data) < len(best.data) // 2 else best
 

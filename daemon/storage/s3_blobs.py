@@ -75,7 +75,7 @@ from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavail
 from ..faults import crash_point
 from . import bucket_packs, packs
 from .blob_index import BlobIndex, Location, StoredObject
-from .blobs import LocalBlobStore, check_digest, digest_of
+from .blobs import LocalBlobStore, check_digest
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,6 @@ CONSOLIDATE_SMALL = 2 << 20  # a pack smaller than this is rewritten with others
 CONSOLIDATE_MIN = 16  # ...once this host has made this many
 CONSOLIDATE_BYTES = 16 << 20  # ...at most this many bytes of them into one
 
-
-# An entry's codec in the index -> the pack's row of the same bytes (the cache keeps
-# them as they are). "pack" (deflate of the hex-packed bytes) is what hosts before
-# 0.7.8 wrote; "zstd" is a frame of the whole blob, level 3, recording its size.
-CODECS = {"raw": packs.RAW, "pack": packs.ZLIB, "zstd": packs.ZSTD}
 
 
 class _Vanished(Exception):
@@ -427,27 +422,30 @@ class S3BlobStore:
         the index no longer places ``wanted`` there (a rewrite moved it after it was
         looked up), ``_Vanished``: the caller looks it up again."""
         body = self._get_object(name)
-        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}")
         entries = self.index.object_entries(name)
         if wanted not in {d for d, _ in entries}:
             raise _Vanished(name)
-        for digest, loc in entries:
-            if self.cache.has(digest):
-                continue
-            data = reader.entry(loc.off, loc.len, loc.codec, loc.size, digest)
-            if digest_of(data) != digest:
-                raise DataLoss(f"blob {digest} in {name} of {self.url} does not match its"
-                               " digest")
-            kind = CODECS.get(loc.codec)
+        fresh = [(d, loc) for d, loc in entries if not self.cache.has(d)]
+        found = self._decoded(name, body, fresh)
+        for digest, loc in fresh:
+            data = found[digest]
+            kind = bucket_packs.CODECS.get(loc.codec)
             if kind is not None:  # a whole entry: the cache's row takes its bytes as they are
                 packed = (kind, body[loc.off:loc.off + loc.len])
             else:  # a delta within the object: the cache keeps the blob whole
-                stored, codec = bucket_packs.whole(data, packs.FAST)
-                packed = (CODECS[codec], stored)
+                packed = packs.compress_whole(data, packs.FAST)
             self.cache.put_verified(digest, data, packed)
             with self._lock:
                 self._used(digest, len(data))
                 self._keep_recent(digest, data)
+
+    def _decoded(self, name: str, body: bytes,
+                 entries: list[tuple[str, Location]]) -> dict[str, bytes]:
+        """digest -> bytes of ``entries`` of object ``name`` (its ``body``), each
+        verified against its digest (DataLoss otherwise)."""
+        return bucket_packs.decode_all(
+            bucket_packs.ObjectReader(body, f"{name} of {self.url}"),
+            [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in entries])
 
     def _fetch_alone(self, digest: str, loc: Location) -> None:
         """A large blob: streamed to a temporary beside the cache, hashed on the way,
@@ -629,8 +627,8 @@ class S3BlobStore:
         is smaller (bucket_packs.py), then delete them. A blob's base is the one this
         host's cache stores it against, else its base in what ``hints()`` returns
         (digest -> the digest the same path held before: gc finds them in the trees;
-        asked only when there is a group to rewrite). One group of at
-        most ``CONSOLIDATE_BYTES`` per call; gives up unchanged when ``keep_going()``
+        asked only when there is a group to rewrite). One group of at most
+        ``CONSOLIDATE_BYTES`` per call; gives up unchanged when ``keep_going()``
         turns false before the upload. Returns (objects rewritten, their bytes, the new
         object's bytes): (0, 0, 0) when there was nothing to do. The caller holds the
         store's gc lock (one rewriter across the fleet)."""
@@ -689,9 +687,9 @@ class S3BlobStore:
         """The live entries of objects ``names``, read and verified, written as one new
         object (bucket_packs.build: each a delta from the base this host's cache stores
         it against, or else ``hints`` gives, when that base is among them and the delta
-        is smaller), and their
-        index rows pointed at it in one transaction that also forgets the old objects,
-        which are then deleted (in one request: S3's DeleteObjects). Returns the new
+        is smaller), and their index rows pointed at it in one transaction that also
+        forgets the old objects, which are then deleted (in one request: S3's
+        DeleteObjects). Returns the new
         object's size, or None if nothing changed (given up, nothing live left to read,
         or the rewrite is one of ``names`` already)."""
         blobs: dict[str, bytes] = {}
@@ -706,9 +704,7 @@ class S3BlobStore:
                     body = self._get_object(name)
                 except _Vanished:  # no row names it any longer: nothing of it to keep
                     continue
-                found = bucket_packs.decode_all(
-                    bucket_packs.ObjectReader(body, f"{name} of {self.url}"),
-                    [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in wanted])
+                found = self._decoded(name, body, wanted)
             blobs.update(found)
             read_from.update(dict.fromkeys(found, name))
             if not keep_going():

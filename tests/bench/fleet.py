@@ -115,11 +115,10 @@ def case(bench):
         cluster.remove()
 
 
-def bucket_bytes(s3, bucket: str, prefix: str = "") -> tuple[int, int]:
-    """(objects, bytes) under ``prefix`` in the bucket."""
+def object_sizes(s3, bucket: str, prefix: str = "") -> list[int]:
+    """The size of each object under ``prefix`` in the bucket."""
     pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    sizes = [o["Size"] for page in pages for o in page.get("Contents", [])]
-    return len(sizes), sum(sizes)
+    return [o["Size"] for page in pages for o in page.get("Contents", [])]
 
 
 def rested(s3, bucket: str, prefix: str, patience: float = 300.0) -> None:
@@ -129,10 +128,7 @@ def rested(s3, bucket: str, prefix: str, patience: float = 300.0) -> None:
     from worldline.daemon.storage.s3_blobs import CONSOLIDATE_MIN, CONSOLIDATE_SMALL
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
-        pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                      Prefix=prefix)
-        small = sum(o["Size"] < CONSOLIDATE_SMALL for page in pages
-                    for o in page.get("Contents", []))
+        small = sum(size < CONSOLIDATE_SMALL for size in object_sizes(s3, bucket, prefix))
         if small < CONSOLIDATE_MIN:
             return
         time.sleep(1.0)
@@ -161,9 +157,9 @@ def bucket_of_history(bench, cluster, s3, env: dict) -> tuple[int, int, int]:
             for prev, commit in zip(commits, commits[1:], strict=False):
                 replay.step(prev, commit)
                 session.checkpoint()
-        replayed = bucket_bytes(s3, bucket)[1]
+        replayed = sum(object_sizes(s3, bucket))
         rested(s3, bucket, "history/packs/")
-        at_rest = bucket_bytes(s3, bucket)[1]
+        at_rest = sum(object_sizes(s3, bucket))
     finally:
         d.stop()
     return replayed, at_rest, git_pack(bench)

@@ -123,8 +123,7 @@ def case(bench):
                 wl.append(timed(session.checkpoint))
                 checkpoints.append(session.head)
                 git_replay.step(prev, commit)
-                git.append(timed(lambda c=commit: peers.run(
-                    f"git add -A && git commit -q --allow-empty -m {c[:12]}", peer)))
+                git.append(timed(lambda c=commit: _git_commit(peer, c)))
             call_ms, sync_ms = floor(client, session.id, root)
             # storage, once the daemon has been idle long enough to repack
             stored = _settled_size(root, settle)
@@ -158,6 +157,11 @@ def case(bench):
                 ok, note)
 
 
+def _git_commit(peer: Path, commit: str) -> None:
+    """The peer's `git add -A && git commit` of a replayed commit."""
+    peers.run(f"git add -A && git commit -q --allow-empty -m {commit[:12]}", peer)
+
+
 def _gc_pack(peer: Path) -> int:
     """The size of the pack `git gc --aggressive` makes of the peer's repository."""
     peers.run(["git", "gc", "-q", "--aggressive"], peer)
@@ -179,7 +183,7 @@ def git_pack(bench) -> int:
     peers.git_init(peer)
     for prev, commit in zip(commits, commits[1:], strict=False):
         replay.step(prev, commit)
-        peers.run(f"git add -A && git commit -q --allow-empty -m {commit[:12]}", peer)
+        _git_commit(peer, commit)
     bench.history_git_pack = _gc_pack(peer)
     shutil.rmtree(peer, ignore_errors=True)
     return bench.history_git_pack
