@@ -59,6 +59,8 @@ REPACK_IDLE_SECONDS = 2.0  # no checkpoint for this long: the idle repack may ru
 REPACK_STEP_SECONDS = 0.8  # then works in slices this long, between housekeeping
 CONSOLIDATE_REST = 10.0  # no call for this long: a fleet host rewrites its bucket packs
 CONSOLIDATE_EVERY = 10.0  # seconds between looks for them while it rests
+FLUSH_RETRY = 10.0  # seconds before a host tries again to move its staged blobs
+STOP_MOVE_SECONDS = 5.0  # a stopping host waits this long, at most, to move them
 GC_YOUNG = 20_000  # allocations between young collections of the cycle collector (start)
 
 
@@ -100,6 +102,7 @@ class Daemon:
         self.leases: Leases | None = None
         self._housekeeping: threading.Thread | None = None
         self._next_consolidate = 0.0  # monotonic: when a fleet host next looks (at rest)
+        self._next_flush = 0.0  # monotonic: when it may next move its staged blobs
         self.limits = limits or Limits()
         self.metrics_listen = metrics_listen
         self.gc_grace = gc_grace
@@ -290,6 +293,7 @@ class Daemon:
                 except Exception:
                     log.exception("rewriting this host's packs in the bucket failed")
                     self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
+                self._flush_staged()
                 if time.monotonic() >= self._next_health:
                     self._next_health = time.monotonic() + 2.0
                     check()
@@ -319,6 +323,47 @@ class Daemon:
         else:
             self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
 
+    def _flush_staged(self) -> None:
+        """A fleet host moves the blobs its checkpoints staged in the metadata store to
+        the bucket once they are due (S3BlobStore.flush_staged), busy or not; after a
+        failure (the bucket away) it tries again ``FLUSH_RETRY`` seconds later, the
+        checkpoints staging meanwhile."""
+        flush = getattr(self.blobs, "flush_staged", None)
+        if flush is None or time.monotonic() < self._next_flush:
+            return
+        started = time.monotonic()
+        try:
+            moved, nbytes = flush()
+        except Exception as exc:
+            log.warning("moving this host's staged blobs to the bucket failed (%s); trying"
+                        " again in %.0f s", exc, FLUSH_RETRY)
+            self._next_flush = time.monotonic() + FLUSH_RETRY
+            return
+        if moved:
+            log.info("moved %d staged objects to the bucket as one of %d bytes in %.2f s",
+                     moved, nbytes, time.monotonic() - started)
+
+    def _move_staged_at_stop(self) -> None:
+        """A fleet host that stops moves what its checkpoints staged to the bucket, so a
+        host that is gone leaves nothing in the metadata store for gc to move. It waits
+        at most ``STOP_MOVE_SECONDS`` (a bucket away must not hold up the stop): what is
+        left stays staged, readable by every host, for its next start or gc to move."""
+        staged = getattr(self.blobs, "staged", None)
+        if staged is None or not staged()[0]:
+            return
+
+        def move() -> None:
+            try:
+                moved, nbytes = self.blobs.flush_staged(due_only=False)
+                log.info("moved %d staged objects to the bucket at stop (%d bytes)", moved,
+                         nbytes)
+            except Exception as exc:  # the store may close under it: the next start's
+                log.warning("moving this host's staged blobs at stop failed: %s", exc)
+
+        mover = threading.Thread(target=move, name="stop-move", daemon=True)
+        mover.start()
+        mover.join(STOP_MOVE_SECONDS)
+
     def _idle_for_repack(self) -> bool:
         """No call for a while, and none now; nothing committed to the pack lately."""
         return (not self.stopping.is_set() and ACTIVITY.quiet_for() >= REPACK_IDLE_SECONDS
@@ -343,6 +388,7 @@ class Daemon:
                 self.store.renew_leases(self.world.host, time.time())
             except WorldlineError as exc:
                 log.warning("ending the leases of host %s failed: %s", self.world.host, exc)
+        self._move_staged_at_stop()
         self.store.close()
         self.blobs.close()
         self.graph_store.close()

@@ -8,6 +8,12 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
   worldline_dedup_ratio                         reused / (reused + written)
   worldline_pending_approvals                   approvals waiting for an operator
   worldline_tracker_fallbacks_total             full scans forced by overflow, limits...
+  worldline_bucket_requests_total{op}           requests to the fleet's bucket (put, get,
+                                               delete)
+  worldline_staged_bytes                        bytes this host's checkpoints staged in the
+                                               metadata store, not yet in the bucket
+  worldline_moved_objects                       objects this host moved to the bucket from
+                                               there, not yet rewritten at rest
 
 Logs (``--log-format json``): one JSON object a line, with the request id of the
 call being served (the caller's ``x-request-id`` metadata, else a new one).
@@ -40,6 +46,12 @@ DEDUP.set_function(lambda: BLOB_REUSED._value.get() / max(
 PENDING_APPROVALS = Gauge("worldline_pending_approvals", "Approvals waiting for a decision")
 TRACKER_FALLBACKS = Counter("worldline_tracker_fallbacks_total",
                             "Captures forced to scan everything (overflow, watch limit, ...)")
+BUCKET_REQUESTS = Counter("worldline_bucket_requests_total",
+                          "Requests to the fleet's bucket", ["op"])
+STAGED_BYTES = Gauge("worldline_staged_bytes", "Bytes this host's checkpoints staged in"
+                     " the metadata store, not yet moved to the bucket")
+MOVED_OBJECTS = Gauge("worldline_moved_objects", "Objects this host moved to the bucket"
+                      " from the metadata store, not yet rewritten at rest")
 
 
 class Activity:

@@ -256,3 +256,16 @@ def s3_server():
         else:
             os.environ[k] = v
     server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def index(request, tmp_path):
+    """A bucket's blob index, in either SQL store (the fleet's is PostgreSQL)."""
+    if request.param == "postgres":
+        from worldline.daemon.storage.postgres_store import PostgresStore
+        store = PostgresStore(request.getfixturevalue("postgres_url"))
+    else:
+        from worldline.daemon.storage.sqlite_store import SqliteStore
+        store = SqliteStore(str(tmp_path / "meta.db"))
+    yield store
+    store.close()

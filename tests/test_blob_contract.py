@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
+from worldline.daemon.storage.blob_index import is_staged
 from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
 from worldline.daemon.storage.packs import (
     COPIES,
@@ -31,16 +32,18 @@ BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
 
 def s3_blob_store(request, tmp_path, host: str = "a", cache_bytes: int = 1 << 30,
-                  bucket: str | None = None, index=None):
+                  bucket: str | None = None, index=None, stage_bytes: int = 0):
     """An S3BlobStore on the session's S3 emulator: a new bucket (or ``bucket``), its
-    index in a SQLite store (or ``index``), a cache of its own."""
+    index in a SQLite store (or ``index``), a cache of its own. It stages nothing
+    unless ``stage_bytes`` says (the daemon's default stages a checkpoint's small pack:
+    tests/test_staging.py): these tests are about what reaches the bucket."""
     from worldline.daemon.storage.s3_blobs import S3BlobStore
     from worldline.daemon.storage.sqlite_store import SqliteStore
     server = request.getfixturevalue("s3_server")
     bucket = bucket or server.new_bucket()
     index = index or SqliteStore(str(tmp_path / f"meta-{host}.db"))
     return S3BlobStore(f"s3://{bucket}/fleet", LocalBlobStore(str(tmp_path / f"cache-{host}")),
-                       index, host, cache_bytes=cache_bytes)
+                       index, host, cache_bytes=cache_bytes, stage_bytes=stage_bytes)
 
 
 def local_in_store(request, tmp_path) -> LocalBlobStore:
@@ -52,10 +55,13 @@ def local_in_store(request, tmp_path) -> LocalBlobStore:
                           store_lock=store.write_lock)
 
 
-@pytest.fixture(params=["memory", "local", "local-in-store", "s3"])
+@pytest.fixture(params=["memory", "local", "local-in-store", "s3", "s3-staged"])
 def blobs(request, tmp_path):
     if request.param == "s3":
         return s3_blob_store(request, tmp_path)
+    if request.param == "s3-staged":  # small packs staged in the index's store, as the daemon's
+        from worldline.daemon.storage.s3_blobs import STAGE_BYTES
+        return s3_blob_store(request, tmp_path, stage_bytes=STAGE_BYTES)
     if request.param == "local-in-store":
         return local_in_store(request, tmp_path)
     return MemoryBlobStore() if request.param == "memory" else LocalBlobStore(str(tmp_path / "b"))
@@ -65,6 +71,14 @@ def corrupt_in_bucket(blobs, digest: str) -> None:
     """Bit rot in the bucket: the object holding ``digest`` rewritten with one byte of
     the blob's entry flipped, and the host's cached copy gone."""
     loc = blobs.index.locate_blobs([digest])[digest]
+    if is_staged(loc.object):  # its bytes are its row's in the metadata store
+        body = bytearray(blobs.index.staged_body(loc.object))
+        body[loc.off + loc.len // 2] ^= 0xFF
+        with blobs.index._tx() as db:
+            db.execute("UPDATE blob_objects SET body = ? WHERE name = ?",
+                       (bytes(body), loc.object))
+        blobs.cache.delete(digest)
+        return
     bucket, prefix = blobs.url[5:].split("/", 1)
     s3 = __import__("boto3").client("s3")
     key = f"{prefix}/{loc.object}"
@@ -406,4 +420,4 @@ def test_a_base_chosen_by_a_put_is_safe_from_a_concurrent_gc(tmp_path):
 def test_a_blob_store_says_whether_its_commits_stay_on_this_host(blobs, request):
     """``local``, as for stores: a bucket's ``committing`` uploads, so a checkpoint that
     writes to one commits after its capture's turn, never in it (world.py)."""
-    assert blobs.local is (request.node.callspec.params["blobs"] != "s3")
+    assert blobs.local is not request.node.callspec.params["blobs"].startswith("s3")

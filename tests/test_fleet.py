@@ -259,12 +259,14 @@ def test_gc_on_one_host_while_another_checkpoints_loses_nothing(fleet, agent_tre
 
 
 def test_killed_between_the_pack_put_and_the_commit_loses_nothing(fleet, agent_tree,
-                                                                  s3_server, canary):
+                                                                  s3_server, canary,
+                                                                  tmp_path):
     a = fleet.host("a")
     with a.client() as ca:
         s = ca.create_session(str(agent_tree))
     a.stop()
-    a = fleet.host("a", faults="blobs.after_put")  # the next pack's PUT is the checkpoint's
+    # the next pack's PUT is the checkpoint's (a host staging none)
+    a = fleet.host("a", faults="blobs.after_put", env_extra=_unstaged(tmp_path))
     with a.client() as ca:
         s = ca.get_session(s.id)
         _edit(agent_tree, 7)
@@ -471,6 +473,16 @@ def _restless(tmp_path) -> dict:
     return {"PYTHONPATH": str(folder)}
 
 
+def _unstaged(tmp_path) -> dict:
+    """The environment of a host that PUTs every pack, a checkpoint's too (as before
+    0.7.15), rather than staging it in the metadata store."""
+    folder = tmp_path / "unstaged"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import worldline.daemon.storage.s3_blobs as s\ns.STAGE_BYTES = 0\n")
+    return {"PYTHONPATH": str(folder)}
+
+
 def _forks_equal(host, session_id: str, wanted: dict, tmp_path, every: int) -> None:
     """Every ``every``-th checkpoint of ``wanted`` (id -> the workspace's fingerprint
     when it was taken), forked on ``host``, is that workspace byte for byte."""
@@ -518,12 +530,14 @@ def test_a_host_at_rest_rewrites_its_packs_killed_midway_or_not_and_loses_nothin
     _forks_equal(fleet.host("b"), s.id, wanted, tmp_path, every=2)
 
 
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "put"])
 def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree, tmp_path,
-                                                               canary, s3_server):
-    """Host b checkpoints and is killed before it ever rests; `worldline gc` on host a
-    rewrites b's small packs into one, with bases found in the checkpoints' trees, and
-    every checkpoint still forks byte for byte."""
-    b = fleet.host("b")
+                                                               canary, s3_server, staged):
+    """Host b checkpoints and is killed before it ever rests, its checkpoints' packs
+    staged in the metadata store (0.7.15) or, on a host staging none, PUT; `worldline
+    gc` on host a rewrites b's small packs into one object of the bucket, with bases
+    found in the checkpoints' trees, and every checkpoint still forks byte for byte."""
+    b = fleet.host("b", env_extra=None if staged else _unstaged(tmp_path))
     wanted = {}
     with b.client() as cb:
         s = cb.create_session(str(agent_tree))
@@ -531,18 +545,88 @@ def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree
             _edit(agent_tree, i)
             wanted[s.checkpoint().id] = fingerprint(agent_tree)
     b.kill()
-    before = _bucket_packs(s3_server, fleet)
-    assert len(before) >= 18
-    time.sleep(GRACE + 1.1)  # gc takes only what is older than its grace period
-    a = fleet.host("a")
-    a.cli("gc")
-    after = _bucket_packs(s3_server, fleet)
-    assert len(after) == 1 and not set(after) & set(before)
     from worldline.daemon.storage.postgres_store import PostgresStore
     index = PostgresStore(fleet.url)
-    try:  # the folders' trees, changed at every checkpoint, are deltas from the one before
+    try:
+        before = _bucket_packs(s3_server, fleet)
+        kept = index.staged_objects("b", float("inf"))
+        assert (len(kept) >= 19, len(before) >= 18) == ((True, False) if staged
+                                                        else (False, True))
+        time.sleep(GRACE + 1.1)  # gc takes only what is older than its grace period
+        a = fleet.host("a")
+        a.cli("gc")
+        after = _bucket_packs(s3_server, fleet)
+        assert len(after) == 1 and not set(after) & set(before)
+        assert index.staged_objects("b", float("inf")) == []  # their bytes left the store
+        # the folders' trees, changed at every checkpoint, are deltas from the one before
         codecs = [loc.codec for _, loc in index.object_entries(after[0][len("fleet/"):])]
     finally:
         index.close()
     assert codecs.count("delta") >= 17
     _forks_equal(a, s.id, wanted, tmp_path, every=6)
+
+
+def test_staged_checkpoints_survive_a_kill_and_a_killed_move(fleet, agent_tree, tmp_path,
+                                                              canary, s3_server):
+    """0.7.15: a checkpoint's small pack is staged in PostgreSQL, in the checkpoint's own
+    transaction, with no PUT. Host a is SIGKILLed right after acknowledging checkpoints
+    whose blobs are only staged; host b forks them byte for byte. Host a restarts and
+    moves them to the bucket, SIGKILLed after that PUT; once more, and the move lands:
+    one object, nothing staged, every checkpoint forks byte for byte."""
+    from worldline.daemon.storage.postgres_store import PostgresStore
+    folder = tmp_path / "prompt"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(  # due a moment after they are staged
+        "import worldline.daemon.storage.s3_blobs as s\ns.FLUSH_SECONDS = 0.5\n")
+    prompt = {"PYTHONPATH": str(folder)}
+    a = fleet.host("a")  # staged objects are due after 30 s, at rest after 10 s
+    wanted = {}
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        for i in range(5):
+            _edit(agent_tree, i)
+            wanted[s.checkpoint(label=f"edit {i}").id] = fingerprint(agent_tree)
+    a.kill()
+    index = PostgresStore(fleet.url)
+    try:
+        assert len(index.staged_objects("a", float("inf"))) >= 5
+        assert _bucket_packs(s3_server, fleet) == []  # no checkpoint PUT a thing
+        (tmp_path / "from-staged").mkdir()
+        _forks_equal(fleet.host("b"), s.id, wanted, tmp_path / "from-staged", every=2)
+        a = fleet.host("a", faults="blobs.flush_after_put", env_extra=prompt)
+        assert a.proc.wait(30) == -signal.SIGKILL  # killed after the move's PUT
+        a.proc = None
+        assert len(_bucket_packs(s3_server, fleet)) == 1  # an object no row names
+        assert len(index.staged_objects("a", float("inf"))) >= 5
+        a = fleet.host("a", env_extra=prompt)
+        deadline = time.monotonic() + 30
+        while index.staged_objects("a", float("inf")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert index.staged_objects("a", float("inf")) == []
+        objects = [row[0] for row in index.blob_objects() if row[4] == "a"]
+    finally:
+        index.close()
+    assert objects and all(name.startswith("packs/") for name in objects)
+    (tmp_path / "from-bucket").mkdir()
+    _forks_equal(fleet.host("c"), s.id, wanted, tmp_path / "from-bucket", every=1)
+
+
+def test_a_host_that_stops_moves_what_it_staged(fleet, agent_tree, tmp_path, canary,
+                                                s3_server):
+    from worldline.daemon.storage.postgres_store import PostgresStore
+    a = fleet.host("a")
+    wanted = {}
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        for i in range(3):
+            _edit(agent_tree, i)
+            wanted[s.checkpoint().id] = fingerprint(agent_tree)
+    index = PostgresStore(fleet.url)
+    try:
+        assert len(index.staged_objects("a", float("inf"))) >= 3
+        a.stop()
+        assert index.staged_objects("a", float("inf")) == []
+    finally:
+        index.close()
+    assert len(_bucket_packs(s3_server, fleet)) == 1
+    _forks_equal(fleet.host("b"), s.id, wanted, tmp_path, every=1)

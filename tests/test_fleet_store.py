@@ -167,3 +167,66 @@ def test_a_checkpoints_transaction_takes_two_round_trips(pg_cluster, postgres_ur
     finally:
         store.close()
         link.close()
+
+
+def test_a_deadlock_is_aborted_and_keeps_nothing(postgres_url):
+    """A transaction the server rolls back (here a deadlock) is ABORTED, to be tried
+    again, not UNAVAILABLE: the server answered."""
+    store = PostgresStore(postgres_url)
+    with store._tx() as db:
+        db.execute("CREATE TABLE pair (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+        db.execute("INSERT INTO pair VALUES (1, 0), (2, 0)")
+    barrier = threading.Barrier(2)
+    errors: list[Exception] = []
+
+    def cross(first: int, second: int) -> None:
+        try:
+            with store._tx() as db:
+                db.execute("UPDATE pair SET v = v + 1 WHERE k = ?", (first,))
+                barrier.wait()
+                db.execute("UPDATE pair SET v = v + 1 WHERE k = ?", (second,))
+        except Exception as exc:
+            errors.append(exc)
+
+    _run_all([lambda: cross(1, 2), lambda: cross(2, 1)])
+    assert len(errors) == 1 and isinstance(errors[0], Aborted), errors
+    assert "try again" in str(errors[0])
+    assert sorted(store._all("SELECT v FROM pair")) == [(1,), (1,)]  # the loser kept nothing
+    store.close()
+
+
+def test_checkpoints_renewing_rows_a_move_points_elsewhere_never_deadlock(postgres_url):
+    """A checkpoint renews the index rows of digests it records again while a host moves
+    or rewrites the objects holding them (rewrite_blobs): both take the rows in digest
+    order, so neither waits on the other in a cycle (a move once took them in its
+    objects' order, and PostgreSQL aborted a checkpoint: deadlock detected)."""
+    from worldline.daemon.storage.blob_index import StoredObject
+    mover, recorder = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    digests = [f"{i:064x}" for i in range(64)]
+    backwards = [(d, 10 * n, 10, 10, "raw") for n, d in enumerate(reversed(digests))]
+    mover.add_blob_object("staged/first", 640, "a", 1.0, backwards, b"x" * 640)
+    errors: list[Exception] = []
+
+    def move() -> None:
+        try:
+            for i in range(40):
+                where = {d: loc.object for d, loc in mover.locate_blobs(digests).items()}
+                mover.rewrite_blobs(StoredObject(f"packs/{i}.pack", 640, "a", 2.0 + i,
+                                                 backwards), where)
+        except Exception as exc:
+            errors.append(exc)
+
+    def record() -> None:
+        try:
+            for i in range(40):
+                with recorder._tx() as db:
+                    recorder.add_objects(db, [StoredObject(
+                        f"staged/again-{i}", 640, "b", time.time(), list(reversed(backwards)),
+                        b"y" * 640)])
+        except Exception as exc:
+            errors.append(exc)
+
+    _run_all([move, record])
+    assert errors == []
+    mover.close()
+    recorder.close()

@@ -12,21 +12,8 @@ import pytest
 from worldline.client.errors import Aborted, DataLoss, NotFound, Unavailable
 from worldline.daemon.storage import bucket_packs, packs, s3_blobs
 from worldline.daemon.storage.s3_blobs import ALONE
-from worldline.daemon.storage.sqlite_store import SqliteStore
 
 from .test_blob_contract import s3_blob_store
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def index(request, tmp_path):
-    """The blob index, in either SQL store (the fleet's is PostgreSQL)."""
-    if request.param == "postgres":
-        from worldline.daemon.storage.postgres_store import PostgresStore
-        store = PostgresStore(request.getfixturevalue("postgres_url"))
-    else:
-        store = SqliteStore(str(tmp_path / "meta.db"))
-    yield store
-    store.close()
 
 
 def _index_fails(monkeypatch, index, exc: BaseException) -> None:

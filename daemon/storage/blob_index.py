@@ -3,9 +3,13 @@ s3_blobs.py), kept in the metadata store so every host finds every blob.
 
 - ``blob_objects``: the bucket's objects (packs of small blobs, large blobs alone),
   recorded once their PUT has succeeded: an index row never names an object the
-  bucket does not have. A checkpoint's objects are recorded in the checkpoint's own
-  transaction (``add_objects``, called by ``append_checkpoint``); other uploads in
-  one transaction per object (``add_blob_object``).
+  bucket does not have. A **staged** object (its name under ``staged/``) is not in
+  the bucket: its bytes are the row's ``body``, written in the same transaction as the
+  row (a checkpoint's few new blobs, until the host moves them to the bucket:
+  s3_blobs.py), so forgetting the row forgets the bytes too. A checkpoint's objects
+  are recorded in the checkpoint's own transaction (``add_objects``, called by
+  ``append_checkpoint``); other uploads in one transaction per object
+  (``add_blob_object``).
 - ``blob_index``: digest -> (object, offset, length, size, codec, stored_at).
   ``stored_at`` is renewed whenever a host finds the blob already stored and relies
   on it (``touch_blobs``), in one statement with the finding, and when a host records
@@ -27,12 +31,34 @@ from typing import NamedTuple, Protocol
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blob_objects (
     name TEXT PRIMARY KEY, bytes BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-    host TEXT NOT NULL);
+    host TEXT NOT NULL, body BLOB);
 CREATE TABLE IF NOT EXISTS blob_index (
     digest TEXT PRIMARY KEY, object TEXT NOT NULL, off BIGINT NOT NULL, len BIGINT NOT NULL,
     size BIGINT NOT NULL, codec TEXT NOT NULL, stored_at DOUBLE PRECISION NOT NULL);
 CREATE INDEX IF NOT EXISTS blob_index_by_object ON blob_index (object);
 """
+PG_SCHEMA = SCHEMA.replace(" BLOB", " BYTEA")  # PostgreSQL's name for bytes
+
+STAGED = "staged/"  # a staged object's name starts so: its bytes are in its row
+STAGED_RANGE = ("name >= 'staged/' AND name < 'staged0'")  # those names (an index range)
+
+
+def is_staged(name: str) -> bool:
+    return name.startswith(STAGED)
+
+
+def index_rows(objects: list[StoredObject]) -> list[tuple]:
+    """The index rows (digest, object, offset, length, size, codec, stored_at) that
+    record ``objects``, one per digest, in digest order: a digest in several keeps its
+    place in the first by name, renewed to the latest ``created_at`` (as recording them
+    one by one would leave it)."""
+    rows: dict[str, tuple] = {}
+    for o in sorted(objects):
+        for d, off, ln, size, codec in o.entries:
+            first = rows.get(d)
+            rows[d] = ((d, o.name, off, ln, size, codec, o.created_at) if first is None
+                       else first[:6] + (max(first[6], o.created_at),))
+    return [rows[d] for d in sorted(rows)]
 
 
 # Forget an object (its name twice) once no index row names it.
@@ -56,20 +82,23 @@ class Location(NamedTuple):
 
 class StoredObject(NamedTuple):
     """An object the bucket holds, not yet in the index: its name, size, the host
-    that wrote it, when, and its entries (digest, offset, length, size, codec)."""
+    that wrote it, when, and its entries (digest, offset, length, size, codec); a
+    staged object's ``body`` too (its bytes, which its row keeps)."""
     name: str
     nbytes: int
     host: str
     created_at: float
     entries: list[tuple[str, int, int, int, str]]
+    body: bytes | None = None
 
 
 class BlobIndex(Protocol):
     def add_blob_object(self, name: str, nbytes: int, host: str, created_at: float,
-                        entries: list[tuple[str, int, int, int, str]]) -> None:
-        """Record an object the bucket now holds and the blobs in it (digest, offset,
-        length, size, codec), in one transaction; a digest indexed already keeps its
-        first location, its ``stored_at`` renewed."""
+                        entries: list[tuple[str, int, int, int, str]],
+                        body: bytes | None = None) -> None:
+        """Record an object the bucket now holds (or a staged one and its ``body``) and
+        the blobs in it (digest, offset, length, size, codec), in one transaction; a
+        digest indexed already keeps its first location, its ``stored_at`` renewed."""
 
     def touch_blobs(self, digests: list[str], now: float) -> set[str]:
         """Which of ``digests`` are indexed; their ``stored_at`` becomes ``now``."""
@@ -90,6 +119,19 @@ class BlobIndex(Protocol):
     def object_entries(self, name: str) -> list[tuple[str, Location]]:
         """The blobs indexed in object ``name``, in offset order."""
 
+    def staged_body(self, name: str) -> bytes | None:
+        """A staged object's bytes; None once it is forgotten (moved to the bucket)."""
+
+    def staged_objects(self, host: str | None, older_than: float
+                       ) -> list[tuple[str, int, float, str]]:
+        """(name, bytes, created_at, host) of the staged objects of ``host`` (of every
+        host: None) made before ``older_than``, oldest first."""
+
+    def staged_entries(self, names: list[str]
+                       ) -> dict[str, tuple[bytes, list[tuple[str, Location]]]]:
+        """name -> (body, the blobs indexed in it in offset order) of those of the
+        staged objects ``names`` still recorded."""
+
     def rewrite_blobs(self, new: StoredObject, read_from: dict[str, str]) -> None:
         """Record object ``new`` (a rewrite of others) and point the row of each of its
         entries that still names the object it was read from (``read_from``: digest ->
@@ -99,25 +141,20 @@ class BlobIndex(Protocol):
 
 
 class BlobIndexSql:
-    def add_blob_object(self, name, nbytes, host, created_at, entries):
+    def add_blob_object(self, name, nbytes, host, created_at, entries, body=None):
         with self._tx() as db:
-            self.add_objects(db, [StoredObject(name, nbytes, host, created_at, entries)])
+            self.add_objects(db, [StoredObject(name, nbytes, host, created_at, entries, body)])
 
     def add_objects(self, db, objects: list[StoredObject]) -> None:
-        """Record ``objects`` inside the caller's transaction ``db``, in name order (two
-        transactions recording the same objects wait for each other in one order, never
-        in a cycle); what is recorded already stays where it is, renewed."""
-        for o in sorted(objects):
-            db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
-                       " DO NOTHING", (o.name, o.nbytes, o.created_at, o.host))
-            self._insert_index_rows(db, [(d, o.name, off, ln, size, codec, o.created_at)
-                                         for d, off, ln, size, codec in o.entries])
-
-    def _insert_index_rows(self, db, rows: list[tuple]) -> None:
-        """Index rows, a digest indexed already keeping its first location with its
-        ``stored_at`` renewed (PostgreSQL overrides this with one statement for all
-        the rows)."""
-        db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)" + RENEW, rows)
+        """Record ``objects`` inside the caller's transaction ``db``, their index rows in
+        digest order (index_rows: two transactions writing some of the same rows wait
+        for each other in one order, never in a cycle); what is recorded already stays
+        where it is, renewed."""
+        db.executemany("INSERT INTO blob_objects VALUES (?, ?, ?, ?, ?) ON CONFLICT (name)"
+                       " DO NOTHING", [(o.name, o.nbytes, o.created_at, o.host, o.body)
+                                       for o in sorted(objects)])
+        db.executemany("INSERT INTO blob_index VALUES (?, ?, ?, ?, ?, ?, ?)" + RENEW,
+                       index_rows(objects))
 
     def touch_blobs(self, digests, now):
         found: set[str] = set()
@@ -164,14 +201,36 @@ class BlobIndexSql:
                          " blob_index WHERE object = ? ORDER BY off", (name,))
         return [(r[0], Location(*r[1:])) for r in rows]
 
+    def staged_body(self, name):
+        row = self._one("SELECT body FROM blob_objects WHERE name = ?", (name,))
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def staged_objects(self, host, older_than):
+        rows = self._all("SELECT name, bytes, created_at, host FROM blob_objects WHERE "
+                         + STAGED_RANGE + " AND created_at < ? ORDER BY created_at, name",
+                         (older_than,))
+        return [tuple(r) for r in rows if host is None or r[3] == host]
+
+    def staged_entries(self, names):
+        out = {}
+        for name in names:
+            body = self.staged_body(name)
+            if body is not None:
+                out[name] = (body, self.object_entries(name))
+        return out
+
     def rewrite_blobs(self, new, read_from):
         with self._tx() as db:
-            db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?) ON CONFLICT (name)"
-                       " DO NOTHING", (new.name, new.nbytes, new.created_at, new.host))
+            db.execute("INSERT INTO blob_objects VALUES (?, ?, ?, ?, ?) ON CONFLICT (name)"
+                       " DO NOTHING", (new.name, new.nbytes, new.created_at, new.host,
+                                       new.body))
+            # In digest order, as every writer of several rows takes them (add_objects,
+            # touch_blobs): a checkpoint renewing some of these rows meanwhile waits for
+            # this transaction, or it for the checkpoint, never both.
             db.executemany("UPDATE blob_index SET object = ?, off = ?, len = ?, codec = ?"
                            " WHERE digest = ? AND object = ?",
                            [(new.name, off, length, codec, d, read_from[d])
-                            for d, off, length, _size, codec in new.entries])
+                            for d, off, length, _size, codec in sorted(new.entries)])
             db.executemany(FORGET_OBJECT,
                            [(old, old) for old in sorted(set(read_from.values()))])
 

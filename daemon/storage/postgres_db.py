@@ -4,7 +4,8 @@ shape ``SqliteDatabase`` has: ``_tx()`` for one write transaction, ``_one`` and
 
 Failures map to the domain's errors here, once: a server that cannot be reached (down,
 restarting, every connection broken) is ``Unavailable``, so callers retry and the
-daemon never needs a restart; a full disk is ``ResourceExhausted``. A connection a
+daemon never needs a restart; a full disk is ``ResourceExhausted``; a transaction the
+server rolled back (a deadlock, a serialization failure) is ``Aborted``. A connection a
 server restart broke fails the one call that finds it so, and the pool replaces it.
 """
 
@@ -14,7 +15,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from worldline.client.errors import ResourceExhausted, Unavailable
+from worldline.client.errors import Aborted, ResourceExhausted, Unavailable
 
 from .config import redact
 
@@ -58,6 +59,10 @@ class _Connection:
 def _mapped(exc: Exception, url: str) -> Exception:
     if isinstance(exc, psycopg.errors.DiskFull):
         return ResourceExhausted(f"no space left for metadata on PostgreSQL: {exc}")
+    if getattr(exc, "sqlstate", None) in ("40001", "40P01"):  # serialization, deadlock
+        return Aborted("the metadata store rolled this call's transaction back (it"
+                       " conflicted with another); nothing of it was kept: try again"
+                       f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc})")
     return Unavailable(f"the metadata store (PostgreSQL at {url}) cannot be reached:"
                        f" {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}")
 

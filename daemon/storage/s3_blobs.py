@@ -73,8 +73,9 @@ from contextlib import contextmanager
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from ..faults import crash_point
+from ..observe import BUCKET_REQUESTS, MOVED_OBJECTS, STAGED_BYTES
 from . import bucket_packs, packs
-from .blob_index import BlobIndex, Location, StoredObject
+from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
 from .blobs import LocalBlobStore, check_digest
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,14 @@ REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewr
 CONSOLIDATE_SMALL = 2 << 20  # a pack smaller than this is rewritten with others at rest
 CONSOLIDATE_MIN = 16  # ...once this host has made this many
 CONSOLIDATE_BYTES = 16 << 20  # ...at most this many bytes of them into one
-
+STAGE_BYTES = 1 << 20  # a pack this small is staged in the metadata store, not PUT
+STAGE_LIMIT = 64 << 20  # ...while this host's staged bytes stay under this
+# Staged objects go to the bucket (in objects of at most FLUSH_BYTES, or one staged
+# object: under CONSOLIDATE_SMALL either way) once this host has staged FLUSH_BYTES,
+# or FLUSH_OBJECTS objects, or the oldest is FLUSH_SECONDS old.
+FLUSH_BYTES = 1 << 20
+FLUSH_OBJECTS = 256
+FLUSH_SECONDS = 30.0
 
 
 class _Vanished(Exception):
@@ -115,7 +123,7 @@ class S3BlobStore:
     local = False
 
     def __init__(self, url: str, cache: LocalBlobStore, index: BlobIndex, host: str,
-                 cache_bytes: int = 16 << 30) -> None:
+                 cache_bytes: int = 16 << 30, stage_bytes: int | None = None) -> None:
         if obstore is None:
             raise Unavailable("s3 blobs need obstore: pip install 'worldline[fleet]'")
         self.url = url
@@ -129,6 +137,7 @@ class S3BlobStore:
         self.index = index
         self.host = host
         self.cache_bytes = cache_bytes
+        self.stage_bytes = STAGE_BYTES if stage_bytes is None else stage_bytes  # 0: PUT all
         self._upload: dict[str, bytes | None] = {}  # digest -> bytes, or None: read back
         self._uploading: dict[str, bytes | None] = {}  # taken by the running sync
         self._reput: set[str] = set()  # noted for upload, cached here before: ask first
@@ -145,6 +154,13 @@ class S3BlobStore:
         self._behind_due = self._closing = False
         self._behind_thread: threading.Thread | None = None
         self.requests = {"put": 0, "get": 0, "delete": 0}  # since start, for metrics/bench
+        # This host's staged objects recorded: name -> (bytes, created_at); an earlier
+        # run's too, which the first flush moves.
+        self._staged: dict[str, tuple[int, float]] = {
+            name: (nbytes, created_at) for name, nbytes, created_at, _host
+            in index.staged_objects(host, float("inf"))}
+        self._moved: set[str] = set()  # objects this run moved there, not rewritten since
+        self._gauges()
         for digest, size in cache.inventory():  # what earlier runs cached: oldest first
             self._used(digest, size)
 
@@ -190,6 +206,10 @@ class S3BlobStore:
                     self._behind_due = True
 
     # -- the bucket ------------------------------------------------------------------------
+    def _count(self, op: str) -> None:
+        self.requests[op] += 1
+        BUCKET_REQUESTS.labels(op).inc()
+
     def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -203,7 +223,7 @@ class S3BlobStore:
 
     def _put_object(self, name: str, body) -> None:
         """A pack: one PUT under a write-once name (If-None-Match: *)."""
-        self.requests["put"] += 1
+        self._count("put")
         try:
             self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
         except AlreadyExistsError:
@@ -213,12 +233,17 @@ class S3BlobStore:
         """A large blob: a multipart upload. S3 has no write-once condition on
         multipart uploads that every server honours; the name is the blob's digest, so
         a second upload writes the very same bytes."""
-        self.requests["put"] += 1
+        self._count("put")
         self._call(f"PUT {name} (multipart)", obstore.put, self.bucket, name, body,
                    use_multipart=True, chunk_size=PART_BYTES)
 
     def _get_object(self, name: str) -> bytes:
-        self.requests["get"] += 1
+        if is_staged(name):  # its bytes are its row's; no row: moved to the bucket
+            body = self.index.staged_body(name)
+            if body is None:
+                raise _Vanished(name)
+            return body
+        self._count("get")
         try:
             return bytes(self._call(f"GET {name}", obstore.get, self.bucket, name).bytes())
         except FileNotFoundError:
@@ -267,7 +292,7 @@ class S3BlobStore:
 
     @contextmanager
     def committing(self):
-        self._send()
+        self._send(behind=False)
         objects = self._waiting()
         try:
             yield objects
@@ -279,13 +304,16 @@ class S3BlobStore:
                             exc_info=True)
             raise
         self._recorded(objects)
+        self._commit_behind()  # after the checkpoint's commit, which it would slow
         with self._sync_lock:
             self._evict()
 
-    def _send(self) -> None:
-        """What was put since the last send, uploaded (the cache commits behind)."""
+    def _send(self, behind: bool = True) -> None:
+        """What was put since the last send, uploaded (the cache commits behind: now,
+        or, for a checkpoint, once it has committed)."""
         with self._sync_lock:
-            self._commit_behind()
+            if behind:
+                self._commit_behind()
             self._resend_stale()
             with self._lock:
                 batch, self._upload = self._upload, {}
@@ -331,6 +359,9 @@ class S3BlobStore:
         with self._lock:
             for o in objects:
                 self._unindexed.pop(o.name, None)
+                if o.body is not None:
+                    self._staged[o.name] = (o.nbytes, o.created_at)
+            self._gauges()
 
     def _upload_batch(self, batch: dict[str, bytes | None], reput: set[str]) -> None:
         now = time.time()
@@ -358,7 +389,19 @@ class S3BlobStore:
             self._upload_pack(pack, entries, now)
 
     def _upload_pack(self, pack: bytearray, entries, now: float) -> None:
+        """A pack: staged (its bytes go into the metadata store with its row, in the
+        transaction that records it) when it is small and this host has not staged too
+        much; else PUT."""
         body = bytes(pack)
+        with self._lock:
+            staged = self._staged_bytes()
+        if len(body) <= self.stage_bytes and staged + len(body) <= STAGE_LIMIT:
+            # A name of its own, never a content's: a checkpoint recording a pack of the
+            # very bytes of one being moved meanwhile must not find that one's row and
+            # then lose it to the move.
+            self._uploaded(StoredObject(f"{STAGED}{os.urandom(16).hex()}.pack", len(body),
+                                        self.host, now, entries, body))
+            return
         name = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
         self._put_object(name, body)
         crash_point("blobs.after_put")
@@ -450,7 +493,7 @@ class S3BlobStore:
     def _fetch_alone(self, digest: str, loc: Location) -> None:
         """A large blob: streamed to a temporary beside the cache, hashed on the way,
         and put into the cache only if it matches its digest."""
-        self.requests["get"] += 1
+        self._count("get")
         fd, tmp = self._scratch()
         try:
             try:
@@ -604,6 +647,7 @@ class S3BlobStore:
                 else:
                     self._delete_objects([name])
                     self.index.remove_blob_object(name)
+                    self._unstage([name])
                 removed += 1
                 freed += nbytes - live
             known = {row[0] for row in self.index.blob_objects()}  # rewrites included
@@ -623,8 +667,9 @@ class S3BlobStore:
                     ) -> tuple[int, int, int]:
         """Rewrite this host's small pack objects (every host's with ``any_host``: gc's)
         made before ``older_than`` (default: now) into one, once there are
-        ``CONSOLIDATE_MIN`` of them, each entry a delta from an earlier one where that
-        is smaller (bucket_packs.py), then delete them. A blob's base is the one this
+        ``CONSOLIDATE_MIN`` of them or one is staged or was moved from the stage by this
+        host (flush_staged) since its last rewrite, each entry a delta from an earlier
+        one where that is smaller (bucket_packs.py), then delete them. A blob's base is the one this
         host's cache stores it against, else its base in what ``hints()`` returns
         (digest -> the digest the same path held before: gc finds them in the trees;
         asked only when there is a group to rewrite). One group of at most
@@ -636,10 +681,12 @@ class S3BlobStore:
         with self._rewrite_lock:
             small = sorted((created_at, name, nbytes) for name, nbytes, created_at, live, host
                            in self.index.blob_objects()
-                           if (any_host or host == self.host) and name.startswith("packs/")
+                           if (any_host or host == self.host)
+                           and (name.startswith("packs/") or is_staged(name))
                            and live and nbytes < CONSOLIDATE_SMALL and created_at < cutoff)
-            if len(small) < CONSOLIDATE_MIN:
-                return 0, 0, 0
+            if len(small) < CONSOLIDATE_MIN and not any(
+                    is_staged(n) or n in self._moved for _, n, _ in small):
+                return 0, 0, 0  # (staged or moved ones are rewritten however few they are)
             group, before = [], 0
             for _, name, nbytes in small:
                 if group and before + nbytes > CONSOLIDATE_BYTES:
@@ -665,8 +712,9 @@ class S3BlobStore:
         """Delete objects: several in one request (S3's DeleteObjects, up to a thousand
         per request), or one by one where the server does not take that; one already
         gone is no error."""
+        names = [name for name in names if not is_staged(name)]  # never in the bucket
         if len(names) > 1:
-            self.requests["delete"] += 1
+            self._count("delete")
             try:
                 obstore.delete(self.bucket, list(names))
                 return
@@ -676,7 +724,7 @@ class S3BlobStore:
                 log.info("the bucket refused a bulk delete (%s); deleting one by one",
                          str(exc).splitlines()[0] if str(exc) else exc)
         for name in names:
-            self.requests["delete"] += 1
+            self._count("delete")
             try:
                 self._call(f"DELETE {name}", obstore.delete, self.bucket, name)
             except FileNotFoundError:
@@ -723,15 +771,117 @@ class S3BlobStore:
         except bucket_packs.GaveUp:
             return None
         new = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
-        if new in names or not keep_going():
+        if new in names:  # nothing to gain: not tried again for having been moved
+            with self._lock:
+                self._moved.difference_update(names)
+                self._gauges()
+            return None
+        if not keep_going():
             return None
         self._put_object(new, body)
         crash_point("blobs.rewrite_after_put")
         self.index.rewrite_blobs(StoredObject(new, len(body), self.host, time.time(), entries),
                                  read_from)
+        self._unstage(read_from.values())
         crash_point("blobs.rewrite_after_index")  # the old objects: compact's LIST sweep
         self._delete_objects(sorted(set(read_from.values())))
         return len(body)
+
+    def _unstage(self, names) -> None:
+        """Staged objects (or objects moved from them) no longer recorded: moved to the
+        bucket, rewritten, or forgotten."""
+        with self._lock:
+            for name in names:
+                self._staged.pop(name, None)
+                self._moved.discard(name)
+            self._gauges()
+
+    # -- staged objects --------------------------------------------------------------------
+    def staged(self) -> tuple[int, int]:
+        """(objects, bytes) this host has staged in the metadata store."""
+        with self._lock:
+            return len(self._staged), self._staged_bytes()
+
+    def _gauges(self) -> None:
+        """The metrics of what waits: staged bytes, moved objects not yet rewritten (the
+        caller holds the lock, or is the constructor)."""
+        STAGED_BYTES.set(self._staged_bytes())
+        MOVED_OBJECTS.set(len(self._moved))
+
+    def _staged_bytes(self) -> int:
+        """The caller holds the lock (or is the constructor)."""
+        return sum(nbytes for nbytes, _ in self._staged.values())
+
+    def _flush_due(self, now: float) -> bool:
+        """The caller holds the lock."""
+        if not self._staged:
+            return False
+        return (len(self._staged) >= FLUSH_OBJECTS
+                or self._staged_bytes() >= FLUSH_BYTES
+                or min(at for _, at in self._staged.values()) <= now - FLUSH_SECONDS)
+
+    def flush_staged(self, due_only: bool = True) -> tuple[int, int]:
+        """Move this host's staged objects to the bucket, oldest first, in objects of at
+        most ``FLUSH_BYTES`` (under ``CONSOLIDATE_SMALL``: at rest they are rewritten
+        with deltas like any small pack). With ``due_only``, only once they are many,
+        large or old enough (``FLUSH_*``; the daemon asks every second, busy or not; at
+        rest ``consolidate`` takes them first). Returns (objects moved, bytes PUT)."""
+        with self._lock:
+            if not self._staged or (due_only and not self._flush_due(time.time())):
+                return 0, 0
+            oldest = sorted(self._staged.items(), key=lambda item: (item[1][1], item[0]))
+        groups: list[list[str]] = [[]]
+        total = 0
+        for name, (nbytes, _) in oldest:
+            if groups[-1] and total + nbytes > FLUSH_BYTES:
+                groups.append([])
+                total = 0
+            groups[-1].append(name)
+            total += nbytes
+        moved = nbytes_put = 0
+        for group in groups:
+            nbytes_put += self._move(group)
+            moved += len(group)
+        return moved, nbytes_put
+
+    def _move(self, names: list[str]) -> int:
+        """Staged objects ``names`` as one object of the bucket: their live entries
+        copied as they are (whole entries, nothing to decode: this runs while
+        checkpoints do), one PUT, then one transaction points the rows at it and
+        forgets the staged rows with their bytes. A kill after the PUT leaves an object
+        no row names (compact deletes it) and the staged rows as they were. Returns the
+        bytes PUT."""
+        with self._rewrite_lock:
+            parts: list[bytes] = []
+            entries: list[tuple[str, int, int, int, str]] = []
+            read_from: dict[str, str] = {}
+            off = 0
+            for name, (body, rows) in self.index.staged_entries(names).items():
+                for digest, loc in rows:
+                    if loc.codec in bucket_packs.CODECS:  # whole: its bytes as they are
+                        chunk, codec = body[loc.off:loc.off + loc.len], loc.codec
+                    else:  # (a staged object holds whole entries; anything else: made so)
+                        data = self._decoded(name, body, [(digest, loc)])[digest]
+                        chunk, codec = bucket_packs.whole(data, packs.FAST)
+                    parts.append(chunk)
+                    entries.append((digest, off, len(chunk), loc.size, codec))
+                    read_from[digest] = name
+                    off += len(chunk)
+            body = b"".join(parts)
+            if entries:
+                new = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
+                self._put_object(new, body)
+                crash_point("blobs.flush_after_put")
+                self.index.rewrite_blobs(
+                    StoredObject(new, len(body), self.host, time.time(), entries), read_from)
+            for name in set(names) - set(read_from.values()):  # nothing live left in it
+                self.index.remove_blob_object(name)
+            self._unstage(names)
+            if entries:
+                with self._lock:
+                    self._moved.add(new)
+                    self._gauges()
+            return len(body)
 
     # -- the cache's bound -----------------------------------------------------------------
     def _evict(self) -> None:

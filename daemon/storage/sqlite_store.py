@@ -129,6 +129,8 @@ MIGRATIONS = (
     # of codec "delta" as an unknown codec, from a bucket this store indexes.
     Migration(12, "0.7.14: a bucket's entries may be deltas within their object"
               " (codec 'delta')", lambda db: None),
+    Migration(13, "0.7.15: a checkpoint's new blobs may be staged in the metadata store"
+              " (blob_objects.body)", _add_columns("blob_objects", "body BLOB")),
 )
 
 
