@@ -460,27 +460,41 @@ def test_a_checkpoint_waits_on_postgresql_three_times(fleet, pg_cluster, agent_t
         link.close()
 
 
-def _restless(tmp_path) -> dict:
-    """The environment of a host that rewrites its bucket packs as soon as it rests: a
-    ``sitecustomize`` lowers the thresholds (4 objects, 0.3 s at rest) before the daemon
-    starts; everything else is the daemon as shipped."""
-    folder = tmp_path / "restless"
+def _customized(tmp_path, name: str, code: str) -> dict:
+    """The environment of a host whose ``sitecustomize`` runs ``code`` before the daemon
+    starts (a threshold lowered, a feature off); everything else is the daemon as
+    shipped."""
+    folder = tmp_path / name
     folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(
-        "import worldline.daemon.main as m, worldline.daemon.storage.s3_blobs as s\n"
-        "s.CONSOLIDATE_MIN = 4\n"
-        "m.REPACK_IDLE_SECONDS = m.CONSOLIDATE_REST = m.CONSOLIDATE_EVERY = 0.3\n")
+    (folder / "sitecustomize.py").write_text(code)
     return {"PYTHONPATH": str(folder)}
+
+
+def _restless(tmp_path) -> dict:
+    """A host that rewrites its bucket packs as soon as it rests (4 objects, 0.3 s)."""
+    return _customized(tmp_path, "restless",
+                       "import worldline.daemon.main as m, worldline.daemon.storage.s3_blobs"
+                       " as s\ns.CONSOLIDATE_MIN = 4\n"
+                       "m.REPACK_IDLE_SECONDS = m.CONSOLIDATE_REST = m.CONSOLIDATE_EVERY = 0.3\n")
 
 
 def _unstaged(tmp_path) -> dict:
-    """The environment of a host that PUTs every pack, a checkpoint's too (as before
-    0.7.15), rather than staging it in the metadata store."""
-    folder = tmp_path / "unstaged"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(
-        "import worldline.daemon.storage.s3_blobs as s\ns.STAGE_BYTES = 0\n")
-    return {"PYTHONPATH": str(folder)}
+    """A host that PUTs every pack, a checkpoint's too (as before 0.7.15), rather than
+    staging it in the metadata store."""
+    return _customized(tmp_path, "unstaged",
+                       "import worldline.daemon.storage.s3_blobs as s\ns.STAGE_BYTES = 0\n")
+
+
+def _checkpoints(host, ws, n: int) -> tuple:
+    """A session on ``host`` over ``ws`` and ``n`` checkpoints of an agent's edits:
+    (the session, checkpoint id -> the workspace's fingerprint when it was taken)."""
+    wanted = {}
+    with host.client() as c:
+        s = c.create_session(str(ws))
+        for i in range(n):
+            _edit(ws, i)
+            wanted[s.checkpoint(label=f"edit {i}").id] = fingerprint(ws)
+    return s, wanted
 
 
 def _forks_equal(host, session_id: str, wanted: dict, tmp_path, every: int) -> None:
@@ -504,12 +518,7 @@ def test_a_host_at_rest_rewrites_its_packs_killed_midway_or_not_and_loses_nothin
     rewrites again; every checkpoint then forks on another host byte for byte."""
     env = _restless(tmp_path)
     a = fleet.host("a", faults="blobs.rewrite_after_put", env_extra=env)
-    wanted = {}
-    with a.client() as ca:
-        s = ca.create_session(str(agent_tree))
-        for i in range(6):
-            _edit(agent_tree, i)
-            wanted[s.checkpoint(label=f"edit {i}").id] = fingerprint(agent_tree)
+    s, wanted = _checkpoints(a, agent_tree, 6)
     assert a.proc.wait(30) == -signal.SIGKILL  # at rest: the rewrite, killed after its PUT
     a.proc = None
     from worldline.daemon.storage.postgres_store import PostgresStore
@@ -538,12 +547,7 @@ def test_gc_rewrites_the_packs_of_a_host_gone_before_it_rested(fleet, agent_tree
     gc` on host a rewrites b's small packs into one object of the bucket, with bases
     found in the checkpoints' trees, and every checkpoint still forks byte for byte."""
     b = fleet.host("b", env_extra=None if staged else _unstaged(tmp_path))
-    wanted = {}
-    with b.client() as cb:
-        s = cb.create_session(str(agent_tree))
-        for i in range(18):
-            _edit(agent_tree, i)
-            wanted[s.checkpoint().id] = fingerprint(agent_tree)
+    s, wanted = _checkpoints(b, agent_tree, 18)
     b.kill()
     from worldline.daemon.storage.postgres_store import PostgresStore
     index = PostgresStore(fleet.url)
@@ -574,18 +578,10 @@ def test_staged_checkpoints_survive_a_kill_and_a_killed_move(fleet, agent_tree, 
     moves them to the bucket, SIGKILLed after that PUT; once more, and the move lands:
     one object, nothing staged, every checkpoint forks byte for byte."""
     from worldline.daemon.storage.postgres_store import PostgresStore
-    folder = tmp_path / "prompt"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(  # due a moment after they are staged
-        "import worldline.daemon.storage.s3_blobs as s\ns.FLUSH_SECONDS = 0.5\n")
-    prompt = {"PYTHONPATH": str(folder)}
+    prompt = _customized(tmp_path, "prompt",  # due a moment after they are staged
+                         "import worldline.daemon.storage.s3_blobs as s\ns.FLUSH_SECONDS = 0.5\n")
     a = fleet.host("a")  # staged objects are due after 30 s, at rest after 10 s
-    wanted = {}
-    with a.client() as ca:
-        s = ca.create_session(str(agent_tree))
-        for i in range(5):
-            _edit(agent_tree, i)
-            wanted[s.checkpoint(label=f"edit {i}").id] = fingerprint(agent_tree)
+    s, wanted = _checkpoints(a, agent_tree, 5)
     a.kill()
     index = PostgresStore(fleet.url)
     try:
@@ -615,12 +611,7 @@ def test_a_host_that_stops_moves_what_it_staged(fleet, agent_tree, tmp_path, can
                                                 s3_server):
     from worldline.daemon.storage.postgres_store import PostgresStore
     a = fleet.host("a")
-    wanted = {}
-    with a.client() as ca:
-        s = ca.create_session(str(agent_tree))
-        for i in range(3):
-            _edit(agent_tree, i)
-            wanted[s.checkpoint().id] = fingerprint(agent_tree)
+    s, wanted = _checkpoints(a, agent_tree, 3)
     index = PostgresStore(fleet.url)
     try:
         assert len(index.staged_objects("a", float("inf"))) >= 3
