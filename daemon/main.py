@@ -9,6 +9,7 @@ owner-only in an owner-only folder and serve.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import fcntl
 import gc
 import logging
@@ -424,6 +425,9 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         metrics_listen: str | None = None, log_format: str = "text",
         limits: Limits | None = None, storage: StorageConfig | None = None) -> int:
     _configure_logging(log_format == "json")
+    # A fatal signal (a crash in a C extension, SIGABRT from a supervisor or a test that
+    # gave up waiting) prints every thread's Python stack to stderr, for the operator.
+    faulthandler.enable()
     root = root or default_root()
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None

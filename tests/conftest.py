@@ -78,7 +78,19 @@ class DaemonProcess:
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # its threads' stacks into its log, then fail
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:  # stopped, or deaf even to that
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+            raise AssertionError(f"the daemon did not stop within {timeout:.0f} s after"
+                                 f" signal {sig}; its log, with every thread's stack:\n"
+                                 f"{self.log.read_text()[-6000:]}") from None
         self.proc = None
         return code
 
