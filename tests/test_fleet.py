@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -621,3 +622,40 @@ def test_a_host_that_stops_moves_what_it_staged(fleet, agent_tree, tmp_path, can
         index.close()
     assert len(_bucket_packs(s3_server, fleet)) == 1
     _forks_equal(fleet.host("b"), s.id, wanted, tmp_path, every=1)
+
+
+def test_sessions_checkpoint_at_once_while_staged_objects_move_all_the_time(
+        fleet, agent_tree, tmp_path, canary):
+    """Three sessions checkpoint the same edits at once (the same blobs, so their index
+    rows are renewed by one checkpoint while a move points them elsewhere) on a host
+    that moves what it staged every 50 ms: no call fails, and every checkpoint forks on
+    another host byte for byte. (The deadlock PostgreSQL once detected between a move
+    and a checkpoint is forced deterministically in test_fleet_store; this is the
+    daemon's real threads doing both.)"""
+    eager = _customized(tmp_path, "eager", "import worldline.daemon.main as m,"
+                        " worldline.daemon.storage.s3_blobs as s\ns.FLUSH_OBJECTS = 1\n"
+                        "m.WAL_IDLE_SECONDS = 0.05\n")
+    a = fleet.host("a", env_extra=eager)
+    spaces = [agent_tree]
+    for k in (1, 2):
+        spaces.append(tmp_path / f"ws-{k}")
+        subprocess.run(["cp", "-a", str(agent_tree), str(spaces[-1])], check=True)
+    done: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            done[k] = _checkpoints(a, spaces[k], 12)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(done) == 3
+    b = fleet.host("b")
+    for k, (s, wanted) in done.items():
+        (tmp_path / f"forks-{k}").mkdir()
+        _forks_equal(b, s.id, wanted, tmp_path / f"forks-{k}", every=4)

@@ -212,12 +212,19 @@ class BlobIndexSql:
         return [tuple(r) for r in rows if host is None or r[3] == host]
 
     def staged_entries(self, names):
-        out = {}
-        for name in names:
-            body = self.staged_body(name)
-            if body is not None:
-                out[name] = (body, self.object_entries(name))
-        return out
+        out: dict[str, tuple[bytes, list[tuple[str, Location]]]] = {}
+        for i in range(0, len(names), 1000):  # two queries a thousand objects
+            chunk = self._list_arg(names[i:i + 1000])
+            for name, body in self._all("SELECT name, body FROM blob_objects WHERE "
+                                        + self.IN_LIST.format(column="name")
+                                        + " AND body IS NOT NULL", (chunk,)):
+                out[name] = (bytes(body), [])
+            for r in self._all("SELECT digest, object, off, len, size, codec, stored_at FROM"
+                               " blob_index WHERE " + self.IN_LIST.format(column="object")
+                               + " ORDER BY object, off", (chunk,)):
+                if r[1] in out:
+                    out[r[1]][1].append((r[0], Location(*r[1:])))
+        return {name: out[name] for name in names if name in out}  # in the order asked
 
     def rewrite_blobs(self, new, read_from):
         with self._tx() as db:
