@@ -646,3 +646,30 @@ def test_a_rewrite_told_to_stop_changes_nothing(request, tmp_path, index, s3_ser
     assert (_packs_of(s3_server, a), index.locate_blobs(sorted(put))) == (keys, rows)
     assert a.requests["put"] == puts
     assert a.consolidate(older_than=time.time() + 1)[0] == 20  # at the next rest
+
+
+def test_a_rewrite_deletes_no_object_a_checkpoint_recorded_a_row_in_meanwhile(
+        request, tmp_path, index, s3_server, monkeypatch):
+    """gc forgot a blob's row; while a host rewrites its packs, a checkpoint records
+    that blob again in the object it was in (a pack of the very same bytes, uploaded
+    again): the rewrite's transaction does not forget that object, so the object stays
+    in the bucket and the blob reads on every host."""
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    put = _edited_history(a)
+    digest = next(iter(put))
+    loc = index.locate_blobs([digest])[digest]
+    assert a.delete(digest, older_than=time.time() + 1) > 0
+    rewrite = index.rewrite_blobs
+
+    def recorded_meanwhile(new, read_from):
+        assert digest not in read_from  # the rewrite read it as gone
+        index.add_blob_object(loc.object, 1, "b", time.time(),
+                              [(digest, loc.off, loc.len, loc.size, loc.codec)])
+        return rewrite(new, read_from)
+
+    monkeypatch.setattr(index, "rewrite_blobs", recorded_meanwhile)
+    assert a.consolidate(older_than=time.time() + 1)[0] == 20
+    assert f"fleet/{loc.object}" in s3_server.keys(_bucket_of(a))  # kept: a row names it
+    assert len(_packs_of(s3_server, a)) == 2
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    assert all(b.read_bytes(d) == data for d, data in put.items())

@@ -132,12 +132,13 @@ class BlobIndex(Protocol):
         """name -> (body, the blobs indexed in it in offset order) of those of the
         staged objects ``names`` still recorded."""
 
-    def rewrite_blobs(self, new: StoredObject, read_from: dict[str, str]) -> None:
+    def rewrite_blobs(self, new: StoredObject, read_from: dict[str, str]) -> list[str]:
         """Record object ``new`` (a rewrite of others) and point the row of each of its
         entries that still names the object it was read from (``read_from``: digest ->
         that object) at its place in ``new`` (offset, length and codec), and forget those
-        objects that no row names any longer (their DELETE comes after), in one
-        transaction."""
+        objects that no row names any longer, in one transaction; return the objects
+        forgotten (only those may be deleted from the bucket: one a checkpoint recorded
+        a row in meanwhile stays, for gc to judge)."""
 
 
 class BlobIndexSql:
@@ -238,8 +239,8 @@ class BlobIndexSql:
                            " WHERE digest = ? AND object = ?",
                            [(new.name, off, length, codec, d, read_from[d])
                             for d, off, length, _size, codec in sorted(new.entries)])
-            db.executemany(FORGET_OBJECT,
-                           [(old, old) for old in sorted(set(read_from.values()))])
+            return [old for old in sorted(set(read_from.values()))
+                    if db.execute(FORGET_OBJECT + " RETURNING name", (old, old)).fetchone()]
 
     def remove_blob_object(self, name):
         with self._tx() as db:

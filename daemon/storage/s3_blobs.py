@@ -780,11 +780,11 @@ class S3BlobStore:
             return None
         self._put_object(new, body)
         crash_point("blobs.rewrite_after_put")
-        self.index.rewrite_blobs(StoredObject(new, len(body), self.host, time.time(), entries),
-                                 read_from)
+        forgotten = self.index.rewrite_blobs(
+            StoredObject(new, len(body), self.host, time.time(), entries), read_from)
         self._unstage(read_from.values())
         crash_point("blobs.rewrite_after_index")  # the old objects: compact's LIST sweep
-        self._delete_objects(sorted(set(read_from.values())))
+        self._delete_objects(forgotten)  # not one a checkpoint recorded rows in meanwhile
         return len(body)
 
     def _unstage(self, names) -> None:
