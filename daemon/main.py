@@ -341,7 +341,7 @@ class Daemon:
             self._next_flush = time.monotonic() + FLUSH_RETRY
             return
         if moved:
-            log.info("moved %d staged objects to the bucket as one of %d bytes in %.2f s",
+            log.info("moved %d staged objects to the bucket (%d bytes) in %.2f s",
                      moved, nbytes, time.monotonic() - started)
 
     def _move_staged_at_stop(self) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -238,6 +239,16 @@ def containers():
     yield made
     for name in made:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def run_together(targets) -> None:
+    """Each of ``targets`` (callables) on a thread of its own, all started before any
+    is joined; returns once every one has returned."""
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 # -- the fleet's services: PostgreSQL and an S3 emulator -------------------------------

@@ -26,7 +26,7 @@ from worldline.daemon.storage.packs import (
     zstd_whole,
 )
 
-from .conftest import corrupt_blob
+from .conftest import corrupt_blob, run_together
 
 BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
@@ -225,7 +225,6 @@ def test_put_fd_of_stored_content_copies_nothing(tmp_path, monkeypatch):
 def test_concurrent_puts_and_syncs_lose_nothing(blobs):
     """Regression: overlapping syncs once renamed each other's temporaries, and a sync
     could return before another thread's sync had made its blobs durable."""
-    import threading
     errors, digests = [], []
 
     def worker(n):
@@ -240,11 +239,7 @@ def test_concurrent_puts_and_syncs_lose_nothing(blobs):
         except Exception as exc:  # collected: pytest sees nothing raised in threads
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together([lambda n=n: worker(n) for n in range(8)])
     assert errors == []
     assert all(blobs.has(d) for d in digests)
     if isinstance(blobs, LocalBlobStore):

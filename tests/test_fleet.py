@@ -15,7 +15,7 @@ import time
 import pytest
 from worldline.client.errors import FailedPrecondition, Unavailable
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, run_together
 from .fidelity import AGENT_UID, as_agent, build_host_tree, differences, fingerprint
 
 GRACE = 2  # seconds: gc's grace period on these hosts
@@ -649,11 +649,7 @@ def test_sessions_checkpoint_at_once_while_staged_objects_move_all_the_time(
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together([lambda k=k: work(k) for k in range(3)])
     assert errors == [] and len(done) == 3
     b = fleet.host("b")
     for k, (s, wanted) in done.items():

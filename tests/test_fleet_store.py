@@ -16,6 +16,7 @@ from worldline.daemon.storage import postgres_store, sqlite_store
 from worldline.daemon.storage.postgres_store import PostgresStore
 from worldline.daemon.storage.sqlite_store import SqliteStore
 
+from tests.conftest import run_together
 from tests.services import PostgresCluster, UnixRelay
 from tests.test_store_contract import make_cp, new_session
 
@@ -26,14 +27,6 @@ def two_hosts(postgres_url):
     yield a, b
     a.close()
     b.close()
-
-
-def _run_all(targets) -> None:
-    threads = [threading.Thread(target=t) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 def test_compare_and_set_across_hosts_loses_all_but_one(two_hosts):
@@ -48,7 +41,7 @@ def test_compare_and_set_across_hosts_loses_all_but_one(two_hosts):
         except Aborted as exc:
             results.append(exc)
 
-    _run_all([lambda st=st: attempt(st) for st in (a, b) * 6])
+    run_together([lambda st=st: attempt(st) for st in (a, b) * 6])
     wins = [r for r in results if isinstance(r, Checkpoint)]
     assert len(results) == 12 and len(wins) == 1
     assert a.get_session(s.id).head == b.get_session(s.id).head == wins[0].id
@@ -63,7 +56,7 @@ def test_the_audit_chain_stays_one_chain_with_many_writers(two_hosts):
             store.append_audit([AuditEvent("x", None, f"{n}-{i}", {"i": i}, ids.now()),
                                 AuditEvent("y", None, f"{n}-{i}", {}, ids.now())])
 
-    _run_all([lambda st=st, n=n: write(st, n) for n, st in enumerate((a, b, a, b))])
+    run_together([lambda st=st, n=n: write(st, n) for n, st in enumerate((a, b, a, b))])
     events = a.list_audit()
     assert [e.seq for e in events] == list(range(1, 81))
     prev = GENESIS_HASH
@@ -93,7 +86,7 @@ def test_an_approval_is_used_up_once_across_hosts(two_hosts):
         except FailedPrecondition:
             outcomes.append("refused")
 
-    _run_all([lambda st=st: cite(st) for st in (a, b) * 4])
+    run_together([lambda st=st: cite(st) for st in (a, b) * 4])
     assert sorted(outcomes) == ["refused"] * 7 + ["used"]
 
 
@@ -188,7 +181,7 @@ def test_a_deadlock_is_aborted_and_keeps_nothing(postgres_url):
         except Exception as exc:
             errors.append(exc)
 
-    _run_all([lambda: cross(1, 2), lambda: cross(2, 1)])
+    run_together([lambda: cross(1, 2), lambda: cross(2, 1)])
     assert len(errors) == 1 and isinstance(errors[0], Aborted), errors
     assert "try again" in str(errors[0])
     assert sorted(store._all("SELECT v FROM pair")) == [(1,), (1,)]  # the loser kept nothing
@@ -226,7 +219,7 @@ def test_checkpoints_renewing_rows_a_move_points_elsewhere_never_deadlock(postgr
         except Exception as exc:
             errors.append(exc)
 
-    _run_all([move, record])
+    run_together([move, record])
     assert errors == []
     mover.close()
     recorder.close()

@@ -22,7 +22,7 @@ from worldline.client import (
 )
 from worldline.daemon.main import GC_YOUNG
 
-from .conftest import DaemonProcess, corrupt_blob, run_python, tree_state
+from .conftest import DaemonProcess, corrupt_blob, run_python, run_together, tree_state
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts)")
 
@@ -179,11 +179,7 @@ def test_concurrent_checkpoints_exactly_one_wins(client, workspace):
         except WorldlineError as exc:
             results.append(exc)
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together([lambda i=i: attempt(i) for i in range(8)])
     wins = [r for r in results if not isinstance(r, Exception)]
     assert len(wins) == 1
     assert all(isinstance(r, Aborted) for r in results if isinstance(r, Exception))

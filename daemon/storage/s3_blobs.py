@@ -285,6 +285,7 @@ class S3BlobStore:
         return digest, size
 
     def sync(self) -> None:
+        self._commit_behind()
         self._send()
         self._index(self._waiting())
         with self._sync_lock:
@@ -292,7 +293,7 @@ class S3BlobStore:
 
     @contextmanager
     def committing(self):
-        self._send(behind=False)
+        self._send()
         objects = self._waiting()
         try:
             yield objects
@@ -308,12 +309,10 @@ class S3BlobStore:
         with self._sync_lock:
             self._evict()
 
-    def _send(self, behind: bool = True) -> None:
-        """What was put since the last send, uploaded (the cache commits behind: now,
-        or, for a checkpoint, once it has committed)."""
+    def _send(self) -> None:
+        """What was put since the last send, uploaded (the caller has the cache commit
+        behind: sync before, a checkpoint once it has committed)."""
         with self._sync_lock:
-            if behind:
-                self._commit_behind()
             self._resend_stale()
             with self._lock:
                 batch, self._upload = self._upload, {}
@@ -669,10 +668,10 @@ class S3BlobStore:
         made before ``older_than`` (default: now) into one, once there are
         ``CONSOLIDATE_MIN`` of them or one is staged or was moved from the stage by this
         host (flush_staged) since its last rewrite, each entry a delta from an earlier
-        one where that is smaller (bucket_packs.py), then delete them. A blob's base is the one this
-        host's cache stores it against, else its base in what ``hints()`` returns
-        (digest -> the digest the same path held before: gc finds them in the trees;
-        asked only when there is a group to rewrite). One group of at most
+        one where that is smaller (bucket_packs.py), then delete them. A blob's base is
+        the one this host's cache stores it against, else its base in what ``hints()``
+        returns (digest -> the digest the same path held before: gc finds them in the
+        trees; asked only when there is a group to rewrite). One group of at most
         ``CONSOLIDATE_BYTES`` per call; gives up unchanged when ``keep_going()``
         turns false before the upload. Returns (objects rewritten, their bytes, the new
         object's bytes): (0, 0, 0) when there was nothing to do. The caller holds the
@@ -874,13 +873,11 @@ class S3BlobStore:
                 crash_point("blobs.flush_after_put")
                 self.index.rewrite_blobs(
                     StoredObject(new, len(body), self.host, time.time(), entries), read_from)
-            for name in set(names) - set(read_from.values()):  # nothing live left in it
-                self.index.remove_blob_object(name)
-            self._unstage(names)
-            if entries:
                 with self._lock:
                     self._moved.add(new)
-                    self._gauges()
+            for name in set(names) - set(read_from.values()):  # nothing live left in it
+                self.index.remove_blob_object(name)
+            self._unstage(names)  # (the gauges too)
             return len(body)
 
     # -- the cache's bound -----------------------------------------------------------------
