@@ -611,11 +611,18 @@ class S3BlobStore:
                 return 0  # being stored right now
         freed = self.index.forget_blob(digest, older_than)
         if freed:
-            self._uncache(digest)
+            self._uncache(digest, settle=True)
         return freed
 
-    def _uncache(self, digest: str) -> None:
-        if self.cache.delete(digest) == 0 and self.cache.has(digest):
+    def _uncache(self, digest: str, settle: bool = False) -> None:
+        """The digest out of the cache, unless other cached rows are built on it. With
+        ``settle`` (it is forgotten, not evicted), a row the cache has not committed yet
+        (the commit-behind's) is committed first, so it goes too."""
+        gone = self.cache.delete(digest) > 0 or not self.cache.has(digest)
+        if not gone and settle:
+            self.cache.sync()
+            gone = self.cache.delete(digest) > 0 or not self.cache.has(digest)
+        if not gone:
             with self._lock:  # a base other cached rows are built on: kept, counted, later
                 if digest in self._lru:
                     self._lru.move_to_end(digest)
