@@ -53,7 +53,7 @@ def test_one_pack_object_per_sync_and_large_blobs_alone(request, tmp_path, index
     assert a.requests["put"] == 3
     keys = s3_server.keys(_bucket_of(a))
     assert sum(k.startswith("fleet/packs/") for k in keys) == 2
-    assert f"fleet/blobs/{digest[:2]}/{digest}" in keys
+    assert any(k.startswith(f"fleet/blobs/{digest[:2]}/{digest}-") for k in keys)
 
 
 def test_a_deleted_blob_leaves_the_cache_before_the_cache_has_committed_it(
@@ -687,3 +687,36 @@ def test_a_rewrite_deletes_no_object_a_checkpoint_recorded_a_row_in_meanwhile(
     assert len(_packs_of(s3_server, a)) == 2
     b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
     assert all(b.read_bytes(d) == data for d, data in put.items())
+
+
+@pytest.mark.parametrize("kind", ["pack", "large"])
+def test_gc_deletes_no_object_a_host_uploads_the_same_bytes_as_meanwhile(
+        request, tmp_path, index, s3_server, monkeypatch, kind):
+    """gc forgot every blob of an object and deletes it; meanwhile, between gc's look
+    at the index and its DELETE, another host uploads the very same blobs again (the
+    same pack's bytes, or the same large file) and records them. Its upload has a name
+    of its own (pack_name), so the DELETE takes only the old object and every blob
+    reads on every host (before 0.7.16 the names were the content's: the upload found
+    the old object there, recorded it, and lost it to the DELETE)."""
+    data = ([b"file %d\n" % i * 50 for i in range(10)] if kind == "pack"
+            else [os.urandom(s3_blobs.ALONE + 1)])
+    a = s3_blob_store(request, tmp_path, host="a", index=index)
+    digests = [a.put_bytes(x) for x in data]
+    a.sync()
+    old = s3_server.keys(_bucket_of(a))
+    assert all(a.delete(d, older_than=time.time() + 1) > 0 for d in digests)
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=_bucket_of(a))
+    delete = a._delete_objects
+
+    def after_b_uploaded(names):
+        for x in data:
+            b.put_bytes(x)
+        b.sync()  # uploaded and recorded, after gc decided
+        delete(names)
+
+    monkeypatch.setattr(a, "_delete_objects", after_b_uploaded)
+    assert a.compact(older_than=time.time() + 1)[0] == 1
+    keys = s3_server.keys(_bucket_of(a))
+    assert len(keys) == 1 and keys != old
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
+    assert [c.read_bytes(d) for d in digests] == data

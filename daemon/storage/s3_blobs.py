@@ -17,9 +17,10 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   Small blobs go as **one pack object**:
   entries compressed one by one as the local pack compresses whole rows (so a host
   filling its cache stores them as they come), concatenated, written under a
-  write-once name (``If-None-Match: *``; a pack is named by its content's SHA-256).
-  Large ones (over ``ALONE``) are objects of their own, uploaded in parts and named by
-  their digest (an upload again writes the same bytes). Each object is indexed only
+  write-once name (``If-None-Match: *``) of its own: its content's SHA-256 and a
+  random part (``pack_name``), so no two uploads share a name and no delete decided
+  earlier can hit an object just uploaded. Large ones (over ``ALONE``) are objects of
+  their own, uploaded in parts, named by their digest and a random part. Each object is indexed only
   after its upload: a checkpoint's objects in the checkpoint's own transaction
   (``committing()`` yields them for ``Store.append_checkpoint``), other uploads in one
   transaction per object at the end of ``sync()``. An object stays in ``_unindexed``
@@ -109,6 +110,21 @@ FLUSH_SECONDS = 30.0
 
 class _Vanished(Exception):
     """An object was deleted after its rows were read (a repack moved them)."""
+
+
+def pack_name(body: bytes) -> str:
+    """A new pack object's name: its content's SHA-256 and a random part. Never the
+    name of an object that exists or existed: a delete (gc's sweep of an object no row
+    names, a rewrite's of the objects it replaced) decided on an earlier look can only
+    hit the object it looked at, never one a host has just uploaded the same bytes as
+    and is about to record (0.7.16; before, a pack was named by its content alone)."""
+    return f"packs/{hashlib.sha256(body).hexdigest()}-{os.urandom(8).hex()}.pack"
+
+
+def content_of(name: str) -> str | None:
+    """The content's SHA-256 a pack's name carries (``packs/<sha256>[-<random>].pack``,
+    either generation), None for any other object."""
+    return name[6:70] if name.startswith("packs/") else None
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -222,17 +238,17 @@ class S3BlobStore:
                               f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
     def _put_object(self, name: str, body) -> None:
-        """A pack: one PUT under a write-once name (If-None-Match: *)."""
+        """A pack: one PUT under a name of its own (pack_name), write-once
+        (If-None-Match: *)."""
         self._count("put")
         try:
             self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
         except AlreadyExistsError:
-            pass  # write-once names: what is there is these very bytes
+            pass  # nobody else writes this name: a retry whose first attempt landed
 
     def _put_parts(self, name: str, body) -> None:
-        """A large blob: a multipart upload. S3 has no write-once condition on
-        multipart uploads that every server honours; the name is the blob's digest, so
-        a second upload writes the very same bytes."""
+        """A large blob: a multipart upload (under a name of its own, like a pack's: S3
+        has no write-once condition on multipart uploads that every server honours)."""
         self._count("put")
         self._call(f"PUT {name} (multipart)", obstore.put, self.bucket, name, body,
                    use_multipart=True, chunk_size=PART_BYTES)
@@ -401,7 +417,7 @@ class S3BlobStore:
             self._uploaded(StoredObject(f"{STAGED}{os.urandom(16).hex()}.pack", len(body),
                                         self.host, now, entries, body))
             return
-        name = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
+        name = pack_name(body)
         self._put_object(name, body)
         crash_point("blobs.after_put")
         self._uploaded(StoredObject(name, len(body), self.host, now, entries))
@@ -411,7 +427,7 @@ class S3BlobStore:
             self._unindexed[o.name] = o
 
     def _upload_alone(self, digest: str, size: int, now: float) -> None:
-        name = f"blobs/{digest[:2]}/{digest}"
+        name = f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}"
         fd, tmp = self._scratch()
         try:
             self.cache.copy_to_fd(digest, fd)
@@ -776,8 +792,9 @@ class S3BlobStore:
             body, entries = bucket_packs.build(blobs, bases, keep_going=keep_going)
         except bucket_packs.GaveUp:
             return None
-        new = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
-        if new in names:  # nothing to gain: not tried again for having been moved
+        new = pack_name(body)
+        if content_of(new) in {content_of(name) for name in names}:
+            # the very bytes of one of them: nothing to gain (nor to try again, if moved)
             with self._lock:
                 self._moved.difference_update(names)
                 self._gauges()
@@ -875,7 +892,7 @@ class S3BlobStore:
                     off += len(chunk)
             body = b"".join(parts)
             if entries:
-                new = f"packs/{hashlib.sha256(body).hexdigest()}.pack"
+                new = pack_name(body)
                 self._put_object(new, body)
                 crash_point("blobs.flush_after_put")
                 self.index.rewrite_blobs(
