@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
+import threading
 import time
 
 import pytest
 from worldline.client.errors import Aborted, DataLoss, NotFound, Unavailable
 from worldline.daemon.storage import bucket_packs, packs, s3_blobs
+from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.s3_blobs import ALONE
 
 from .test_blob_contract import s3_blob_store
@@ -720,3 +723,51 @@ def test_gc_deletes_no_object_a_host_uploads_the_same_bytes_as_meanwhile(
     assert len(keys) == 1 and keys != old
     c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=_bucket_of(a))
     assert [c.read_bytes(d) for d in digests] == data
+
+
+@pytest.fixture
+def silent_bucket(s3_server, monkeypatch):
+    """An endpoint that accepts connections and never answers (a bucket hung behind a
+    load balancer), in place of the emulator's for the stores made after it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    yield held
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_bucket_that_never_answers_fails_a_call_after_one_request_timeout(
+        tmp_path, index, silent_bucket):
+    """A PUT and a GET to a bucket that hangs each fail as UNAVAILABLE once one request
+    has timed out (``request_seconds``), not after the SDK's 3 minutes of retried GETs;
+    and the environment's client settings (AWS_ALLOW_HTTP here, for the plain-HTTP
+    endpoint) still hold beside the store's own."""
+    from worldline.daemon.storage.s3_blobs import S3BlobStore
+    a = S3BlobStore("s3://hung/fleet", LocalBlobStore(str(tmp_path / "cache-a")), index, "a",
+                    stage_bytes=0, request_seconds=1.0)
+    a.put_bytes(b"x" * 100)
+    start = time.monotonic()
+    with pytest.raises(Unavailable, match="did not answer PUT"):
+        a.sync()
+    assert 1.0 <= time.monotonic() - start < 3.0
+    digest = hashlib.sha256(b"y" * 100).hexdigest()
+    index.add_blob_object("packs/elsewhere.pack", 100, "b", time.time(),
+                          [(digest, 0, 100, 100, "raw")])
+    start = time.monotonic()
+    with pytest.raises(Unavailable, match="did not answer GET"):
+        a.read_bytes(digest)
+    assert 1.0 <= time.monotonic() - start < 3.0
+    assert len(silent_bucket) == 2  # one connection each: neither was tried again

@@ -70,6 +70,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
@@ -106,6 +107,21 @@ STAGE_LIMIT = 64 << 20  # ...while this host's staged bytes stay under this
 FLUSH_BYTES = 1 << 20
 FLUSH_OBJECTS = 256
 FLUSH_SECONDS = 30.0
+# A request to the bucket gives up after REQUEST_SECONDS (object_store's default: a
+# 16 MiB part or a 64 MiB pack on a slow link). An error that comes back (5xx, a
+# refused or dropped connection) is retried for RETRY_SHARE of that, with backoff; a
+# request that hangs is not tried again, so a bucket that accepts and never answers
+# fails a call in about REQUEST_SECONDS, not the SDK's 3 minutes of retried GETs.
+REQUEST_SECONDS = 30.0
+RETRY_SHARE = 0.6
+# The HTTP client's settings the SDK takes from AWS_<NAME> (AWS_ALLOW_HTTP, ...): passed
+# on explicitly, since options given to the store replace what it read from there.
+CLIENT_SETTINGS = (
+    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type",
+    "http1_only", "http2_keep_alive_interval", "http2_keep_alive_timeout",
+    "http2_keep_alive_while_idle", "http2_only", "pool_idle_timeout",
+    "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
+    "randomize_addresses", "read_timeout", "timeout", "user_agent")
 
 
 class _Vanished(Exception):
@@ -127,6 +143,17 @@ def content_of(name: str) -> str | None:
     return name[6:70] if name.startswith("packs/") else None
 
 
+def bucket_client(request_seconds: float) -> tuple[dict[str, str], dict]:
+    """(client options, retry config) for the store: the environment's AWS_<setting>
+    values, a request timeout of ``request_seconds`` unless AWS_TIMEOUT says, and
+    retries for RETRY_SHARE of it."""
+    options = {key: os.environ[f"AWS_{key.upper()}"] for key in CLIENT_SETTINGS
+               if f"AWS_{key.upper()}" in os.environ}
+    options.setdefault("timeout", f"{int(request_seconds * 1000)}ms")
+    retry = {"retry_timeout": timedelta(seconds=request_seconds * RETRY_SHARE)}
+    return options, retry
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """``s3://bucket/prefix`` -> (bucket, prefix without slashes at its ends)."""
     if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
@@ -139,7 +166,8 @@ class S3BlobStore:
     local = False
 
     def __init__(self, url: str, cache: LocalBlobStore, index: BlobIndex, host: str,
-                 cache_bytes: int = 16 << 30, stage_bytes: int | None = None) -> None:
+                 cache_bytes: int = 16 << 30, stage_bytes: int | None = None,
+                 request_seconds: float = REQUEST_SECONDS) -> None:
         if obstore is None:
             raise Unavailable("s3 blobs need obstore: pip install 'worldline[fleet]'")
         self.url = url
@@ -147,7 +175,9 @@ class S3BlobStore:
         # Endpoint, region and credentials the SDK's usual way: AWS_ENDPOINT_URL,
         # AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
         # (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
-        self.bucket = S3Store(name, prefix=prefix or None)
+        options, retry = bucket_client(request_seconds)
+        self.bucket = S3Store(name, prefix=prefix or None, client_options=options,
+                              retry_config=retry)
         self.cache = cache
         self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
         self.index = index
