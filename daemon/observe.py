@@ -14,6 +14,8 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
                                                metadata store, not yet in the bucket
   worldline_moved_objects                       objects this host moved to the bucket from
                                                there, not yet rewritten at rest
+  worldline_gc_pause_seconds{generation}        histogram: the cycle collector's pauses
+                                               (each stops every call: one interpreter lock)
 
 Logs (``--log-format json``): one JSON object a line, with the request id of the
 call being served (the caller's ``x-request-id`` metadata, else a new one).
@@ -21,6 +23,7 @@ call being served (the caller's ``x-request-id`` metadata, else a new one).
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import json
 import logging
@@ -28,7 +31,8 @@ import threading
 import time
 
 import grpc
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
 
 from . import ids
 
@@ -52,6 +56,53 @@ STAGED_BYTES = Gauge("worldline_staged_bytes", "Bytes this host's checkpoints st
                      " the metadata store, not yet moved to the bucket")
 MOVED_OBJECTS = Gauge("worldline_moved_objects", "Objects this host moved to the bucket"
                       " from the metadata store, not yet rewritten at rest")
+
+GC_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, float("inf"))
+
+
+class GcPauses:
+    """``worldline_gc_pause_seconds``: the cycle collector's pauses, by generation, as a
+    histogram. Counted by a ``gc.callbacks`` hook with no lock (a collection may start
+    inside any code, a lock's holder included: a metric's own lock would deadlock it),
+    and read when metrics are scraped."""
+
+    def __init__(self) -> None:
+        self.counts = {g: [0] * len(GC_BUCKETS) for g in (0, 1, 2)}
+        self.sums = {g: 0.0 for g in (0, 1, 2)}
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            took = time.perf_counter() - self._started
+            self._started = None
+            generation = info["generation"]
+            self.sums[generation] += took
+            self.counts[generation][bisect.bisect_left(GC_BUCKETS, took)] += 1
+
+    def collect(self):
+        family = HistogramMetricFamily("worldline_gc_pause_seconds", "The cycle collector's"
+                                       " pauses (every call waits for each)",
+                                       labels=["generation"])
+        for generation, counts in self.counts.items():
+            total, buckets = 0, []
+            for bound, n in zip(GC_BUCKETS, counts, strict=True):
+                total += n
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), total))
+            family.add_metric([str(generation)], buckets, self.sums[generation])
+        yield family
+
+
+GC_PAUSES = GcPauses()
+
+
+def watch_gc() -> None:
+    """Time the cycle collector's pauses from now on (once per process)."""
+    import gc
+    if GC_PAUSES not in gc.callbacks:
+        gc.callbacks.append(GC_PAUSES)
+        REGISTRY.register(GC_PAUSES)
 
 
 class Activity:

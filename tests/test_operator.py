@@ -66,10 +66,29 @@ def test_metrics_and_json_logs(tmp_path):
         assert "worldline_blob_bytes_written_total" in text
         assert "worldline_dedup_ratio" in text
         assert "worldline_tracker_fallbacks_total" in text
+        assert 'worldline_gc_pause_seconds_count{generation="0"}' in text
     finally:
         d.stop()
     lines = [json.loads(ln) for ln in d.log.read_text().splitlines() if ln.startswith("{")]
     assert lines and all({"time", "level", "logger", "message"} <= ln.keys() for ln in lines)
+
+
+def test_the_cycle_collectors_pauses_are_counted():
+    """worldline_gc_pause_seconds: every collection, by generation, with its duration
+    (each stops every call). Counted without a lock: a collection may start inside a
+    metric's own locked update."""
+    import gc
+
+    from prometheus_client import generate_latest
+    from worldline.daemon.observe import GC_PAUSES, watch_gc
+    watch_gc()
+    watch_gc()  # once per process, however often asked
+    before, took = sum(GC_PAUSES.counts[2]), GC_PAUSES.sums[2]
+    gc.collect()
+    assert sum(GC_PAUSES.counts[2]) == before + 1 and GC_PAUSES.sums[2] > took
+    text = generate_latest().decode()
+    assert f'worldline_gc_pause_seconds_count{{generation="2"}} {before + 1}.0' in text
+    assert 'worldline_gc_pause_seconds_bucket{generation="2",le="+Inf"}' in text
 
 
 def _many_files(ws, n: int = 300, size: int = 4096, tag: str = "a") -> int:

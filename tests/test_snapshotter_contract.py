@@ -195,6 +195,43 @@ def test_a_large_folder_encoded_from_its_previous_rows_is_byte_for_byte_its_enco
     assert kept_once  # the rows of earlier versions were used, not only built
 
 
+def test_kept_trees_are_out_of_the_cycle_collectors_sight():
+    """The trees a reader keeps, their entries and a large folder's kept rows hold only
+    strings and numbers: they are untracked by the cycle collector (daemon/_codec.c's
+    ``untrack``), which under the eight-session load traversed them all at every young
+    collection (35 to 60 ms pauses of every call, finding nothing). A kept tree given a
+    new entry is tracked again (a dict does that itself), and reads back unchanged."""
+    import gc
+
+    from worldline.daemon.capture.trees import Entry, Tree, encode
+    try:
+        from worldline.daemon._codec import untrack
+    except ImportError:
+        pytest.fail("worldline.daemon._codec was not built: install gcc and the Python"
+                    " headers, then make install")
+    with pytest.raises(TypeError):
+        untrack(5)
+    blobs = MemoryBlobStore()
+    reader = TreeReader(blobs)
+    tree = Tree({f"n{i:03d}": Entry(FILE, 0o644, f"{i:064x}", i) for i in range(100)},
+                own=Entry(DIR, 0o755, "", 0, 0, 0, 1, ""))
+    assert gc.is_tracked(tree) and gc.is_tracked(tree["n000"])
+    digest = blobs.put_bytes(encode(tree))
+    reader.remember(digest, tree)
+    assert not gc.is_tracked(tree) and not gc.is_tracked(tree.own)
+    assert not any(gc.is_tracked(e) for e in tree.values())
+    new = Tree(reader.read(digest))
+    new["n000"] = Entry(FILE, 0o600, "f" * 64, 7)
+    data, _, rows = reader.encode_update(new, digest, ["n000"])
+    assert rows is not None and data == encode(new)
+    reader.keep_rows(blobs.put_bytes(data), rows)
+    assert not any(gc.is_tracked(x) for x in (rows, rows.names, rows.rows))
+    gc.collect()
+    assert reader.read(digest) is tree and encode(tree) == blobs.read_bytes(digest)
+    tree["late"] = Entry(FILE, 0o644, "e" * 64, 1)
+    assert gc.is_tracked(tree)
+
+
 def test_the_restore_journal_finds_every_entry_it_or_an_earlier_daemon_wrote(tmp_path):
     """``get`` opens files only for sessions it knows may have one: those it wrote, and
     those the folder held when it was opened (a daemon that died mid-restore)."""

@@ -80,3 +80,24 @@ def run(address: str, sessions: list[str], workspaces: list[str], seconds: float
     return {"count": len(xs), "seconds": seconds, "latencies": xs, "cpu": cpu,
             "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0.0,
             "list_latencies": list_latencies}
+
+
+def gc_pauses(before: dict[str, float], after: dict[str, float]) -> str:
+    """The daemon's cycle-collector pauses between two scrapes of its metrics
+    (worldline_gc_pause_seconds): how many, their total, and the bucket of the longest."""
+    def grew(sample: str) -> float:
+        return after.get(sample, 0.0) - before.get(sample, 0.0)
+
+    count = total = longest = 0.0
+    for generation in ("0", "1", "2"):
+        count += grew(f'worldline_gc_pause_seconds_count{{generation="{generation}"}}')
+        total += grew(f'worldline_gc_pause_seconds_sum{{generation="{generation}"}}')
+        prefix = f'worldline_gc_pause_seconds_bucket{{generation="{generation}",le="'
+        buckets = sorted((float(sample[len(prefix):-2]), grew(sample))
+                         for sample in after if sample.startswith(prefix))
+        if buckets and buckets[-1][1]:  # cumulative: the first bucket holding them all
+            longest = max(longest, next(b for b, n in buckets if n >= buckets[-1][1]))
+    if not count:
+        return "no GC pause during the load"
+    return (f"{count:.0f} GC pauses during the load, {total * 1000:.0f} ms in all, the"
+            f" longest ≤ {longest * 1000:g} ms")

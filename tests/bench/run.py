@@ -115,7 +115,10 @@ class Bench:
         self.run_dir = work / "run"
         self.cache = work / "cache"
         self.django = django_tree(self.cache)
-        self.daemon = DaemonProcess(self.run_dir / "data").start()
+        from ..services import free_port
+        self.metrics = f"127.0.0.1:{free_port()}"  # the throughput case reads its GC pauses
+        self.daemon = DaemonProcess(self.run_dir / "data",
+                                    extra=["--metrics-listen", self.metrics]).start()
         self.client = Client(self.daemon.address)
         self.cases: list[Case] = []
         self.by_name: dict[str, Case] = {}
@@ -306,9 +309,12 @@ class Bench:
         copies = [self.copy(f"load-{i}") for i in range(8)]
         sessions = [self.client.create_session(str(p)).id for p in copies]
         os.sync()
+        from .fleet import scrape
+        before = scrape(self.metrics)
         result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
                           seconds=10.0, django=str(self.django),
                           daemon_pid=self.daemon.proc.pid)
+        pauses = load.gc_pauses(before, scrape(self.metrics))
         lat = stat(result["latencies"])
         rate = result["count"] / result["seconds"]
         listing = stat(result["list_latencies"])
@@ -324,6 +330,7 @@ class Bench:
             case.note = (f"daemon CPU {result['cpu']['daemon_ms_per_checkpoint']:.2f} ms per"
                          f" checkpoint; the machine {result['cpu']['machine_idle']:.0%} idle"
                          " during the load")
+        case.note += ("; " if case.note else "") + pauses
         return self.add(case)
 
     # -- checkpoint-sparse ---------------------------------------------------------------
