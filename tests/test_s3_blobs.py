@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from worldline.client.errors import Aborted, DataLoss, NotFound, Unavailable
+from worldline.client.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
 from worldline.daemon.storage import bucket_packs, packs, s3_blobs
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.s3_blobs import ALONE
@@ -771,3 +771,11 @@ def test_a_bucket_that_never_answers_fails_a_call_after_one_request_timeout(
         a.read_bytes(digest)
     assert 1.0 <= time.monotonic() - start < 3.0
     assert len(silent_bucket) == 2  # one connection each: neither was tried again
+
+
+def test_a_setting_the_sdk_cannot_take_is_a_clear_error(tmp_path, index, s3_server,
+                                                        monkeypatch):
+    from worldline.daemon.storage.s3_blobs import S3BlobStore
+    monkeypatch.setenv("AWS_TIMEOUT", "soon")
+    with pytest.raises(InvalidArgument, match="AWS_.*not valid.*soon"):
+        S3BlobStore("s3://b/fleet", LocalBlobStore(str(tmp_path / "cache")), index, "a")

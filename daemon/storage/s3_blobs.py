@@ -176,8 +176,12 @@ class S3BlobStore:
         # AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
         # (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
         options, retry = bucket_client(request_seconds)
-        self.bucket = S3Store(name, prefix=prefix or None, client_options=options,
-                              retry_config=retry)
+        try:
+            self.bucket = S3Store(name, prefix=prefix or None, client_options=options,
+                                  retry_config=retry)
+        except BaseError as exc:  # a setting of the environment's the SDK cannot take
+            raise InvalidArgument(f"blob store {url}: the environment's AWS_* settings are"
+                                  f" not valid: {str(exc).splitlines()[0]}") from None
         self.cache = cache
         self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
         self.index = index
