@@ -763,14 +763,42 @@ def test_a_bucket_that_never_answers_fails_a_call_after_one_request_timeout(
     with pytest.raises(Unavailable, match="did not answer PUT"):
         a.sync()
     assert 1.0 <= time.monotonic() - start < 3.0
+    _read_from_elsewhere_fails_within(a, index, 1.0, 3.0)
+    assert len(silent_bucket) == 2  # one connection each: neither was tried again
+
+
+def _read_from_elsewhere_fails_within(store, index, least: float, most: float) -> None:
+    """A read of a blob another host put in the bucket fails UNAVAILABLE within
+    [least, most) seconds."""
     digest = hashlib.sha256(b"y" * 100).hexdigest()
     index.add_blob_object("packs/elsewhere.pack", 100, "b", time.time(),
                           [(digest, 0, 100, 100, "raw")])
     start = time.monotonic()
     with pytest.raises(Unavailable, match="did not answer GET"):
-        a.read_bytes(digest)
-    assert 1.0 <= time.monotonic() - start < 3.0
-    assert len(silent_bucket) == 2  # one connection each: neither was tried again
+        store.read_bytes(digest)
+    assert least <= time.monotonic() - start < most
+
+
+def test_a_timeout_the_environment_sets_is_not_retried_either(tmp_path, index,
+                                                              silent_bucket, monkeypatch):
+    """AWS_TIMEOUT shorter than the store's own request timeout: a GET to a bucket
+    that hangs still fails after that one timeout, with one connection (the retries'
+    window follows the timeout that holds, not the 30 s default's 18 s)."""
+    from worldline.daemon.storage.s3_blobs import S3BlobStore
+    monkeypatch.setenv("AWS_TIMEOUT", "1s")
+    a = S3BlobStore("s3://hung/fleet", LocalBlobStore(str(tmp_path / "cache-a")), index, "a")
+    _read_from_elsewhere_fails_within(a, index, 1.0, 3.0)
+    assert len(silent_bucket) == 1
+
+
+def test_durations_are_read_as_the_sdk_spells_them():
+    from worldline.daemon.storage.s3_blobs import duration_seconds
+    assert duration_seconds("30s") == 30.0
+    assert duration_seconds("500ms") == 0.5
+    assert duration_seconds("1m 30s") == duration_seconds("1m30s") == 90.0
+    assert duration_seconds("1.5s") == 1.5
+    for unreadable in ("30", "soon", "1H", "", "0s", "5s later"):
+        assert duration_seconds(unreadable) is None
 
 
 def test_a_setting_the_sdk_cannot_take_is_a_clear_error(tmp_path, index, s3_server,

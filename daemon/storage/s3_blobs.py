@@ -65,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -146,12 +147,44 @@ def content_of(name: str) -> str | None:
 def bucket_client(request_seconds: float) -> tuple[dict[str, str], dict]:
     """(client options, retry config) for the store: the environment's AWS_<setting>
     values, a request timeout of ``request_seconds`` unless AWS_TIMEOUT says, and
-    retries for RETRY_SHARE of it."""
+    retries for RETRY_SHARE of whichever timeout holds (so a request that hangs is not
+    tried again however short AWS_TIMEOUT is; a value the SDK cannot read keeps
+    ``request_seconds`` here, and the SDK refuses it)."""
     options = {key: os.environ[f"AWS_{key.upper()}"] for key in CLIENT_SETTINGS
                if f"AWS_{key.upper()}" in os.environ}
-    options.setdefault("timeout", f"{int(request_seconds * 1000)}ms")
-    retry = {"retry_timeout": timedelta(seconds=request_seconds * RETRY_SHARE)}
+    timeout = request_seconds
+    if "timeout" in options:
+        timeout = duration_seconds(options["timeout"]) or request_seconds
+    else:
+        options["timeout"] = f"{int(request_seconds * 1000)}ms"
+    retry = {"retry_timeout": timedelta(seconds=timeout * RETRY_SHARE)}
     return options, retry
+
+
+_UNIT_SECONDS = {
+    **dict.fromkeys(("nsec", "ns"), 1e-9), **dict.fromkeys(("usec", "us", "\u00b5s"), 1e-6),
+    **dict.fromkeys(("msec", "ms", "millis"), 1e-3),
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1.0),
+    **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), 60.0),
+    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), 3600.0),
+    **dict.fromkeys(("days", "day", "d"), 86400.0),
+    **dict.fromkeys(("weeks", "week", "w"), 604800.0)}
+_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z\u00b5]+)")
+
+
+def duration_seconds(text: str) -> float | None:
+    """A duration as the SDK's client settings spell it (humantime, case and all:
+    ``30s``, ``500ms``, ``1m 30s``), in seconds; None if it is not one this reads (the
+    SDK may still take it: months, years) or is zero."""
+    total, at = 0.0, 0
+    text = text.strip()
+    while at < len(text):
+        part = _DURATION_PART.match(text, at)
+        if part is None or part.group(2) not in _UNIT_SECONDS:
+            return None
+        total += float(part.group(1)) * _UNIT_SECONDS[part.group(2)]
+        at = part.end()
+    return total or None
 
 
 def parse_url(url: str) -> tuple[str, str]:
