@@ -21,6 +21,7 @@ import subprocess
 import time
 
 from ..conftest import DaemonProcess, unmount_below
+from .metrics import PUTS, scrape
 
 
 def case(bench):
@@ -51,7 +52,7 @@ def case(bench):
             local_session = bench.client.create_session(str(ws_local))
             rng = random.Random(11)
             fleet, local, puts = [], [], []
-            puts_before = scrape(metrics)['worldline_bucket_requests_total{op="put"}']
+            puts_before = scrape(metrics).get(PUTS, 0.0)
             for i in range(WARMUP + ROUNDS):
                 files = pick_files(bench.django, rng)
                 edit(ws_fleet, files, f"fleet {i}")
@@ -69,7 +70,7 @@ def case(bench):
         settle(a.root)
         rested(s3, bucket, "bench/packs/", metrics)  # host a's packs moved and rewritten
         # Every PUT the loop's checkpoints cost, moving what they staged included.
-        puts_all = (scrape(metrics)['worldline_bucket_requests_total{op="put"}']
+        puts_all = (scrape(metrics).get(PUTS, 0.0)
                     - puts_before) / (WARMUP + ROUNDS + 1)
         settle(bench.daemon.root)
         cold, cp_a = [], []
@@ -128,20 +129,6 @@ def object_sizes(s3, bucket: str, prefix: str = "") -> list[int]:
     """The size of each object under ``prefix`` in the bucket."""
     pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return [o["Size"] for page in pages for o in page.get("Contents", [])]
-
-
-def scrape(metrics: str) -> dict[str, float]:
-    """A daemon's Prometheus metrics (``--metrics-listen``): sample -> value."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            sample, _, value = line.rpartition(" ")
-            out[sample] = float(value)
-    out.setdefault('worldline_bucket_requests_total{op="put"}', 0.0)
-    return out
 
 
 def rested(s3, bucket: str, prefix: str, metrics: str, patience: float = 300.0) -> None:

@@ -124,10 +124,10 @@ def case(bench):
                 checkpoints.append(session.head)
                 git_replay.step(prev, commit)
                 git.append(timed(lambda c=commit: _git_commit(peer, c)))
-            call_ms, sync_ms = floor(client, session.id, root)
             # storage, once the daemon has been idle long enough to repack
             stored = _settled_size(root, settle)
             git_pack = bench.history_git_pack = _gc_pack(peer)
+            call_ms, sync_ms, empty_ms = floor(client, session, root)
             # a sample of restores, checked against git
             wrong = []
             picks = sorted({round(i * (len(commits) - 1) / (SAMPLES - 1))
@@ -146,7 +146,8 @@ def case(bench):
             f" {storage_ratio:.2f} ×; {len(picks)} restores "
             + ("equal git ls-tree -r" if not wrong else f"DIFFER from git at {wrong}")
             + f"; floor before any capture: a call after idle {call_ms:.2f} ms + an fsync"
-            f" of {sync_ms:.2f} ms = {call_ms + sync_ms:.2f} ms against the target's"
+            f" of {sync_ms:.2f} ms = {call_ms + sync_ms:.2f} ms; a checkpoint with"
+            f" nothing to capture, after the same idle: {empty_ms:.2f} ms; the target"
             f" {0.10 * git_s.median:.2f} ms")
     return Case("history-400", "checkpoint per replayed commit of flask-400", wl_s,
                 {"git add -A && git commit": git_s,
@@ -189,18 +190,26 @@ def git_pack(bench) -> int:
     return bench.history_git_pack
 
 
-def floor(client, session_id: str, root: Path, rounds: int = 60) -> tuple[float, float]:
+def floor(client, session, root: Path, rounds: int = 60) -> tuple[float, float, float]:
     """What any acknowledged checkpoint costs on this machine before it captures
     anything, in ms (medians): a call that does nothing, made after 15 ms idle as the
-    replay's calls are (after a `git read-tree`); and an fdatasync of a 4 KiB append on
+    replay's calls are (after a `git read-tree`); an fdatasync of a 4 KiB append on
     the data root's file system, of which a checkpoint makes one (of meta.db's
-    write-ahead log, which holds the pack's rows too) before it answers."""
-    calls, syncs = [], []
+    write-ahead log, which holds the pack's rows too) before it answers; and a
+    checkpoint of the replayed session with nothing changed since the last, after the
+    same idle (everything a replayed checkpoint does but capture and store what
+    changed). Taken once the storage is measured: those checkpoints add rows."""
+    calls, syncs, empties = [], [], []
     for _ in range(rounds):
         time.sleep(0.015)
         t = time.perf_counter()
-        client.get_session(session_id)
+        client.get_session(session.id)
         calls.append(time.perf_counter() - t)
+    for _ in range(rounds):
+        time.sleep(0.015)
+        t = time.perf_counter()
+        session.checkpoint()
+        empties.append(time.perf_counter() - t)
     path = root.parent / "floor-probe"  # beside the data root: the same file system
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -212,7 +221,7 @@ def floor(client, session_id: str, root: Path, rounds: int = 60) -> tuple[float,
     finally:
         os.close(fd)
         os.unlink(path)
-    return statistics.median(calls) * 1000, statistics.median(syncs) * 1000
+    return tuple(statistics.median(xs) * 1000 for xs in (calls, syncs, empties))
 
 
 def _settled_size(root: Path, settle) -> int:

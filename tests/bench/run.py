@@ -309,7 +309,7 @@ class Bench:
         copies = [self.copy(f"load-{i}") for i in range(8)]
         sessions = [self.client.create_session(str(p)).id for p in copies]
         os.sync()
-        from .fleet import scrape
+        from .metrics import scrape
         before = scrape(self.metrics)
         result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
                           seconds=10.0, django=str(self.django),
