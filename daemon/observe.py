@@ -16,6 +16,11 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
                                                there, not yet rewritten at rest
   worldline_gc_pause_seconds{generation}        histogram: the cycle collector's pauses
                                                (each stops every call: one interpreter lock)
+  worldline_metadata_fsync_seconds{file}        histogram: fsyncs of an embedded store's
+                                               write-ahead log (meta.db, graphs.db), which
+                                               every acknowledged write waits for
+  worldline_wal_copy_seconds{file}              histogram: its log copied into the file,
+                                               beside the writers (wal.py)
 
 Logs (``--log-format json``): one JSON object a line, with the request id of the
 call being served (the caller's ``x-request-id`` metadata, else a new one).
@@ -56,6 +61,16 @@ STAGED_BYTES = Gauge("worldline_staged_bytes", "Bytes this host's checkpoints st
                      " the metadata store, not yet moved to the bucket")
 MOVED_OBJECTS = Gauge("worldline_moved_objects", "Objects this host moved to the bucket"
                       " from the metadata store, not yet rewritten at rest")
+
+# The disk's waits: a fsync of a few pages takes a fraction of a millisecond on an idle
+# SSD; the tail a call sees comes from the ones that stall behind the device.
+DISK_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5)
+METADATA_FSYNC = Histogram("worldline_metadata_fsync_seconds", "fsyncs of an embedded"
+                           " store's write-ahead log (every acknowledged write waits for"
+                           " one)", ["file"], buckets=DISK_BUCKETS)
+WAL_COPY = Histogram("worldline_wal_copy_seconds", "An embedded store's write-ahead log"
+                     " copied into its file (beside the writers)", ["file"],
+                     buckets=DISK_BUCKETS)
 
 GC_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, float("inf"))
 

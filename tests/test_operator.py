@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -67,10 +68,28 @@ def test_metrics_and_json_logs(tmp_path):
         assert "worldline_dedup_ratio" in text
         assert "worldline_tracker_fallbacks_total" in text
         assert 'worldline_gc_pause_seconds_count{generation="0"}' in text
+        # each checkpoint waited for an fsync of meta.db's log; the log is copied into
+        # the file within the checkpointer's interval
+        assert _sample(text, 'worldline_metadata_fsync_seconds_count{file="meta.db"}') >= 2
+        deadline = time.monotonic() + 10
+        while _sample(text, 'worldline_wal_copy_seconds_count{file="meta.db"}') < 1:
+            assert time.monotonic() < deadline, "meta.db's log was never copied"
+            time.sleep(0.2)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                          timeout=10).read().decode()
+        assert 'worldline_wal_copy_seconds_bucket{file="meta.db",le="0.0005"}' in text
     finally:
         d.stop()
     lines = [json.loads(ln) for ln in d.log.read_text().splitlines() if ln.startswith("{")]
     assert lines and all({"time", "level", "logger", "message"} <= ln.keys() for ln in lines)
+
+
+def _sample(text: str, name: str) -> float:
+    """A sample's value in a Prometheus exposition, 0 if absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_the_cycle_collectors_pauses_are_counted():

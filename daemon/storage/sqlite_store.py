@@ -29,6 +29,7 @@ from contextlib import contextmanager
 
 from worldline.client.errors import ResourceExhausted
 
+from ..observe import METADATA_FSYNC
 from . import blob_index, wal
 from .blob_index import BlobIndexSql
 from .migrations import Migration, latest, migrate
@@ -222,6 +223,7 @@ class SqliteDatabase:
         self._committed = 0  # write transactions committed on this connection
         self._flushed = 0  # how many of them an fsync of the WAL has made durable
         self._flush_lock = threading.Lock()
+        self._fsyncs = METADATA_FSYNC.labels(os.path.basename(path))
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._lock = lock or threading.RLock()
@@ -281,6 +283,7 @@ class SqliteDatabase:
             except FileNotFoundError:  # no log: the commits were moved into the file,
                 self._flushed = written  # which is synced when they are
                 return
+            started = time.perf_counter()
             try:
                 os.fsync(fd)
             except OSError as exc:
@@ -289,6 +292,7 @@ class SqliteDatabase:
                 raise
             finally:
                 os.close(fd)
+            self._fsyncs.observe(time.perf_counter() - started)
             self._flushed = written
 
     @property

@@ -28,6 +28,8 @@ import sqlite3
 import threading
 import time
 
+from ..observe import WAL_COPY
+
 log = logging.getLogger("worldline.wal")
 
 INTERVAL = 0.25  # seconds between checkpoints while commits keep coming
@@ -58,6 +60,7 @@ class Checkpointer:
         self.key = key
         self.users = 0
         self.checkpoints = 0  # completed or partial, since start (tests, metrics)
+        self._copies = WAL_COPY.labels(os.path.basename(path))
         self._due = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
@@ -100,7 +103,9 @@ class Checkpointer:
             try:
                 if db is None:
                     db = self._connect()
+                started = time.perf_counter()
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self._copies.observe(time.perf_counter() - started)
                 self.checkpoints += 1
             except sqlite3.Error as exc:  # busy, or the disk: tried again after the
                 # interval (the thread must not die: the log would grow unbounded)

@@ -9,6 +9,8 @@ import random
 import time
 from pathlib import Path
 
+from .metrics import grown
+
 
 def _worker(address: str, session_id: str, workspace: str, django: str, seconds: float,
             start_at: float, out) -> None:
@@ -85,19 +87,24 @@ def run(address: str, sessions: list[str], workspaces: list[str], seconds: float
 def gc_pauses(before: dict[str, float], after: dict[str, float]) -> str:
     """The daemon's cycle-collector pauses between two scrapes of its metrics
     (worldline_gc_pause_seconds): how many, their total, and the bucket of the longest."""
-    def grew(sample: str) -> float:
-        return after.get(sample, 0.0) - before.get(sample, 0.0)
-
-    count = total = longest = 0.0
-    for generation in ("0", "1", "2"):
-        count += grew(f'worldline_gc_pause_seconds_count{{generation="{generation}"}}')
-        total += grew(f'worldline_gc_pause_seconds_sum{{generation="{generation}"}}')
-        prefix = f'worldline_gc_pause_seconds_bucket{{generation="{generation}",le="'
-        buckets = sorted((float(sample[len(prefix):-2]), grew(sample))
-                         for sample in after if sample.startswith(prefix))
-        if buckets and buckets[-1][1]:  # cumulative: the first bucket holding them all
-            longest = max(longest, next(b for b, n in buckets if n >= buckets[-1][1]))
+    count, total, longest, _ = grown(before, after, "worldline_gc_pause_seconds")
     if not count:
         return "no GC pause during the load"
     return (f"{count:.0f} GC pauses during the load, {total * 1000:.0f} ms in all, the"
             f" longest ≤ {longest * 1000:g} ms")
+
+
+def fsyncs(before: dict[str, float], after: dict[str, float], over: float = 0.025) -> str:
+    """The metadata store's fsyncs between two scrapes (worldline_metadata_fsync_seconds),
+    which every acknowledged checkpoint waits for: how many, how many took longer than
+    ``over`` (a bucket bound), and the bucket of the longest; and the copies of its
+    write-ahead log into the file (worldline_wal_copy_seconds), beside them."""
+    count, total, longest, above = grown(before, after, "worldline_metadata_fsync_seconds",
+                                         over)
+    copies, _, copy_longest, _ = grown(before, after, "worldline_wal_copy_seconds")
+    if not count:
+        return "no metadata fsync during the load"
+    return (f"{count:.0f} metadata fsyncs during the load (mean"
+            f" {total / count * 1000:.2f} ms), {above:.0f} over {over * 1000:g} ms, the"
+            f" longest ≤ {longest * 1000:g} ms; the log copied into the file"
+            f" {copies:.0f} times, the longest ≤ {copy_longest * 1000:g} ms")

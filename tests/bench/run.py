@@ -314,7 +314,8 @@ class Bench:
         result = load.run(self.daemon.address, sessions, [str(p) for p in copies],
                           seconds=10.0, django=str(self.django),
                           daemon_pid=self.daemon.proc.pid)
-        pauses = load.gc_pauses(before, scrape(self.metrics))
+        after = scrape(self.metrics)
+        pauses = f"{load.gc_pauses(before, after)}; {load.fsyncs(before, after)}"
         lat = stat(result["latencies"])
         rate = result["count"] / result["seconds"]
         listing = stat(result["list_latencies"])
