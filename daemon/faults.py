@@ -3,11 +3,14 @@
 ``WORLDLINE_FAULTS=name[:N],...`` in the daemon's environment makes the N-th time
 (default the first) the daemon passes ``crash_point(name)`` kill it with SIGKILL, as
 a power cut or the OOM killer would; ``name@SECONDS[:N]`` pauses there instead, to
-hold a race open. Unset (always, outside tests), a crash point costs one dict lookup.
+hold a race open; ``name!ERRNO[:N]`` raises OSError(ERRNO) there, as the system call
+that follows it would (``metadata.fsync!EIO``: a disk that fails a write-back). Unset
+(always, outside tests), a crash point costs one dict lookup.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -15,12 +18,16 @@ import time
 
 _armed: dict[str, int] = {}
 _pause: dict[str, float] = {}
+_errors: dict[str, int] = {}
 for spec in filter(None, os.environ.get("WORLDLINE_FAULTS", "").split(",")):
     name, _, count = spec.partition(":")
-    name, _, seconds = name.strip().partition("@")
+    name, _, error = name.strip().partition("!")
+    name, _, seconds = name.partition("@")
     _armed[name] = int(count or 1)
     if seconds:
         _pause[name] = float(seconds)
+    if error:
+        _errors[name] = getattr(errno, error)
 _lock = threading.Lock()
 
 POINTS = (
@@ -41,6 +48,7 @@ POINTS = (
     "takeover.mid",                # a take-over claimed the session, its workspace half made
     "repack.mid",                  # the idle repack rewrote a row, its transaction open
     "repack.step",                 # a repack step committed, the next not begun
+    "metadata.fsync",              # a commit in meta.db's log, its fsync about to be taken
 )
 
 
@@ -52,5 +60,7 @@ def crash_point(name: str) -> None:
         fire = _armed[name] == 0
     if fire and name in _pause:
         time.sleep(_pause[name])
+    elif fire and name in _errors:
+        raise OSError(_errors[name], os.strerror(_errors[name]))
     elif fire:
         os.kill(os.getpid(), signal.SIGKILL)

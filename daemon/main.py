@@ -256,9 +256,9 @@ class Daemon:
         log.info("metrics at http://%s/metrics", self.metrics_listen)
 
     def _watch_health(self) -> None:
-        """SERVING while the store answers and, when any session has a container, the
-        Docker engine answers too; NOT_SERVING otherwise. Checked every 2 seconds. The
-        same thread empties the write-ahead logs once the daemon is idle."""
+        """SERVING while the store answers and takes writes and, when any session has a
+        container, the Docker engine answers too; NOT_SERVING otherwise. Checked every 2
+        seconds. The same thread empties the write-ahead logs once the daemon is idle."""
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -270,6 +270,9 @@ class Daemon:
             except Exception:
                 log.exception("health check failed")
                 ok = False
+            # an embedded store whose log failed an fsync takes no more writes (wal.py)
+            ok = ok and not any(getattr(db, "broken", lambda: None)()
+                                for db in (self.blobs.pack, self.graph_store, self.store))
             for name in ("", SERVICE, GRAPHS_SERVICE):
                 self.health.set(name, serving if ok else not_serving)
 

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import time
 
+import pytest
 from worldline.daemon.storage import wal
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
@@ -144,3 +145,53 @@ def test_an_idle_daemon_leaves_its_logs_empty(tmp_path):
         assert d.stop() == 0
     with sqlite3.connect(root / "meta.db") as db:
         assert db.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0] == 31
+
+
+def test_a_failed_fsync_of_the_log_stops_every_connection_to_the_file(tmp_path, monkeypatch):
+    """An fsync of meta.db's log that fails (forced: EIO) is the file's, not one
+    connection's: the store and the pack sharing the file both refuse to commit or
+    flush, and the checkpointer stops copying the log into the file, until the file is
+    opened again by a new process (here: every connection closed and opened anew)."""
+    from worldline.client.errors import Unavailable
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
+                           store_lock=store.write_lock)
+    kept = blobs.put_bytes(b"acknowledged " * 50)
+    blobs.sync()
+    checkpointer = store._wal
+    monkeypatch.setattr(wal, "INTERVAL", 0.01)
+    real_fsync = os.fsync
+
+    def failing(fd):
+        monkeypatch.setattr(os, "fsync", real_fsync)  # once: Linux reports it once
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(os, "fsync", failing)
+    blobs.put_bytes(b"lost with its fsync " * 50)
+    with pytest.raises(Unavailable, match="Input/output error"):
+        blobs.sync()
+    copies = checkpointer.checkpoints
+    assert store.broken() == blobs.pack.broken() == "fsync: Input/output error"
+    with pytest.raises(Unavailable, match="takes no more writes"):
+        with store._tx() as db:
+            db.execute("INSERT INTO meta VALUES ('k', 'v')")
+    blobs.put_bytes(b"after the failure " * 50)
+    with pytest.raises(Unavailable, match="takes no more writes"):
+        blobs.sync()
+    checkpointer.committed()
+    time.sleep(0.2)
+    assert checkpointer.checkpoints == copies  # the log is never copied into the file
+    assert not store.compact_wal(0)
+    assert blobs.read_bytes(kept) == b"acknowledged " * 50  # reads still answer
+    blobs.close()
+    store.close()
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
+                           store_lock=store.write_lock)
+    try:
+        assert store.broken() is None
+        assert blobs.read_bytes(kept) == b"acknowledged " * 50
+        blobs.put_bytes(b"a new one " * 50)
+        blobs.sync()
+    finally:
+        blobs.close()
+        store.close()

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from worldline.client.errors import ResourceExhausted
+from worldline.client.errors import ResourceExhausted, Unavailable
 
+from ..faults import crash_point
 from ..observe import METADATA_FSYNC
 from . import blob_index, wal
 from .blob_index import BlobIndexSql
@@ -242,6 +243,7 @@ class SqliteDatabase:
             raise RuntimeError(f"a write transaction of {self.path} is already open on"
                                " this thread")
         with self._lock:
+            self._refuse_if_broken()
             self._last_write = time.monotonic()
             open_here.add(self.path)
             try:
@@ -277,6 +279,7 @@ class SqliteDatabase:
         with self._flush_lock:
             if self._flushed >= commit:
                 return
+            self._refuse_if_broken()  # a later fsync may succeed over the hole
             written = self._committed  # every commit up to here is in the WAL's pages
             try:
                 fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
@@ -285,15 +288,36 @@ class SqliteDatabase:
                 return
             started = time.perf_counter()
             try:
+                crash_point("metadata.fsync")
                 os.fsync(fd)
             except OSError as exc:
+                # The pages it could not write may be gone: no later fsync may be taken
+                # for theirs (wal.py), nor any later commit acknowledged.
+                self._wal.fail(f"fsync: {exc.strerror or exc}")
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise ResourceExhausted(f"no space left for metadata: {exc}") from None
+                    raise ResourceExhausted(f"no space left for metadata: {exc}; the"
+                                            f" daemon takes no more writes until it is"
+                                            f" restarted") from None
+                self._refuse_if_broken()
                 raise
             finally:
                 os.close(fd)
             self._fsyncs.observe(time.perf_counter() - started)
             self._flushed = written
+
+    def broken(self) -> str | None:
+        """Why this file's log takes no more writes in this process (an fsync of it
+        failed: wal.py), or None."""
+        return self._wal.failed if self._wal is not None else None
+
+    def _refuse_if_broken(self) -> None:
+        reason = self.broken()
+        if reason is not None:
+            raise Unavailable(f"the metadata store {self.path} failed to make a write"
+                              f" durable ({reason}): it takes no more writes, so none is"
+                              " acknowledged over a log that may have lost one; restart"
+                              " the daemon once the disk is healthy (its last"
+                              " acknowledged writes are kept)")
 
     @property
     def write_lock(self) -> threading.RLock:
@@ -329,7 +353,7 @@ class SqliteDatabase:
         a reader; returns True if the WAL was emptied."""
         wal = self.path + "-wal"
         with self._lock:
-            if time.monotonic() - self._last_write < idle_seconds:
+            if self.broken() or time.monotonic() - self._last_write < idle_seconds:
                 return False
             try:
                 if os.path.getsize(wal) == 0:

@@ -17,7 +17,15 @@ still truncates the log (``SqliteDatabase.compact_wal``).
 
 One checkpointer per file and process, however many connections write the file (the
 store and the pack share meta.db): ``checkpointer(path)`` counts its users and
-``release()`` stops it with the last.
+``release()`` stops it with the last. It also holds what every connection to the file
+must know: whether an fsync of the log failed (``fail``). Linux reports a failed
+write-back once, to the first fsync after it, and may drop the pages it could not
+write; a later fsync then succeeds over a log with a hole, and SQLite's recovery stops
+at the hole, taking every commit after it. So after one failure no connection of
+this process commits, flushes or copies the log again (the store says why, and the
+health service says NOT_SERVING) until the daemon is restarted on a healthy disk:
+nothing is acknowledged past the hole. (Closing the file's last connection still
+copies the log into the file, as SQLite always does.)
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class Checkpointer:
         self.key = key
         self.users = 0
         self.checkpoints = 0  # completed or partial, since start (tests, metrics)
+        self.failed: str | None = None  # why the log takes no more writes (``fail``)
         self._copies = WAL_COPY.labels(os.path.basename(path))
         self._due = threading.Event()
         self._stopping = False
@@ -70,6 +79,14 @@ class Checkpointer:
         """A commit was written to the log: a checkpoint is due (within ``INTERVAL``)."""
         if not self._due.is_set():
             self._due.set()
+
+    def fail(self, reason: str) -> None:
+        """An fsync of the log failed: nothing is committed to it, flushed or copied
+        from it again in this process (the first reason is kept)."""
+        if self.failed is None:
+            self.failed = reason
+            log.error("%s's write-ahead log failed to reach the disk (%s): no more writes"
+                      " until the daemon restarts", self.path, reason)
 
     def release(self) -> None:
         """One user fewer; the last stops the thread (after any checkpoint due)."""
@@ -100,18 +117,19 @@ class Checkpointer:
             if not self._stopping:
                 time.sleep(INTERVAL)  # let the commits of a burst gather
             self._due.clear()
-            try:
-                if db is None:
-                    db = self._connect()
-                started = time.perf_counter()
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                self._copies.observe(time.perf_counter() - started)
-                self.checkpoints += 1
-            except sqlite3.Error as exc:  # busy, or the disk: tried again after the
-                # interval (the thread must not die: the log would grow unbounded)
-                log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
-                self._due.set()
-                time.sleep(INTERVAL)
+            if self.failed is None:  # a log with a hole is never copied into the file
+                try:
+                    if db is None:
+                        db = self._connect()
+                    started = time.perf_counter()
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self._copies.observe(time.perf_counter() - started)
+                    self.checkpoints += 1
+                except sqlite3.Error as exc:  # busy, or the disk: tried again after the
+                    # interval (the thread must not die: the log would grow unbounded)
+                    log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
+                    self._due.set()
+                    time.sleep(INTERVAL)
             if self._stopping:
                 if db is not None:
                     db.close()
