@@ -270,9 +270,9 @@ class Daemon:
             except Exception:
                 log.exception("health check failed")
                 ok = False
-            # an embedded store whose log failed an fsync takes no more writes (wal.py)
+            # an embedded store whose files failed a flush takes no more writes
             ok = ok and not any(getattr(db, "broken", lambda: None)()
-                                for db in (self.blobs.pack, self.graph_store, self.store))
+                                for db in (self.blobs, self.graph_store, self.store))
             for name in ("", SERVICE, GRAPHS_SERVICE):
                 self.health.set(name, serving if ok else not_serving)
 

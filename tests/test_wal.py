@@ -195,3 +195,39 @@ def test_a_failed_fsync_of_the_log_stops_every_connection_to_the_file(tmp_path, 
     finally:
         blobs.close()
         store.close()
+
+
+def test_a_failed_flush_of_blob_files_stops_the_blob_stores_syncs(tmp_path, monkeypatch):
+    """syncfs failing (forced: EIO) for a blob too large for the pack: the sync fails,
+    no per-file fsync is tried in its place (it might not see the failure again), and
+    no later sync is taken in this process; the next start verifies the temporary
+    against its name before it takes it."""
+    import ctypes
+    import errno
+
+    from worldline.client.errors import Unavailable
+    from worldline.daemon.storage import blobs as blobs_module
+    store = LocalBlobStore(str(tmp_path / "blobs"))
+    big = os.urandom(blobs_module.MAX_BLOB + 1)
+    digest = store.put_bytes(big)
+
+    def failing(fd):
+        ctypes.set_errno(errno.EIO)
+        return -1
+    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+    monkeypatch.setattr(blobs_module.os, "fsync", lambda fd: pytest.fail("fell back"))
+    with pytest.raises(Unavailable, match="Input/output error"):
+        store.sync()
+    assert store.broken() == "flushing blob files: Input/output error"
+    monkeypatch.undo()
+    store.put_bytes(b"small " * 10)
+    with pytest.raises(Unavailable, match="takes no more writes"):
+        store.sync()  # the disk answers again, but this process trusts it no more
+    store.close()
+    again = LocalBlobStore(str(tmp_path / "blobs"))
+    try:
+        assert again.broken() is None
+        assert again.recover() == (1, 0)  # the temporary matched its name
+        assert again.read_bytes(digest) == big
+    finally:
+        again.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -34,13 +35,21 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
+from worldline.client.errors import (
+    DataLoss,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
 
 if TYPE_CHECKING:
     from .blob_index import StoredObject
+
+log = logging.getLogger(__name__)
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -145,6 +154,7 @@ class LocalBlobStore:
         self._pins: dict[str, int] = {}  # digest -> puts reading it as a delta base now
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
+        self.failed: str | None = None  # why no sync is taken any more (``broken``)
         self.pack = Pack(pack_file or os.path.join(root, "pack.db"), durable, store_lock)
         self.pack_in_store = bool(pack_file)
 
@@ -346,6 +356,8 @@ class LocalBlobStore:
         concurrent checkpoints share one flush (group commit) and none returns before
         its own blobs are on disk."""
         with self._sync_lock:
+            if self.failed is not None:
+                raise self._refusal()
             with self._lock:
                 batch, self._pending = self._pending, {}
                 self._moving.update(batch)
@@ -368,7 +380,18 @@ class LocalBlobStore:
                 return
             renamed: set[str] = set()
             try:
-                _flush_filesystem(self.tmp, batch.values())
+                try:
+                    _flush_filesystem(self.tmp, batch.values())
+                except OSError as exc:
+                    # The pages it could not write may be gone, and a later flush would
+                    # succeed without them: no temporary of this store is trusted again
+                    # in this process (the next start verifies each against its name).
+                    # A bucket's cache (not durable) only fails this call.
+                    if self.pack.durable:
+                        self.failed = f"flushing blob files: {exc.strerror or exc}"
+                        log.error("%s: %s; no more syncs until the daemon restarts",
+                                  self.root, self.failed)
+                    raise
                 folders = set()
                 for digest, tmp in batch.items():
                     final = self._path(digest)
@@ -384,11 +407,24 @@ class LocalBlobStore:
             except OSError as exc:
                 with self._lock:  # what was not renamed waits for the next sync
                     self._pending.update({d: t for d, t in batch.items() if d not in renamed})
+                if self.failed is not None and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise self._refusal() from exc
                 raise _disk_full(exc) from exc
             finally:
                 with self._lock:
                     for digest in batch:
                         self._moving.pop(digest, None)
+
+    def broken(self) -> str | None:
+        """Why this store takes no more syncs in this process (a flush of its files or of
+        its pack's log failed), or None."""
+        return self.failed or self.pack.broken()
+
+    def _refusal(self) -> Unavailable:
+        return Unavailable(f"the blob store {self.root} failed to make its files durable"
+                           f" ({self.failed}): it takes no more writes, so no checkpoint"
+                           " is acknowledged over files that may have lost their bytes;"
+                           " restart the daemon once the disk is healthy")
 
     def _open_verified(self, digest: str) -> int:
         for _ in range(2):  # a temporary may be renamed between the lookup and the open
@@ -595,6 +631,9 @@ def _flush_filesystem(folder: str, files) -> bool:
         try:
             if _syncfs(fd) == 0:
                 return True
+            failed = ctypes.get_errno()
+            if failed != errno.ENOSYS:  # a write-back failed: never fall back to fsyncs,
+                raise OSError(failed, os.strerror(failed))  # which may not see it again
         finally:
             os.close(fd)
     for path in files:
