@@ -270,16 +270,28 @@ class Daemon:
             except Exception:
                 log.exception("health check failed")
                 ok = False
-            # an embedded store whose files failed a flush takes no more writes
-            ok = ok and not any(getattr(db, "broken", lambda: None)()
-                                for db in (self.blobs, self.graph_store, self.store))
+            ok = ok and broken() is None
             for name in ("", SERVICE, GRAPHS_SERVICE):
                 self.health.set(name, serving if ok else not_serving)
+
+        def broken() -> str | None:
+            """Why an embedded store takes no more writes (a flush of its files failed:
+            wal.py), or None."""
+            for db in (self.blobs, self.graph_store, self.store):
+                reason = getattr(db, "broken", lambda: None)()
+                if reason is not None:
+                    return reason
+            return None
 
         def loop() -> None:
             # One compaction per file: a data root from 0.7.7 on keeps the pack in meta.db.
             files = {db.path: db for db in (self.blobs.pack, self.graph_store, self.store)}
             while not self.stopping.wait(WAL_IDLE_SECONDS):
+                if broken() is not None:  # no background writes either (health says why)
+                    if time.monotonic() >= self._next_health:
+                        self._next_health = time.monotonic() + 2.0
+                        check()
+                    continue
                 for db in files.values():
                     try:
                         db.compact_wal(WAL_IDLE_SECONDS)
