@@ -231,3 +231,30 @@ def test_a_failed_flush_of_blob_files_stops_the_blob_stores_syncs(tmp_path, monk
         assert again.read_bytes(digest) == big
     finally:
         again.close()
+
+
+def test_a_start_whose_recovered_blob_files_cannot_be_flushed_says_why(tmp_path,
+                                                                       monkeypatch):
+    """The blob files a crash left as temporaries are renamed into place at the next
+    start and flushed; a disk that fails that flush stops the start with UNAVAILABLE
+    saying so (the daemon prints it and exits 1), not with a traceback."""
+    import ctypes
+    import errno
+    import hashlib
+
+    from worldline.client.errors import Unavailable
+    from worldline.daemon.storage import blobs as blobs_module
+    store = LocalBlobStore(str(tmp_path / "blobs"))
+    body = b"left behind by a crash " * 100
+    digest = hashlib.sha256(body).hexdigest()
+    (tmp_path / "blobs" / "tmp" / f"{digest}.0123456789abcdef").write_bytes(body)
+
+    def failing(fd):
+        ctypes.set_errno(errno.EIO)
+        return -1
+    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+    try:
+        with pytest.raises(Unavailable, match="could not make the 1 blob file.*Input/output"):
+            store.recover()
+    finally:
+        store.close()

@@ -592,7 +592,13 @@ class LocalBlobStore:
             os.unlink(path)
             removed += 1
         if renamed:
-            _flush_filesystem(self.root, ())
+            try:
+                _flush_filesystem(self.root, ())
+            except OSError as exc:  # the daemon does not start on them: say why
+                raise Unavailable(f"the blob store {self.root} could not make the {renamed}"
+                                  f" blob file(s) a crash left behind durable"
+                                  f" ({exc.strerror or exc}): check the disk, then start"
+                                  " the daemon again") from None
         return renamed, removed
 
 
