@@ -283,34 +283,34 @@ class Daemon:
                     return reason
             return None
 
+        # One compaction per file: a data root from 0.7.7 on keeps the pack in meta.db.
+        files = {db.path: db for db in (self.blobs.pack, self.graph_store, self.store)}
+
+        def housekeep() -> None:
+            for db in files.values():
+                try:
+                    db.compact_wal(WAL_IDLE_SECONDS)
+                except Exception:
+                    log.exception("compacting the write-ahead log of %s failed", db.path)
+            try:
+                self.stat_cache.compact(WAL_IDLE_SECONDS)
+            except Exception:
+                log.exception("compacting the stat cache failed")
+            try:
+                self.repacker.run(REPACK_STEP_SECONDS, self._idle_for_repack)
+            except Exception:
+                log.exception("the idle repack failed")
+            try:
+                self._consolidate_bucket()
+            except Exception:
+                log.exception("rewriting this host's packs in the bucket failed")
+                self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
+            self._flush_staged()
+
         def loop() -> None:
-            # One compaction per file: a data root from 0.7.7 on keeps the pack in meta.db.
-            files = {db.path: db for db in (self.blobs.pack, self.graph_store, self.store)}
             while not self.stopping.wait(WAL_IDLE_SECONDS):
-                if broken() is not None:  # no background writes either (health says why)
-                    if time.monotonic() >= self._next_health:
-                        self._next_health = time.monotonic() + 2.0
-                        check()
-                    continue
-                for db in files.values():
-                    try:
-                        db.compact_wal(WAL_IDLE_SECONDS)
-                    except Exception:
-                        log.exception("compacting the write-ahead log of %s failed", db.path)
-                try:
-                    self.stat_cache.compact(WAL_IDLE_SECONDS)
-                except Exception:
-                    log.exception("compacting the stat cache failed")
-                try:
-                    self.repacker.run(REPACK_STEP_SECONDS, self._idle_for_repack)
-                except Exception:
-                    log.exception("the idle repack failed")
-                try:
-                    self._consolidate_bucket()
-                except Exception:
-                    log.exception("rewriting this host's packs in the bucket failed")
-                    self._next_consolidate = time.monotonic() + CONSOLIDATE_EVERY
-                self._flush_staged()
+                if broken() is None:  # else no background writes either (health says why)
+                    housekeep()
                 if time.monotonic() >= self._next_health:
                     self._next_health = time.monotonic() + 2.0
                     check()

@@ -64,15 +64,18 @@ class DaemonProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.log.read_text()}")
             try:
-                with grpc.insecure_channel(self.address) as ch:
-                    reply = health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
+                if self.health(timeout=1) == health_pb2.HealthCheckResponse.SERVING:
+                    return
             except grpc.RpcError:
                 pass
             time.sleep(0.05)
         raise RuntimeError("daemon did not start serving in time")
+
+    def health(self, timeout: float = 5.0) -> int:
+        """The health service's status for the whole daemon (health_pb2's enum)."""
+        with grpc.insecure_channel(self.address) as ch:
+            return health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout).status
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         if self.proc is None:

@@ -91,14 +91,6 @@ def test_disk_full(tmp_path, workspace):
         subprocess.run(["umount", "-l", str(root)], capture_output=True)
 
 
-def _health(d: DaemonProcess) -> int:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    with grpc.insecure_channel(d.address) as ch:
-        return health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=5).status
-
-
 def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
         tmp_path, workspace):
     """A disk that fails a write-back (EIO from the fsync of meta.db's log, forced at
@@ -130,7 +122,7 @@ def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
             assert c.get_session(s.id).id == s.id  # reads still answer
             assert [cp.id for cp in c.log(s.id)][:len(acknowledged)] == acknowledged
             deadline = time.monotonic() + 10
-            while _health(d) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            while d.health() != health_pb2.HealthCheckResponse.NOT_SERVING:
                 assert time.monotonic() < deadline, "health still says SERVING"
                 time.sleep(0.2)
         d.stop()

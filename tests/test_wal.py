@@ -3,12 +3,17 @@ commit (wal.py): no checkpoint of the world waits behind a copy of the log."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import hashlib
 import os
 import shutil
 import sqlite3
 import time
 
 import pytest
+from worldline.client.errors import Unavailable
+from worldline.daemon.storage import blobs as blobs_module
 from worldline.daemon.storage import wal
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
@@ -152,7 +157,6 @@ def test_a_failed_fsync_of_the_log_stops_every_connection_to_the_file(tmp_path, 
     connection's: the store and the pack sharing the file both refuse to commit or
     flush, and the checkpointer stops copying the log into the file, until the file is
     opened again by a new process (here: every connection closed and opened anew)."""
-    from worldline.client.errors import Unavailable
     store = SqliteStore(str(tmp_path / "meta.db"))
     blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
                            store_lock=store.write_lock)
@@ -197,24 +201,24 @@ def test_a_failed_fsync_of_the_log_stops_every_connection_to_the_file(tmp_path, 
         store.close()
 
 
+def _syncfs_fails(monkeypatch) -> None:
+    """The blob store's syncfs fails with EIO (a write-back the disk could not make)."""
+    def failing(fd):
+        ctypes.set_errno(errno.EIO)
+        return -1
+    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+
+
 def test_a_failed_flush_of_blob_files_stops_the_blob_stores_syncs(tmp_path, monkeypatch):
     """syncfs failing (forced: EIO) for a blob too large for the pack: the sync fails,
     no per-file fsync is tried in its place (it might not see the failure again), and
     no later sync is taken in this process; the next start verifies the temporary
     against its name before it takes it."""
-    import ctypes
-    import errno
-
-    from worldline.client.errors import Unavailable
-    from worldline.daemon.storage import blobs as blobs_module
     store = LocalBlobStore(str(tmp_path / "blobs"))
     big = os.urandom(blobs_module.MAX_BLOB + 1)
     digest = store.put_bytes(big)
 
-    def failing(fd):
-        ctypes.set_errno(errno.EIO)
-        return -1
-    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+    _syncfs_fails(monkeypatch)
     monkeypatch.setattr(blobs_module.os, "fsync", lambda fd: pytest.fail("fell back"))
     with pytest.raises(Unavailable, match="Input/output error"):
         store.sync()
@@ -238,21 +242,12 @@ def test_a_start_whose_recovered_blob_files_cannot_be_flushed_says_why(tmp_path,
     """The blob files a crash left as temporaries are renamed into place at the next
     start and flushed; a disk that fails that flush stops the start with UNAVAILABLE
     saying so (the daemon prints it and exits 1), not with a traceback."""
-    import ctypes
-    import errno
-    import hashlib
-
-    from worldline.client.errors import Unavailable
-    from worldline.daemon.storage import blobs as blobs_module
     store = LocalBlobStore(str(tmp_path / "blobs"))
     body = b"left behind by a crash " * 100
     digest = hashlib.sha256(body).hexdigest()
     (tmp_path / "blobs" / "tmp" / f"{digest}.0123456789abcdef").write_bytes(body)
 
-    def failing(fd):
-        ctypes.set_errno(errno.EIO)
-        return -1
-    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+    _syncfs_fails(monkeypatch)
     try:
         with pytest.raises(Unavailable, match="could not make the 1 blob file.*Input/output"):
             store.recover()

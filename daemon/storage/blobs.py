@@ -379,19 +379,10 @@ class LocalBlobStore:
             if not batch:
                 return
             renamed: set[str] = set()
+            flushed = False
             try:
-                try:
-                    _flush_filesystem(self.tmp, batch.values())
-                except OSError as exc:
-                    # The pages it could not write may be gone, and a later flush would
-                    # succeed without them: no temporary of this store is trusted again
-                    # in this process (the next start verifies each against its name).
-                    # A bucket's cache (not durable) only fails this call.
-                    if self.pack.durable:
-                        self.failed = f"flushing blob files: {exc.strerror or exc}"
-                        log.error("%s: %s; no more syncs until the daemon restarts",
-                                  self.root, self.failed)
-                    raise
+                _flush_filesystem(self.tmp, batch.values())
+                flushed = True
                 folders = set()
                 for digest, tmp in batch.items():
                     final = self._path(digest)
@@ -407,8 +398,16 @@ class LocalBlobStore:
             except OSError as exc:
                 with self._lock:  # what was not renamed waits for the next sync
                     self._pending.update({d: t for d, t in batch.items() if d not in renamed})
-                if self.failed is not None and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise self._refusal() from exc
+                if not flushed and self.pack.durable:
+                    # The pages it could not write may be gone, and a later flush would
+                    # succeed without them: no temporary of this store is trusted again
+                    # in this process (the next start verifies each against its name).
+                    # A bucket's cache (not durable) only fails this call.
+                    self.failed = f"flushing blob files: {exc.strerror or exc}"
+                    log.error("%s: %s; no more syncs until the daemon restarts",
+                              self.root, self.failed)
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise self._refusal() from exc
                 raise _disk_full(exc) from exc
             finally:
                 with self._lock:

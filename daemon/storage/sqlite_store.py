@@ -298,8 +298,7 @@ class SqliteDatabase:
                     raise ResourceExhausted(f"no space left for metadata: {exc}; the"
                                             f" daemon takes no more writes until it is"
                                             f" restarted") from None
-                self._refuse_if_broken()
-                raise
+                raise self._refusal() from exc
             finally:
                 os.close(fd)
             self._fsyncs.observe(time.perf_counter() - started)
@@ -311,13 +310,15 @@ class SqliteDatabase:
         return self._wal.failed if self._wal is not None else None
 
     def _refuse_if_broken(self) -> None:
-        reason = self.broken()
-        if reason is not None:
-            raise Unavailable(f"the metadata store {self.path} failed to make a write"
-                              f" durable ({reason}): it takes no more writes, so none is"
-                              " acknowledged over a log that may have lost one; restart"
-                              " the daemon once the disk is healthy (its last"
-                              " acknowledged writes are kept)")
+        if self.broken() is not None:
+            raise self._refusal()
+
+    def _refusal(self) -> Unavailable:
+        return Unavailable(f"the metadata store {self.path} failed to make a write"
+                           f" durable ({self.broken()}): it takes no more writes, so none"
+                           " is acknowledged over a log that may have lost one; restart"
+                           " the daemon once the disk is healthy (its last acknowledged"
+                           " writes are kept)")
 
     @property
     def write_lock(self) -> threading.RLock:

@@ -116,7 +116,7 @@ class Bench:
         self.cache = work / "cache"
         self.django = django_tree(self.cache)
         from ..services import free_port
-        self.metrics = f"127.0.0.1:{free_port()}"  # the throughput case reads its GC pauses
+        self.metrics = f"127.0.0.1:{free_port()}"  # the throughput case reads its waits
         self.daemon = DaemonProcess(self.run_dir / "data",
                                     extra=["--metrics-listen", self.metrics]).start()
         self.client = Client(self.daemon.address)
@@ -315,7 +315,7 @@ class Bench:
                           seconds=10.0, django=str(self.django),
                           daemon_pid=self.daemon.proc.pid)
         after = scrape(self.metrics)
-        pauses = f"{load.gc_pauses(before, after)}; {load.fsyncs(before, after)}"
+        waits = f"{load.gc_pauses(before, after)}; {load.fsyncs(before, after)}"
         lat = stat(result["latencies"])
         rate = result["count"] / result["seconds"]
         listing = stat(result["list_latencies"])
@@ -331,7 +331,7 @@ class Bench:
             case.note = (f"daemon CPU {result['cpu']['daemon_ms_per_checkpoint']:.2f} ms per"
                          f" checkpoint; the machine {result['cpu']['machine_idle']:.0%} idle"
                          " during the load")
-        case.note += ("; " if case.note else "") + pauses
+        case.note += ("; " if case.note else "") + waits
         return self.add(case)
 
     # -- checkpoint-sparse ---------------------------------------------------------------
