@@ -151,6 +151,8 @@ ln -s /nowhere/at/all dangling
 mkfifo pipe
 truncate -s 100M sparse.img
 printf 'data' | dd of=sparse.img bs=1 seek=50000000 conv=notrunc status=none
+printf 'head' > small-hole.bin && truncate -s 200K small-hole.bin && printf 'tail' >> small-hole.bin
+truncate -s 64K leading-hole.bin && printf 'x' >> leading-hole.bin
 printf 'x' > "$(printf 'bad\377name')"
 touch -h -d '2001-02-03 04:05:06.123456789' bin/link.py
 touch -d '1999-12-31 23:59:59.5' src/deep/er/leaf.txt

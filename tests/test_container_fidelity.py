@@ -38,7 +38,9 @@ def _build_layer(c: str) -> None:
                  " && chmod 2755 sub/deep && ln sub/own.txt sub/hard.txt"
                  " && ln -s own.txt sub/link && touch -d '2001-02-03 04:05:06' sub/own.txt"
                  " && dd if=/dev/zero of=sparse bs=1 count=0 seek=50M 2>/dev/null"
-                 " && echo data | dd of=sparse bs=1 seek=20000000 conv=notrunc 2>/dev/null")
+                 " && echo data | dd of=sparse bs=1 seek=20000000 conv=notrunc 2>/dev/null"
+                 " && echo head > small-hole && dd if=/dev/zero of=small-hole bs=1 count=0"
+                 " seek=200K 2>/dev/null && echo tail >> small-hole")
     # xattrs and ACLs, written from the host into the stopped container's layer
     docker("stop", "-t", "1", c)
     top = upper(c)
@@ -56,7 +58,7 @@ def test_layer_round_trip_keeps_every_kind_and_owner(client, workspace, containe
     _build_layer(c)
     cp = s.checkpoint(label="layer")
     before = fingerprint(os.path.join(upper(c), "data"))
-    as_root(c, "rm -rf /data/sub /data/sparse /data/null /data/fifo /data/rootonly"
+    as_root(c, "rm -rf /data/sub /data/sparse /data/small-hole /data/null /data/fifo /data/rootonly"
                " && echo new > /data/intruder")
     after = s.checkpoint(label="wrecked")
     d = client.diff(cp.id, after.id)

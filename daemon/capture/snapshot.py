@@ -447,7 +447,7 @@ class WorkspaceSnapshotter:
             if not st_.S_ISREG(before.st_mode):
                 scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
                 return None
-            holey = sparse.is_sparse(before)
+            holey = sparse.is_sparse(fd, before)
             if scan.budget is not None:
                 scan.budget.check_file(path, before, min(before.st_blocks * 512,
                                                          before.st_size)

@@ -1,7 +1,9 @@
 """Sparse files: stored as their data extents, restored with their holes.
 
-A file whose allocated blocks fall short of its size by ``MIN_HOLE`` or more is read
-extent by extent (``SEEK_DATA``/``SEEK_HOLE``): holes are never read, hashed or stored.
+A file with a hole (its allocated blocks fall short of its size, and the file system
+finds a hole before its end) is read extent by extent (``SEEK_DATA``/``SEEK_HOLE``):
+holes are never read, hashed or stored. Every hole counts, however small: a file
+restored with its holes filled would take more of the disk than it did.
 Its tree entry is of kind ``sparse``; the entry's ref names an *extent map*, a blob of
 canonical JSON ``{"size": N, "pieces": [[offset, length, digest], ...]}`` whose pieces
 (at most ``PIECE`` bytes each, so every piece is an ordinary small blob the pack can
@@ -20,12 +22,22 @@ from worldline.client.errors import DataLoss
 
 from ..storage.blobs import BlobStore, digest_of
 
-MIN_HOLE = 1 << 20  # a file missing less allocation than this is stored whole
 PIECE = 4 << 20
 
 
-def is_sparse(st: os.stat_result) -> bool:
-    return st.st_blocks * 512 + MIN_HOLE <= st.st_size
+def is_sparse(fd: int, st: os.stat_result) -> bool:
+    """Whether the file open at ``fd`` (``st`` its stat) has a hole. Its allocation
+    falling short of its size says it may (a file with none never does); the file
+    system's first hole before the end says it does (a compressing one allocates less
+    than the size without any hole). Leaves the file's offset at 0."""
+    if st.st_blocks * 512 >= st.st_size:
+        return False
+    try:
+        return os.lseek(fd, 0, os.SEEK_HOLE) < st.st_size
+    except OSError:  # no SEEK_HOLE here: the file is read whole
+        return False
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
 
 
 def extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
