@@ -391,7 +391,9 @@ class WorkspaceSnapshotter:
         """A FIFO, device node, whiteout or socket (never opened: opening acts on them)."""
         mode = fields[4]
         if self.overlay and st_.S_ISCHR(mode) and rdev == 0:
-            return Entry(WHITEOUT, 0, "")
+            # Invisible in the container, but part of the layer (`docker commit` and
+            # `docker diff` read it): its owner, mode and time come back with it.
+            return entry_of(WHITEOUT, fields)
         xattrs = read_xattrs(at(dfd, name))
         if st_.S_ISFIFO(mode):
             return entry_of(FIFO, fields, xattrs=xattrs)

@@ -1,0 +1,141 @@
+"""A random walk of agent work inside a container, as ``nobody``: every checkpoint of
+the writable layer restores exactly.
+
+The image's lower layer holds a tree of ``nobody``'s, so the walk does what only a
+layer on top of an image shows: files copied up by a change of mode or time, files
+and folders of the image deleted (whiteouts), folders of the image removed and made
+again (opaque folders), folders moved. A checkpoint follows each batch of changes at
+once; now and then the session is restored to a random earlier checkpoint and the
+walk carries on from there. After each restore the container's view of ``/data``
+(the merged folder) and the writable layer under it must be as they were at that
+checkpoint (fidelity.py's fingerprint).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import shlex
+
+import pytest
+
+from .fidelity import NOBODY, differences, fingerprint
+from .test_container_fidelity import as_nobody, as_root, upper
+from .test_containers import IMAGE, docker
+
+pytestmark = pytest.mark.docker
+
+ROUNDS = 70
+RESTORE_EVERY = 12
+
+LOWER_TREE = f"""
+mkdir -p /data/lower/a /data/lower/b /data/lower/deep/x/y /data/lower/bin
+for f in 1 2 3; do echo "a$f" > /data/lower/a/file$f; echo "b$f" > /data/lower/b/file$f; done
+echo z > /data/lower/deep/x/y/z.txt
+cp /bin/busybox /data/lower/bin/tool
+printf head > /data/lower/hole && truncate -s 70000 /data/lower/hole
+ln -s a/file1 /data/lower/link
+ln /data/lower/a/file2 /data/lower/b/also2
+chown -R {NOBODY}:{NOBODY} /data
+"""
+
+
+@pytest.fixture
+def walk_image(containers):
+    """An image whose lower layer holds /data/lower, all of it ``nobody``'s."""
+    name = f"wl-walk-base-{os.urandom(3).hex()}"
+    docker("create", "--name", name, IMAGE, "sleep", "1000000")
+    containers.append(name)
+    docker("start", name)
+    as_root(name, LOWER_TREE)
+    image = f"worldline/walk-{os.urandom(3).hex()}:latest"
+    docker("commit", name, image)
+    yield image
+    docker("rmi", "-f", image, check=False)
+
+
+def _merged(container: str) -> str:
+    return json.loads(docker("inspect", container))[0]["GraphDriver"]["Data"]["MergedDir"]
+
+
+def _listing(top: str) -> tuple[list[str], list[str], list[str]]:
+    folders, files, every = ["."], [], []
+    for here, dirs, names in os.walk(top):
+        rel = os.path.relpath(here, top)
+        for name in dirs + names:
+            path = os.path.normpath(os.path.join(rel, name))
+            full = os.path.join(top, path)
+            every.append(path)
+            if os.path.islink(full):
+                continue
+            if os.path.isdir(full):
+                folders.append(path)
+            elif os.path.isfile(full):
+                files.append(path)
+    return folders, files, every
+
+
+def _change(rng: random.Random, top: str, number: int) -> str:
+    """One change, as a line of sh run in /data; what it makes is named n<number>."""
+    folders, files, every = _listing(top)
+    q = shlex.quote
+    new = q(f"{rng.choice(folders)}/n{number}")
+    f = q(rng.choice(files)) if files else new
+    d = q(rng.choice(folders[1:])) if len(folders) > 1 else new
+    anything = q(rng.choice(every)) if every else new
+    return rng.choice([
+        f"printf %s {'x' * rng.randrange(0, 3000)}{number} > {rng.choice([f, new])}",
+        f"printf %s {number} >> {f}",
+        f"truncate -s {rng.randrange(0, 90000)} {f}",
+        f"printf head > {new} && truncate -s {rng.choice([5000, 300000])} {new}"
+        f" && printf tail >> {new}",
+        f"chmod {rng.choice(['644', '600', '755', '4755', '2755', '444'])} {f}",
+        f"chmod {rng.choice(['755', '700', '2775', '1777'])} {d}",
+        f"touch -h -d '{rng.choice(['2001-02-03 04:05:06', '1999-12-31 23:59:59'])}'"
+        f" {anything}",
+        f"ln {f} {new}",
+        f"ln -s {rng.choice(['a/file1', '/etc/passwd', '../../..', 'nowhere'])} {new}",
+        f"mkfifo {new}",
+        f"mkdir {new}",
+        f"mv {anything} {new}",
+        f"rm -f {f}",
+        f"rm -rf {d}",
+        f"rm -rf {d} && mkdir {d} && printf again > {d}/again",  # an opaque folder
+    ])
+
+
+def test_every_checkpoint_of_a_walk_in_a_container_restores_exactly(client, workspace,
+                                                                   walk_image, containers):
+    rng = random.Random(5)
+    c = f"wl-walk-{os.urandom(3).hex()}"
+    # --init: a restore stops the container, and a PID 1 of its own ignores SIGTERM
+    docker("create", "--init", "--name", c, "-v", f"{workspace}:/workspace", walk_image,
+           "sleep", "1000000")
+    containers.append(c)
+    docker("start", c)
+    s = client.create_session(str(workspace), container=c)
+    numbers = itertools.count()
+
+    def world() -> tuple[dict, dict]:
+        layer = os.path.join(upper(c), "data")  # none until /data is first changed
+        return (fingerprint(os.path.join(_merged(c), "data")),
+                fingerprint(layer) if os.path.lexists(layer) else {})
+
+    kept: dict[str, tuple[dict, dict]] = {}
+    for i in range(ROUNDS):
+        top = os.path.join(_merged(c), "data")
+        lines = [_change(rng, top, next(numbers)) for _ in range(rng.randrange(1, 5))]
+        as_nobody(c, "cd /data\n" + "\n".join(f"( {line} ) 2>/dev/null || true"
+                                              for line in lines))
+        cp = s.checkpoint()  # at once: no pause after the changes
+        kept[cp.id] = world()
+        if i % RESTORE_EVERY == RESTORE_EVERY - 1:
+            target = rng.choice(list(kept))
+            s.restore(target)
+            merged, layer = world()
+            assert differences(kept[target][0], merged) == [], f"round {i}: the view"
+            assert differences(kept[target][1], layer) == [], f"round {i}: the layer"
+    # the walk changed the world, not only tried to: most checkpoints differ
+    assert len({repr(world) for world in kept.values()}) > ROUNDS // 2
