@@ -1,15 +1,16 @@
 """A random walk of agent work, as the agent: every checkpoint restores exactly.
 
 A child process running as uid 1000 (the agent, by number) makes random changes to its
-workspace: files written, appended, truncated, made sparse with holes of every size;
-modes with setuid, setgid and sticky bits; times; xattrs; hard links; symlinks into a
-canary folder outside; folders made, removed, moved, and swapped for symlinks. A
-checkpoint follows each batch at once, with no pause, and its ``rsync -aHAXS``-grade
-fingerprint (fidelity.py) is kept. Now and then the session is restored to a random
-earlier checkpoint and the agent carries on from there, so the change tracker is
-walked across restores too; at the end a sample of every checkpoint is restored again.
-Each restore must give back its checkpoint's fingerprint exactly, and the canary must
-be as it was. (This walk found sparse files with holes under 1 MiB restored dense.)
+workspace: files written (small, and over 1 MiB), appended, truncated, made sparse
+with holes of every size; modes with setuid, setgid and sticky bits; times; xattrs;
+hard links; symlinks into a canary folder outside; folders made, removed, moved, and
+swapped for symlinks. A checkpoint follows each batch at once, with no pause, and its
+``rsync -aHAXS``-grade fingerprint (fidelity.py) is kept. Now and then the session is
+restored to a random earlier checkpoint and the agent carries on from there, so the
+change tracker is walked across restores too; at the end a sample of the checkpoints
+is restored again, and a few are forked. Each restore and fork must give back its
+checkpoint's fingerprint exactly, and the canary must be as it was. (This walk found
+sparse files with holes under 1 MiB restored dense.)
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def _change(op: str, a: dict) -> None:
     elif op == "append":
         with open(p, "ab") as f:
             f.write(a["data"].encode())
+    elif op == "big":  # over the pack's largest row: a blob file of its own
+        with open(p, "wb") as f:
+            f.write(random.Random(a["seed"]).randbytes(a["n"]))
     elif op == "truncate":
         os.truncate(p, a["n"])
     elif op == "holes":  # data, a hole of n bytes, data: every hole size, tiny to large
@@ -149,12 +153,15 @@ def _pick(rng: random.Random, ws: Path, i: int, canary: Path) -> tuple[str, dict
     """Change number ``i``: what it makes is named ``n<i>``, a name never used before."""
     folders, files, every = _listing(ws)
     new = f"{rng.choice(folders)}/n{i}"
-    op = rng.choice(["write", "write", "append", "truncate", "holes", "chmod", "utime",
+    op = rng.choice(["write", "write", "big", "append", "truncate", "holes", "chmod", "utime",
                      "setxattr", "rmxattr", "link", "symlink", "mkfifo", "mkdir",
                      "rename", "swap", "unlink", "rmdir"])
     if op == "write":
         return op, {"p": rng.choice(files + [new] * 3),
                     "data": "x" * rng.randrange(0, 5000) + str(i)}
+    if op == "big":
+        return op, {"p": rng.choice(files + [new]), "seed": i,
+                    "n": rng.choice([(1 << 20) + 1, 3 << 20])}
     if op in ("append", "truncate", "link") and files:
         return op, {"p": rng.choice(files), "q": new, "data": str(i),
                     "n": rng.randrange(0, 9000)}
@@ -227,6 +234,10 @@ def test_every_checkpoint_of_a_random_walk_restores_exactly(client, places, seed
         for cp_id in rng.sample(list(kept), 25):
             session.restore(cp_id)
             assert differences(kept[cp_id], fingerprint(ws)) == [], f"at the end: {cp_id}"
+        for n, cp_id in enumerate(rng.sample(list(kept), 4)):  # a fork is the same world
+            fork = client.fork(cp_id, workspace=str(ws.parent / f"fork{n}"))
+            assert differences(kept[cp_id], fingerprint(fork.workspace)) == [], \
+                f"fork of {cp_id}"
     finally:
         agent.close()
     assert done > ROUNDS  # the walk changed the world, not only tried to
