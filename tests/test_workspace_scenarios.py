@@ -240,3 +240,19 @@ def test_fifo_is_skipped_not_opened(client, workspace):
     (workspace / "f").write_text("changed")
     s.restore(cp.id)
     assert (workspace / "f").read_text() == "ok"
+
+
+def test_restore_over_hard_links_made_since_the_last_checkpoint(client, workspace):
+    """The restore's look at the workspace as it is now (never stored) names hard-link
+    groups no checkpoint has: they are read from that look, not from the blob store."""
+    (workspace / "a.txt").write_text("a\n")
+    s = client.create_session(str(workspace))
+    first = s.checkpoint()
+    os.link(workspace / "a.txt", workspace / "b.txt")
+    (workspace / "c.txt").write_text("c\n")
+    os.link(workspace / "c.txt", workspace / "d.txt")
+    dry = s.restore(first.id, dry_run=True)
+    assert sorted(dry.files_removed) == ["b.txt", "c.txt", "d.txt"]
+    s.restore(first.id)
+    assert sorted(p.name for p in workspace.iterdir()) == ["a.txt"]
+    assert os.stat(workspace / "a.txt").st_nlink == 1

@@ -78,7 +78,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 class Capture:
     root: str
     bytes: int
-    trees: dict[str, Tree] = field(default_factory=dict)
+    # what a capture that stores nothing made, by digest: its trees (and the root's
+    # hard-link groups, a list), read through TreeReader's ``pending``
+    trees: dict[str, Tree | list] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     seen: dict[str, tuple] = field(default_factory=dict)  # stat cache entries learnt
     persisted: bool = True
@@ -113,7 +115,7 @@ class _Scan:
         self.watcher = watcher  # a full scan watches every folder before listing it
         self.budget = budget
         self.root_fd = root_fd
-        self.trees: dict[str, Tree] = {}
+        self.trees: dict[str, Tree | list] = {}  # Capture.trees
         self.warnings: list[str] = []
         self.seen: dict[str, tuple] = {}
         self.deferred: list[bytes] = []  # a full scan's trees, stored together at its end
@@ -531,6 +533,8 @@ class WorkspaceSnapshotter:
             links = digest_of(body)
             if scan.persist and links != known:
                 self.blobs.put_bytes(body)
+            elif not scan.persist:  # readable from the capture, as its trees are
+                scan.trees[links] = groups
         st = os.fstat(scan.root_fd)
         return entry_of(DIR, st, xattrs=read_xattrs(scan.root_fd), links=links)
 

@@ -302,10 +302,14 @@ class TreeReader:
             while len(self._cache) > self._capacity:
                 self._cache.popitem(last=False)
 
-    def link_groups(self, digest: str) -> list[list[str]]:
-        """The hard-link groups a root tree's own entry names ([] for none)."""
+    def link_groups(self, digest: str, pending: Mapping | None = None) -> list[list[str]]:
+        """The hard-link groups a root tree's own entry names ([] for none);
+        ``pending``, as for ``read``: a capture that stores nothing holds its groups
+        there, under their digest, beside its trees."""
         if not digest:
             return []
+        if pending and digest in pending:
+            return pending[digest]
         try:
             groups = json.loads(self.blobs.read_bytes(digest))
             for group in groups:
@@ -420,6 +424,7 @@ def _link_changes(reader: TreeReader, old: str, new: str, pending) -> set[str]:
     lb = b.extras().get("links", "") if b is not None else ""
     if la == lb:
         return set()
-    groups = [{p: frozenset(g) for g in reader.link_groups(d) for p in g} for d in (la, lb)]
+    groups = [{p: frozenset(g) for g in reader.link_groups(d, pending) for p in g}
+              for d in (la, lb)]
     return {p for p in groups[0].keys() | groups[1].keys()
             if groups[0].get(p) != groups[1].get(p)}
