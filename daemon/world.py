@@ -778,7 +778,9 @@ class World:
                 have = entry_at(self.trees, current.root, path, current.trees)
                 if have is not None and have.is_folder:
                     continue  # folders take their times and modes last: any is fine
-                if path not in paths or entry_key(have) != paths[path][0]:
+                # As it was, or as it will be yet still to be linked to its hard-link
+                # group (the restore links a group's other names last of all).
+                if path not in paths or entry_key(have) not in paths[path]:
                     return (f"{layer.kind} path {path} changed after the restore was"
                             " interrupted")
         return ""
