@@ -258,9 +258,10 @@ def test_every_checkpoint_of_a_random_walk_restores_exactly(client, places, seed
 
 def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_path, places):
     """The same walk against a daemon killed (SIGKILL) at a random moment of a third of
-    its checkpoints and restores. A killed checkpoint never changes the workspace; a
-    killed restore leaves it as it was or, once the daemon is back, as its target; and
-    every checkpoint acknowledged before or between the kills restores exactly."""
+    its checkpoints and restores, and stopped while every tenth batch is made. A
+    killed checkpoint never changes the workspace; a killed restore leaves it as it
+    was or, once the daemon is back, as its target; and every checkpoint acknowledged
+    before or between the kills restores exactly."""
     ws, canary = places
     untouched = fingerprint(canary)
     rng = random.Random(3)
@@ -273,8 +274,15 @@ def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_pa
     kills = cut = 0
     try:
         for i in range(KILL_ROUNDS):
+            down = i % 10 == 9  # this batch made while the daemon is stopped
+            if down:
+                c.close()
+                d.stop()
             for _ in range(rng.randrange(1, 6)):
                 agent.do(*_pick(rng, ws, next(numbers), canary))
+            if down:
+                d.start()
+                c = d.client()
             before = fingerprint(ws)
             target = rng.choice(list(kept)) if kept and i % 6 == 5 else None
             timer = None
