@@ -143,7 +143,7 @@ def _change(op: str, a: dict) -> None:
         raise AssertionError(f"no such change {op}")
 
 
-def _listing(ws: Path) -> tuple[list[str], list[str], list[str]]:
+def listing(ws: Path) -> tuple[list[str], list[str], list[str]]:
     """(folders with "." first, plain files, everything) below ``ws``, as relative paths."""
     folders, files, every = ["."], [], []
     for top, dirs, names in os.walk(ws):
@@ -163,7 +163,7 @@ def _listing(ws: Path) -> tuple[list[str], list[str], list[str]]:
 
 def _pick(rng: random.Random, ws: Path, i: int, canary: Path) -> tuple[str, dict]:
     """Change number ``i``: what it makes is named ``n<i>``, a name never used before."""
-    folders, files, every = _listing(ws)
+    folders, files, every = listing(ws)
     new = f"{rng.choice(folders)}/n{i}"
     op = rng.choice(["write", "write", "big", "append", "truncate", "holes", "chmod", "utime",
                      "setxattr", "rmxattr", "link", "symlink", "mkfifo", "mkdir",

@@ -18,10 +18,12 @@ import json
 import os
 import random
 import shlex
+from pathlib import Path
 
 import pytest
 
 from .fidelity import NOBODY, differences, fingerprint
+from .test_agent_walk import listing
 from .test_container_fidelity import as_nobody, as_root, upper
 from .test_containers import IMAGE, docker
 
@@ -60,26 +62,9 @@ def _merged(container: str) -> str:
     return json.loads(docker("inspect", container))[0]["GraphDriver"]["Data"]["MergedDir"]
 
 
-def _listing(top: str) -> tuple[list[str], list[str], list[str]]:
-    folders, files, every = ["."], [], []
-    for here, dirs, names in os.walk(top):
-        rel = os.path.relpath(here, top)
-        for name in dirs + names:
-            path = os.path.normpath(os.path.join(rel, name))
-            full = os.path.join(top, path)
-            every.append(path)
-            if os.path.islink(full):
-                continue
-            if os.path.isdir(full):
-                folders.append(path)
-            elif os.path.isfile(full):
-                files.append(path)
-    return folders, files, every
-
-
 def _change(rng: random.Random, top: str, number: int) -> str:
     """One change, as a line of sh run in /data; what it makes is named n<number>."""
-    folders, files, every = _listing(top)
+    folders, files, every = listing(Path(top))
     q = shlex.quote
     new = q(f"{rng.choice(folders)}/n{number}")
     f = q(rng.choice(files)) if files else new
