@@ -712,7 +712,11 @@ class World:
         was_running = self._engine().stop(session.container) if session.container else False
         try:
             plans = self._plan(session, head, target)
-            self.journal.write(entry | {"layers": [p.journal() for p in plans]})
+            # a restore a crash cut short is completed with the container stopped: the
+            # journal says whether to start it again then (_start_again)
+            self.journal.write(entry | {"layers": [p.journal() for p in plans],
+                                        "container_running": was_running
+                                        or bool(entry.get("container_running"))})
             crash_point("restore.after_journal")
             warnings: list[str] = []
             for plan in plans:
@@ -760,7 +764,23 @@ class World:
         self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
             "restore.completed", sid, cp.id, {"target": target.id}, ids.now())])
         self.journal.remove(sid)
+        self._start_again(session, entry)
         return f"completed the interrupted restore of session {sid} to {target.id}"
+
+    def _start_again(self, session: Session, entry: dict) -> None:
+        """Start the session's container again if it was running when the restore whose
+        journal is ``entry`` began: that restore was cut short while the container was
+        stopped, and has just been completed. A container that cannot be started is
+        logged, not raised: the restore is done and recorded."""
+        if not (session.container and entry.get("container_running")):
+            return
+        try:
+            if not self._engine().running(session.container):
+                self._engine().start(session.container)
+        except WorldlineError as exc:
+            log.warning("session %s: the restore is complete, but its container %s could"
+                        " not be started again: %s", session.id, session.container,
+                        exc.message)
 
     def _changed_since(self, session: Session, head: Checkpoint, entry: dict) -> str:
         """Why the layers are not as the interrupted restore left them ("" if they are)."""
@@ -817,6 +837,7 @@ class World:
                         "restore.completed", session_id, cp.id, {"target": target.id},
                         ids.now())])
                 self.journal.remove(session_id)
+                self._start_again(session, entry)
             for layer in self.layers(session):
                 if layer.tracker is not None:
                     layer.tracker.invalidate("an operator resolved the session")

@@ -165,6 +165,9 @@ class Engine:
                 with self.errors(container):
                     self.api.unpause(container)
 
+    def running(self, container: str) -> bool:
+        return bool(self.inspect(container).get("State", {}).get("Running"))
+
     def stop(self, container: str, timeout: int = 5) -> bool:
         """Stop the container; return whether it was running."""
         state = self.inspect(container).get("State", {})
