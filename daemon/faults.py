@@ -35,6 +35,8 @@ POINTS = (
     "checkpoint.after_blobs",      # blobs written and synced, metadata not committed
     "checkpoint.before_flush",     # committed in the capture's turn, the fsync not taken
     "checkpoint.after_commit",     # committed, the reply not yet sent
+    "capture.paused",              # a container paused for its world to be read
+    "restore.stopped",             # the container stopped, the journal not written
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all
     "restore.before_rename",       # a file written aside, not yet renamed into place

@@ -165,6 +165,12 @@ class World:
         self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
+        # containers paused (Engine.frozen) or stopped (Engine.stop) while the daemon
+        # reads or restores them, by session: what a killed daemon left so is undone at
+        # its next start (recover)
+        self.marks = {kind: os.path.join(self.root, kind) for kind in ("paused", "stopped")}
+        for folder in self.marks.values():
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         self.root_id = _root_id(self.root)
         # A workspace's lock lives while a call holds or waits for it: a daemon that
         # serves thousands of forks over months keeps none of their locks.
@@ -342,7 +348,9 @@ class World:
         if not session.container:
             yield
             return
-        with self._engine().frozen(session.container):
+        with self._engine().frozen(session.container,
+                                   mark=os.path.join(self.marks["paused"], session.id)):
+            crash_point("capture.paused")
             yield
 
     @staticmethod
@@ -709,14 +717,13 @@ class World:
         written, so a restore refused up front leaves no journal; the journal names
         every path the restore will change, in each layer, as it was and as it will be,
         so a restart can tell whether the layers are still as the restore left them."""
-        was_running = self._engine().stop(session.container) if session.container else False
+        stopped = os.path.join(self.marks["stopped"], session.id)
+        was_running = (self._engine().stop(session.container, mark=stopped)
+                       if session.container else False)
         try:
+            crash_point("restore.stopped")
             plans = self._plan(session, head, target)
-            # a restore a crash cut short is completed with the container stopped: the
-            # journal says whether to start it again then (_start_again)
-            self.journal.write(entry | {"layers": [p.journal() for p in plans],
-                                        "container_running": was_running
-                                        or bool(entry.get("container_running"))})
+            self.journal.write(entry | {"layers": [p.journal() for p in plans]})
             crash_point("restore.after_journal")
             warnings: list[str] = []
             for plan in plans:
@@ -730,6 +737,7 @@ class World:
         finally:
             if was_running:
                 self._engine().start(session.container)
+                os.unlink(stopped)
 
     def _finish_restore(self, entry: dict) -> str:
         """Complete a restore its journal says was begun (the caller holds the lock), but
@@ -764,19 +772,19 @@ class World:
         self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
             "restore.completed", sid, cp.id, {"target": target.id}, ids.now())])
         self.journal.remove(sid)
-        self._start_again(session, entry)
+        self._start_again(session)
         return f"completed the interrupted restore of session {sid} to {target.id}"
 
-    def _start_again(self, session: Session, entry: dict) -> None:
-        """Start the session's container again if it was running when the restore whose
-        journal is ``entry`` began: that restore was cut short while the container was
-        stopped, and has just been completed. A container that cannot be started is
-        logged, not raised: the restore is done and recorded."""
-        if not (session.container and entry.get("container_running")):
+    def _start_again(self, session: Session) -> None:
+        """Start the session's container again if a restore cut short by a crash had
+        stopped it running (its mark says so), now that the restore is completed or an
+        operator resolved it. One that cannot be started is logged, not raised: the
+        restore is done and recorded (the mark stays, for the next start)."""
+        mark = os.path.join(self.marks["stopped"], session.id)
+        if not os.path.exists(mark):
             return
         try:
-            if not self._engine().running(session.container):
-                self._engine().start(session.container)
+            self._engine().start_marked(mark)
         except WorldlineError as exc:
             log.warning("session %s: the restore is complete, but its container %s could"
                         " not be started again: %s", session.id, session.container,
@@ -804,6 +812,38 @@ class World:
                     return (f"{layer.kind} path {path} changed after the restore was"
                             " interrupted")
         return ""
+
+    def _needs_attention(self, session_id: str) -> bool:
+        try:
+            return bool(self.store.get_session(session_id).needs_attention)
+        except NotFound:
+            return False  # never recorded: its container is not worldline's to hold
+
+    def _release_left(self, kind: str) -> list[str]:
+        """At start: unpause (``kind`` "paused") or start again ("stopped", once the
+        restores a crash interrupted are completed) each container the daemon paused or
+        stopped and died before it undid that (Engine's marks). A session that needs
+        attention keeps its container stopped until an operator resolves it. An engine
+        that does not answer keeps the mark for the next start; it never stops this one."""
+        report = []
+        for name in sorted(os.listdir(self.marks[kind])):
+            mark = os.path.join(self.marks[kind], name)
+            try:
+                if kind == "paused":
+                    container = self._engine().unpause_marked(mark)
+                elif self._needs_attention(name):
+                    continue
+                else:
+                    container = self._engine().start_marked(mark)
+            except (WorldlineError, OSError) as exc:
+                log.warning("container of session %s, %s when the daemon stopped: left as"
+                            " it is for now: %s", name, kind, getattr(exc, "message", exc))
+                continue
+            if container:
+                report.append(f"{'unpaused' if kind == 'paused' else 'started'} container"
+                              f" {container} of session {name}, which the daemon's last"
+                              f" run had {kind} and died")
+        return report
 
     def _set_aside(self, session: Session, entry: dict, reason: str) -> str:
         why = (f"an interrupted restore to {entry['target']} was not completed: {reason};"
@@ -837,12 +877,12 @@ class World:
                         "restore.completed", session_id, cp.id, {"target": target.id},
                         ids.now())])
                 self.journal.remove(session_id)
-                self._start_again(session, entry)
             for layer in self.layers(session):
                 if layer.tracker is not None:
                     layer.tracker.invalidate("an operator resolved the session")
             self.journal.drop_set_aside(session_id)
             self.store.update_session(session_id, needs_attention=None)
+            self._start_again(session)  # running again if the restore had stopped it
             self.store.append_audit([AuditEvent(
                 "session.resolve", session_id, session_id,
                 {"action": "complete" if complete else "abandon"}, ids.now())])
@@ -1001,9 +1041,11 @@ class World:
 
     # -- recovery ------------------------------------------------------------------------
     def recover(self) -> list[str]:
-        """At start: complete every restore a crash interrupted, and remove containers
-        that worldline made for sessions that were never recorded. Returns a report."""
-        report = []
+        """At start: unpause the containers a killed daemon left paused, complete every
+        restore a crash interrupted and start again the containers it left stopped, and
+        remove containers that worldline made for sessions that were never recorded.
+        Returns a report."""
+        report = self._release_left("paused")
         for entry in self.journal.entries():
             try:  # nothing a journal holds may stop the daemon from serving the others
                 session = self.store.get_session(entry["session"])
@@ -1017,6 +1059,7 @@ class World:
                 except Exception:
                     self.journal.set_aside(str(entry.get("session")))
                     report.append(f"set aside the journal of {entry.get('session')}: {exc}")
+        report += self._release_left("stopped")
         known = {s.id for s in self.store.list_sessions()}
         for folder in (self.fork_root, self.views.forks if self.views else None):
             if folder is None or not os.path.isdir(folder):

@@ -9,6 +9,10 @@ once; now and then the session is restored to a random earlier checkpoint and th
 walk carries on from there. After each restore the container's view of ``/data``
 (the merged folder) and the writable layer under it must be as they were at that
 checkpoint (fidelity.py's fingerprint).
+
+The same walk runs against a daemon killed with SIGKILL at random moments of half its
+checkpoints and restores. (It found the container left paused by a checkpoint, or
+stopped by a restore, that the kill cut short.)
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import json
 import os
 import random
 import shlex
+import threading
 from pathlib import Path
 
 import pytest
+from worldline.client.errors import Unavailable
 
+from .conftest import DaemonProcess
 from .fidelity import NOBODY, differences, fingerprint
 from .test_agent_walk import listing
 from .test_container_fidelity import as_nobody, as_root, upper
@@ -31,6 +38,7 @@ pytestmark = pytest.mark.docker
 
 ROUNDS = 70
 RESTORE_EVERY = 12
+KILL_ROUNDS = 50
 
 LOWER_TREE = f"""
 mkdir -p /data/lower/a /data/lower/b /data/lower/deep/x/y /data/lower/bin
@@ -91,36 +99,107 @@ def _change(rng: random.Random, top: str, number: int) -> str:
     ])
 
 
+def _sandbox(workspace, image: str, containers: list[str]) -> str:
+    name = f"wl-walk-{os.urandom(3).hex()}"
+    # --init: a restore stops the container, and a PID 1 of its own ignores SIGTERM
+    docker("create", "--init", "--name", name, "-v", f"{workspace}:/workspace", image,
+           "sleep", "1000000")
+    containers.append(name)
+    docker("start", name)
+    return name
+
+
+def _world(c: str) -> tuple[dict, dict]:
+    """The container's view of /data, and the writable layer's /data (none until /data
+    is first changed)."""
+    layer = os.path.join(upper(c), "data")
+    return (fingerprint(os.path.join(_merged(c), "data")),
+            fingerprint(layer) if os.path.lexists(layer) else {})
+
+
+def _same(a: tuple[dict, dict], b: tuple[dict, dict]) -> bool:
+    return not differences(a[0], b[0]) and not differences(a[1], b[1])
+
+
+def _walk_step(rng: random.Random, c: str, numbers) -> None:
+    top = os.path.join(_merged(c), "data")
+    lines = [_change(rng, top, next(numbers)) for _ in range(rng.randrange(1, 5))]
+    as_nobody(c, "cd /data\n" + "\n".join(f"( {line} ) 2>/dev/null || true"
+                                          for line in lines))
+
+
 def test_every_checkpoint_of_a_walk_in_a_container_restores_exactly(client, workspace,
                                                                    walk_image, containers):
     rng = random.Random(5)
-    c = f"wl-walk-{os.urandom(3).hex()}"
-    # --init: a restore stops the container, and a PID 1 of its own ignores SIGTERM
-    docker("create", "--init", "--name", c, "-v", f"{workspace}:/workspace", walk_image,
-           "sleep", "1000000")
-    containers.append(c)
-    docker("start", c)
+    c = _sandbox(workspace, walk_image, containers)
     s = client.create_session(str(workspace), container=c)
     numbers = itertools.count()
-
-    def world() -> tuple[dict, dict]:
-        layer = os.path.join(upper(c), "data")  # none until /data is first changed
-        return (fingerprint(os.path.join(_merged(c), "data")),
-                fingerprint(layer) if os.path.lexists(layer) else {})
-
     kept: dict[str, tuple[dict, dict]] = {}
     for i in range(ROUNDS):
-        top = os.path.join(_merged(c), "data")
-        lines = [_change(rng, top, next(numbers)) for _ in range(rng.randrange(1, 5))]
-        as_nobody(c, "cd /data\n" + "\n".join(f"( {line} ) 2>/dev/null || true"
-                                              for line in lines))
+        _walk_step(rng, c, numbers)
         cp = s.checkpoint()  # at once: no pause after the changes
-        kept[cp.id] = world()
+        kept[cp.id] = _world(c)
         if i % RESTORE_EVERY == RESTORE_EVERY - 1:
             target = rng.choice(list(kept))
             s.restore(target)
-            merged, layer = world()
+            merged, layer = _world(c)
             assert differences(kept[target][0], merged) == [], f"round {i}: the view"
             assert differences(kept[target][1], layer) == [], f"round {i}: the layer"
     # the walk changed the world, not only tried to: most checkpoints differ
     assert len({repr(world) for world in kept.values()}) > ROUNDS // 2
+
+
+def test_a_walk_in_a_container_killed_at_random_moments(tmp_path, workspace, walk_image,
+                                                       containers):
+    """After each kill the container runs again, unpaused; a killed checkpoint left
+    the world as it was; a killed restore left it as it was or as its target; nothing
+    is set aside; and acknowledged checkpoints restore exactly."""
+    rng = random.Random(2)
+    c = _sandbox(workspace, walk_image, containers)
+    d = DaemonProcess(tmp_path / "root").start()
+    client = d.client()
+    sid = client.create_session(str(workspace), container=c).id
+    numbers = itertools.count()
+    kept: dict[str, tuple[dict, dict]] = {}
+    kills = cut = 0
+    try:
+        for i in range(KILL_ROUNDS):
+            _walk_step(rng, c, numbers)
+            before = _world(c)
+            target = rng.choice(list(kept)) if kept and i % 4 == 3 else None
+            if rng.random() < 0.5:  # somewhere in the call, or just after it
+                timer = threading.Timer(rng.uniform(0, 0.01 if target is None else 0.5),
+                                        d.proc.kill)
+                timer.start()
+            else:
+                timer = None
+            try:
+                if target is None:
+                    kept[client.checkpoint(sid).id] = before
+                else:
+                    client.restore(sid, target)
+                    assert _same(kept[target], _world(c)), f"round {i}: restored"
+            except Unavailable:  # killed during the call: nothing was acknowledged
+                cut += 1
+            if timer is None:
+                continue
+            timer.join()
+            d.proc.wait()
+            kills += 1
+            client.close()
+            d.stop()
+            d.start()
+            client = d.client()
+            assert client.get_session(sid).needs_attention is None, f"round {i}"
+            state = json.loads(docker("inspect", c))[0]["State"]
+            assert state["Running"] and not state["Paused"], f"round {i}: {state}"
+            now = _world(c)
+            assert _same(before, now) or (target is not None and _same(kept[target], now)), \
+                f"round {i}: a killed {'restore' if target else 'checkpoint'}"
+        assert kills >= 10 and cut >= 5
+        for cp_id in rng.sample(list(kept), 8):
+            client.restore(sid, cp_id)
+            assert _same(kept[cp_id], _world(c)), f"at the end: {cp_id}"
+    finally:
+        client.close()
+        d.stop()

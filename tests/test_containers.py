@@ -218,6 +218,46 @@ def wait_health(d: DaemonProcess, want: int, timeout: float = 15.0) -> bool:
     return False
 
 
+@pytest.mark.parametrize("call,held,point", [("checkpoint", "Paused", "capture.paused"),
+                                             ("restore", "Running", "restore.stopped")])
+def test_a_container_held_when_the_daemon_died_runs_again_at_start(tmp_path, containers,
+                                                                  call, held, point):
+    """A checkpoint pauses the container while it reads its layer; a restore stops it
+    while it plans and writes. A daemon killed then (here: as the layer is read; before
+    a restore's journal is written) must not leave the agent's sandbox frozen or
+    stopped: its next start unpauses it, or starts it again."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        s = c.create_session(str(ws), image=IMAGE)
+        containers.append(s.container)
+        first = s.checkpoint()
+    d.stop()
+    d.env["WORLDLINE_FAULTS"] = point
+    d.start()
+    with d.client() as c:
+        sh(s.container, "echo v2 > /v2")
+        with pytest.raises(Unavailable):  # killed with the container held
+            c.checkpoint(s.id) if call == "checkpoint" else c.restore(s.id, first.id)
+    assert d.proc.wait(10) == -9
+    state = json.loads(docker("inspect", s.container))[0]["State"]
+    assert state[held] is (held == "Paused")
+    d.proc = None
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()
+    try:
+        state = json.loads(docker("inspect", s.container))[0]["State"]
+        assert state["Running"] is True and state["Paused"] is False
+        assert sh(s.container, "cat /v2").strip() == "v2"  # no restore had begun
+        with d.client() as c:
+            c.checkpoint(s.id)
+        for kind in ("paused", "stopped"):
+            assert not list((tmp_path / "root" / kind).iterdir())
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("point", ["restore.between_files:2", "restore.before_rename:6",
                                    "restore.between_layers",
                                    "restore.before_commit"])

@@ -64,6 +64,16 @@ def extra_mounts(spec: dict, workspace: str) -> list[str]:
     return out
 
 
+def _write_mark(mark: str, container: str) -> None:
+    with open(mark, "w") as f:
+        f.write(container)
+
+
+def _read_mark(mark: str) -> str:
+    with open(mark) as f:
+        return f.read().strip()
+
+
 class Engine:
     """The Docker engine through its SDK; errors are mapped here and nowhere else."""
 
@@ -151,11 +161,16 @@ class Engine:
         return upper
 
     @contextlib.contextmanager
-    def frozen(self, container: str) -> Iterator[None]:
-        """Pause a running container for the duration; leave others as they are."""
+    def frozen(self, container: str, mark: str | None = None) -> Iterator[None]:
+        """Pause a running container for the duration; leave others as they are.
+        ``mark``: a file that names the container from just before it is paused until
+        it is unpaused, so that a daemon killed in between unpauses it at its next
+        start (``unpause_marked``) rather than leave the agent's sandbox frozen."""
         state = self.inspect(container).get("State", {})
         pause = state.get("Running") and not state.get("Paused")
         if pause:
+            if mark:
+                _write_mark(mark, container)
             with self.errors(container):
                 self.api.pause(container)
         try:
@@ -164,20 +179,53 @@ class Engine:
             if pause:
                 with self.errors(container):
                     self.api.unpause(container)
+                if mark:
+                    os.unlink(mark)
+
+    def unpause_marked(self, mark: str) -> str | None:
+        """Unpause the container a ``frozen`` mark names, if it is still paused, and
+        remove the mark; the container unpaused, or None. Engine errors are raised
+        and the mark kept, for the next start."""
+        container = _read_mark(mark)
+        unpaused = None
+        if container and self.exists(container) and \
+                self.inspect(container).get("State", {}).get("Paused"):
+            with self.errors(container):
+                self.api.unpause(container)
+            unpaused = container
+        os.unlink(mark)
+        return unpaused
 
     def running(self, container: str) -> bool:
         return bool(self.inspect(container).get("State", {}).get("Running"))
 
-    def stop(self, container: str, timeout: int = 5) -> bool:
-        """Stop the container; return whether it was running."""
+    def stop(self, container: str, timeout: int = 5, mark: str | None = None) -> bool:
+        """Stop the container; return whether it was running. ``mark``: a file that
+        names a running container from just before it is stopped (the caller removes
+        it once it has started the container again), so that a daemon killed in
+        between starts it at its next start (``start_marked``)."""
         state = self.inspect(container).get("State", {})
         with self.errors(container):
             if state.get("Paused"):
                 self.api.unpause(container)
             if state.get("Running"):
+                if mark:
+                    _write_mark(mark, container)
                 self.api.stop(container, timeout=timeout)
                 return True
         return False
+
+    def start_marked(self, mark: str) -> str | None:
+        """Start the container a ``stop`` mark names unless it runs, and remove the
+        mark; the container started, or None. Engine errors are raised and the mark
+        kept, for the next start."""
+        container = _read_mark(mark)
+        started = None
+        if container and self.exists(container) and not self.running(container):
+            self.start(container)
+            started = container
+        os.unlink(mark)
+        return started
 
     def start(self, container: str) -> None:
         with self.errors(container):
