@@ -207,6 +207,17 @@ def _pick(rng: random.Random, ws: Path, i: int, canary: Path) -> tuple[str, dict
     return "write", {"p": new, "data": str(i)}
 
 
+def restart_killed(d: DaemonProcess, timer: threading.Timer, client):
+    """After a kill armed with ``timer``: the daemon dead before anything else happens
+    (the agent is still), started again; a client of the new daemon."""
+    timer.join()
+    d.proc.wait()
+    client.close()
+    d.stop()
+    d.start()
+    return d.client()
+
+
 @pytest.fixture
 def places(tmp_path) -> tuple[Path, Path]:
     """The agent's workspace and a canary folder outside it, of root's."""
@@ -300,13 +311,8 @@ def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_pa
                 cut += 1
             if timer is None:
                 continue
-            timer.join()
-            d.proc.wait()  # dead before anything else happens (the agent is still)
             kills += 1
-            c.close()
-            d.stop()
-            d.start()
-            c = d.client()
+            c = restart_killed(d, timer, c)
             # the start completed any restore the kill cut short: the agent was still,
             # so nothing is set aside for an operator
             assert c.get_session(sid).needs_attention is None, f"round {i}"

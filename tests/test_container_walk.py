@@ -30,7 +30,7 @@ from worldline.client.errors import Unavailable
 
 from .conftest import DaemonProcess
 from .fidelity import NOBODY, differences, fingerprint
-from .test_agent_walk import listing
+from .test_agent_walk import listing, restart_killed
 from .test_container_fidelity import as_nobody, as_root, upper
 from .test_containers import IMAGE, docker
 
@@ -183,13 +183,8 @@ def test_a_walk_in_a_container_killed_at_random_moments(tmp_path, workspace, wal
                 cut += 1
             if timer is None:
                 continue
-            timer.join()
-            d.proc.wait()
             kills += 1
-            client.close()
-            d.stop()
-            d.start()
-            client = d.client()
+            client = restart_killed(d, timer, client)
             assert client.get_session(sid).needs_attention is None, f"round {i}"
             state = json.loads(docker("inspect", c))[0]["State"]
             assert state["Running"] and not state["Paused"], f"round {i}: {state}"
