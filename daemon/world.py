@@ -349,7 +349,7 @@ class World:
             yield
             return
         with self._engine().frozen(session.container,
-                                   mark=os.path.join(self.marks["paused"], session.id)):
+                                   mark=self._mark("paused", session.id)):
             crash_point("capture.paused")
             yield
 
@@ -717,7 +717,7 @@ class World:
         written, so a restore refused up front leaves no journal; the journal names
         every path the restore will change, in each layer, as it was and as it will be,
         so a restart can tell whether the layers are still as the restore left them."""
-        stopped = os.path.join(self.marks["stopped"], session.id)
+        stopped = self._mark("stopped", session.id)
         was_running = (self._engine().stop(session.container, mark=stopped)
                        if session.container else False)
         try:
@@ -772,23 +772,8 @@ class World:
         self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
             "restore.completed", sid, cp.id, {"target": target.id}, ids.now())])
         self.journal.remove(sid)
-        self._start_again(session)
+        self._release("stopped", session.id)
         return f"completed the interrupted restore of session {sid} to {target.id}"
-
-    def _start_again(self, session: Session) -> None:
-        """Start the session's container again if a restore cut short by a crash had
-        stopped it running (its mark says so), now that the restore is completed or an
-        operator resolved it. One that cannot be started is logged, not raised: the
-        restore is done and recorded (the mark stays, for the next start)."""
-        mark = os.path.join(self.marks["stopped"], session.id)
-        if not os.path.exists(mark):
-            return
-        try:
-            self._engine().start_marked(mark)
-        except WorldlineError as exc:
-            log.warning("session %s: the restore is complete, but its container %s could"
-                        " not be started again: %s", session.id, session.container,
-                        exc.message)
 
     def _changed_since(self, session: Session, head: Checkpoint, entry: dict) -> str:
         """Why the layers are not as the interrupted restore left them ("" if they are)."""
@@ -819,31 +804,39 @@ class World:
         except NotFound:
             return False  # never recorded: its container is not worldline's to hold
 
+    def _mark(self, kind: str, session_id: str) -> str:
+        """The file that says the session's container is held ``kind`` ("paused" or
+        "stopped") by this daemon (Engine.frozen, Engine.stop)."""
+        return os.path.join(self.marks[kind], session_id)
+
+    def _release(self, kind: str, session_id: str) -> str | None:
+        """Unpause ("paused") or start again ("stopped") the session's container if a
+        daemon that died, or a restore cut short, left it so (its mark says); a line
+        for the report, or None. A session that needs attention keeps its container
+        stopped until an operator resolves it. An engine that does not answer, or a
+        container that cannot be started, is logged and keeps the mark for the next
+        start: it never stops this one, nor undoes a restore that is done."""
+        mark = self._mark(kind, session_id)
+        if not os.path.exists(mark) or (kind == "stopped"
+                                        and self._needs_attention(session_id)):
+            return None
+        try:
+            container = (self._engine().unpause_marked(mark) if kind == "paused"
+                         else self._engine().start_marked(mark))
+        except (WorldlineError, OSError) as exc:
+            log.warning("container of session %s, %s when the daemon stopped: left as it"
+                        " is for now: %s", session_id, kind, getattr(exc, "message", exc))
+            return None
+        if container is None:
+            return None
+        return (f"{'unpaused' if kind == 'paused' else 'started'} container {container}"
+                f" of session {session_id}, which the daemon's last run had {kind}")
+
     def _release_left(self, kind: str) -> list[str]:
-        """At start: unpause (``kind`` "paused") or start again ("stopped", once the
-        restores a crash interrupted are completed) each container the daemon paused or
-        stopped and died before it undid that (Engine's marks). A session that needs
-        attention keeps its container stopped until an operator resolves it. An engine
-        that does not answer keeps the mark for the next start; it never stops this one."""
-        report = []
-        for name in sorted(os.listdir(self.marks[kind])):
-            mark = os.path.join(self.marks[kind], name)
-            try:
-                if kind == "paused":
-                    container = self._engine().unpause_marked(mark)
-                elif self._needs_attention(name):
-                    continue
-                else:
-                    container = self._engine().start_marked(mark)
-            except (WorldlineError, OSError) as exc:
-                log.warning("container of session %s, %s when the daemon stopped: left as"
-                            " it is for now: %s", name, kind, getattr(exc, "message", exc))
-                continue
-            if container:
-                report.append(f"{'unpaused' if kind == 'paused' else 'started'} container"
-                              f" {container} of session {name}, which the daemon's last"
-                              f" run had {kind} and died")
-        return report
+        """At start: ``_release`` every container a mark of ``kind`` names (the stopped
+        ones once the restores a crash interrupted are completed)."""
+        return [line for name in sorted(os.listdir(self.marks[kind]))
+                if (line := self._release(kind, name)) is not None]
 
     def _set_aside(self, session: Session, entry: dict, reason: str) -> str:
         why = (f"an interrupted restore to {entry['target']} was not completed: {reason};"
@@ -882,7 +875,7 @@ class World:
                     layer.tracker.invalidate("an operator resolved the session")
             self.journal.drop_set_aside(session_id)
             self.store.update_session(session_id, needs_attention=None)
-            self._start_again(session)  # running again if the restore had stopped it
+            self._release("stopped", session.id)  # running again if a restore stopped it
             self.store.append_audit([AuditEvent(
                 "session.resolve", session_id, session_id,
                 {"action": "complete" if complete else "abandon"}, ids.now())])

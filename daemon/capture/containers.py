@@ -186,18 +186,14 @@ class Engine:
         """Unpause the container a ``frozen`` mark names, if it is still paused, and
         remove the mark; the container unpaused, or None. Engine errors are raised
         and the mark kept, for the next start."""
-        container = _read_mark(mark)
-        unpaused = None
-        if container and self.exists(container) and \
-                self.inspect(container).get("State", {}).get("Paused"):
+        container, state = self._marked(mark)
+        if state is None or not state.get("Paused"):
+            container = None
+        else:
             with self.errors(container):
                 self.api.unpause(container)
-            unpaused = container
         os.unlink(mark)
-        return unpaused
-
-    def running(self, container: str) -> bool:
-        return bool(self.inspect(container).get("State", {}).get("Running"))
+        return container
 
     def stop(self, container: str, timeout: int = 5, mark: str | None = None) -> bool:
         """Stop the container; return whether it was running. ``mark``: a file that
@@ -219,13 +215,26 @@ class Engine:
         """Start the container a ``stop`` mark names unless it runs, and remove the
         mark; the container started, or None. Engine errors are raised and the mark
         kept, for the next start."""
-        container = _read_mark(mark)
-        started = None
-        if container and self.exists(container) and not self.running(container):
+        container, state = self._marked(mark)
+        if state is None or state.get("Running"):
+            container = None
+        else:
             self.start(container)
-            started = container
         os.unlink(mark)
-        return started
+        return container
+
+    def _marked(self, mark: str) -> tuple[str, dict | None]:
+        """The container a mark names and its state, from one question to the engine
+        (None: no such container any more)."""
+        import docker
+        container = _read_mark(mark)
+        if not container:
+            return container, None
+        with self.errors(container):
+            try:
+                return container, self.api.inspect_container(container).get("State", {})
+            except docker.errors.NotFound:
+                return container, None
 
     def start(self, container: str) -> None:
         with self.errors(container):
