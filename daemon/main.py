@@ -449,19 +449,18 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
                     tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage)
-    # A signal handler takes no lock: it writes a byte to a pipe the main thread reads.
-    # (Setting a threading.Event from a handler deadlocks when the signal lands while
-    # the main thread holds the Event's lock in wait(): two SIGTERMs in a row did.)
+    # A stop signal wakes the main thread through a pipe it reads, written by the
+    # interpreter's C-level handler (set_wakeup_fd) on whichever thread the kernel
+    # delivered the signal to. Not by a Python handler: those run on the main thread
+    # only once it wakes, and a SIGTERM delivered to one of gRPC's threads left it
+    # asleep in read() for good (test_11, on a loaded machine). Nor by setting a
+    # threading.Event: that deadlocked when the signal landed while the main thread
+    # held the Event's lock in wait().
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     os.set_blocking(wake_r, True)
-
-    def on_signal(*_) -> None:
-        try:
-            os.write(wake_w, b"x")
-        except OSError:
-            pass  # the pipe is full: a stop is already under way
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+        signal.signal(sig, lambda *_: None)  # handled: the wake-up byte is the message
     try:
         daemon.start()
     except (StartupError, WorldlineError) as exc:
