@@ -153,6 +153,70 @@ def test_attach_existing_container(client, workspace, containers):
     assert sh(name, "cat /tmp/attached") == "x\n"
 
 
+@pytest.mark.parametrize("first, heeds", [
+    (["sleep", "100000"], False),              # no handler: the kernel drops SIGTERM
+    (["sh"], False),                           # an interactive shell ignores it (-it below)
+    (["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"], True),
+    (["--init", "sleep", "100000"], True),     # tini waits for it in sigtimedwait
+    (["--stop-signal", "USR1", "sh", "-c", "trap 'exit 0' USR1; while :; do sleep 0.2; done"],
+     True),
+    (["--stop-signal", "USR1", "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"],
+     False),
+], ids=["sleep", "interactive-sh", "trap", "init", "usr1-trapped", "usr1-not-trapped"])
+def test_which_first_processes_drop_their_stop_signal(containers, first, heeds):
+    """stopping.ignores_stop_signal reads the kernel's rule off /proc: a PID 1 that
+    neither catches nor blocks its stop signal never gets it."""
+    import docker as sdk
+    from worldline.daemon.capture.stopping import ignores_stop_signal
+    name = f"wl-deaf-{os.getpid()}-{len(containers)}"
+    opts = ["--init"] if first[0] == "--init" else []
+    rest = first[len(opts):]
+    if rest[0] == "--stop-signal":
+        opts, rest = opts + rest[:2], rest[2:]
+    docker("run", "-d", "-it", "--name", name, *opts, IMAGE, *rest)
+    containers.append(name)
+    api = sdk.APIClient()
+    time.sleep(0.3)  # the trap is set
+    for _ in range(5):  # the same answer whatever the process is doing at the moment
+        assert ignores_stop_signal(api.inspect_container(name)) is not heeds
+        time.sleep(0.05)
+    assert not ignores_stop_signal({**api.inspect_container(name), "Id": "f" * 64})
+
+
+def test_a_restore_does_not_wait_for_a_first_process_that_drops_the_stop_signal(
+        client, tmp_path, containers):
+    """A restore stops the container: a PID 1 such as `sleep` never gets SIGTERM, and
+    `docker stop -t 5` waited 5 s for nothing before it killed it (every restore of
+    such a sandbox took 5.4 s). It is killed at once now; a PID 1 that handles the
+    signal is still given it, and the time to act on it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    deaf, polite = f"wl-deaf-{os.getpid()}", f"wl-polite-{os.getpid()}"
+    for name in (deaf, polite):
+        (tmp_path / name).mkdir()
+    docker("run", "-d", "--name", deaf, "-v", f"{tmp_path / deaf}:/w", IMAGE, "sleep", "100000")
+    docker("run", "-d", "--name", polite, "-v", f"{tmp_path / polite}:/w", "-v", f"{outside}:/out",
+           IMAGE, "sh", "-c", "trap 'sleep 1; echo bye > /out/bye; exit 0' TERM;"
+           " while :; do sleep 0.2; done")
+    containers += [deaf, polite]
+    for name in (deaf, polite):
+        s = client.create_session(str(tmp_path / name), container=name)
+        sh(name, "echo one > /tmp/f")
+        cp = s.checkpoint()
+        sh(name, "echo two > /tmp/f")
+        started = time.monotonic()
+        s.restore(cp.id)
+        took = time.monotonic() - started
+        assert sh(name, "cat /tmp/f") == "one\n"
+        info = json.loads(docker("inspect", name))[0]
+        assert info["State"]["Running"]
+        if name == deaf:
+            assert took < 4.5, f"the restore waited {took:.1f} s for a stop signal it dropped"
+            assert info["State"]["ExitCode"] in (0, 137)
+        else:
+            assert took >= 1.0 and (outside / "bye").read_text() == "bye\n"
+
+
 def test_session_survives_its_container(client, workspace, tmp_path, containers):
     """0.3 froze a session whose container was removed (`docker rm -f`): checkpoint,
     restore and fork failed for good. Now the workspace goes on being checkpointed (the

@@ -11,7 +11,9 @@ restore restarts the container's processes).
 
 - Restore stops the container, makes its upper folder equal to the checkpoint's
   layer, and starts it again: same container, same name, mounts, env, command and
-  network. Its processes restart.
+  network. Its processes restart. The stop waits for a first process that handles
+  its stop signal (5 s at most, as `docker stop -t 5`), and kills at once one that
+  would drop it (stopping.py).
 - Fork creates a new container from the same image and configuration, with the
   fork's workspace mounted where the original's was, writes the checkpoint's layer
   into its upper folder before the first start, and starts it. Every container and
@@ -33,6 +35,8 @@ import threading
 from typing import Iterator
 
 from worldline.client.errors import FailedPrecondition, NotFound, Unavailable
+
+from .stopping import ignores_stop_signal
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +203,18 @@ class Engine:
         """Stop the container; return whether it was running. ``mark``: a file that
         names a running container from just before it is stopped (the caller removes
         it once it has started the container again), so that a daemon killed in
-        between starts it at its next start (``start_marked``)."""
-        state = self.inspect(container).get("State", {})
+        between starts it at its next start (``start_marked``). A first process that
+        would drop the stop signal is not waited for: SIGKILL at once (stopping.py)."""
+        attrs = self.inspect(container)
+        state = attrs.get("State", {})
         with self.errors(container):
             if state.get("Paused"):
                 self.api.unpause(container)
             if state.get("Running"):
                 if mark:
                     _write_mark(mark, container)
-                self.api.stop(container, timeout=timeout)
+                deaf = ignores_stop_signal(attrs)
+                self.api.stop(container, timeout=0 if deaf else timeout)
                 return True
         return False
 
