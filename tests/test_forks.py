@@ -90,3 +90,55 @@ def test_overlay_forks_come_back_after_a_reboot(tmp_path):
         assert (Path(f.workspace) / "pkg/sub/mod.py").read_text() == "x = 1\n"
     finally:
         d.stop()
+
+
+def test_a_restore_in_a_fork_keeps_the_holes_of_the_parents_sparse_files(forking_daemon,
+                                                                          tmp_path):
+    """In an overlay fork, changing a file of the parent's (its metadata, or a hard link
+    to it) makes the kernel copy it up in 1 MiB chunks, and a chunk with data in it is
+    copied dense. A restore that linked a hard-link group back to such a file, or gave
+    it back its mode in place, filled its holes; it writes such a file again now."""
+    from .fidelity import AGENT_UID, as_agent, differences, fingerprint
+    d, _ = forking_daemon
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, AGENT_UID, AGENT_UID)
+    as_agent("for f in linked alone; do printf head > $f; truncate -s 1048580 $f;"
+             " printf tail >> $f; done; ln linked other", ws)
+    with d.client() as c:
+        cp = c.create_session(str(ws)).checkpoint()
+        fork = c.fork(cp.id, workspace=str(tmp_path / "fork"))
+        fw = Path(fork.workspace)
+        want = fingerprint(fw)
+        assert sorted(p for p, rec in want.items() if "data" in dict(rec)) == [
+            "alone", "linked", "other"]  # sparse, as in the parent
+        mine = c.get_session(fork.id).checkpoint()
+        # the agent breaks the link (its write copies `other` up) and changes a mode
+        as_agent("printf new > other; chmod 600 alone", fw)
+        c.get_session(fork.id).restore(mine.id)
+        left = differences(want, fingerprint(fw))
+        assert not left, "; ".join(left)
+
+
+def test_the_first_checkpoint_of_a_fork_keeps_its_hard_links(forking_daemon, tmp_path):
+    """A fork made by copying knows the tree it wrote, so its first checkpoint looks
+    only at what changed since; it must look at the files with other hard links too,
+    or it records them as separate files. It did not (the change tracker's list of
+    them was left empty), and every checkpoint of a copied fork lost its hard links."""
+    d, _ = forking_daemon
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_text("shared\n")
+    os.link(ws / "a", ws / "b")
+    (ws / "x").write_text("x\n")
+    with d.client() as c:
+        cp = c.create_session(str(ws)).checkpoint()
+        fork = c.get_session(c.fork(cp.id, workspace=str(tmp_path / "fork")).id)
+        fw = Path(fork.workspace)
+        assert os.stat(fw / "a").st_ino == os.stat(fw / "b").st_ino
+        (fw / "x").write_text("changed\n")
+        first = fork.checkpoint()
+        os.unlink(fw / "b")
+        fork.checkpoint()
+        fork.restore(first.id)
+        assert os.stat(fw / "a").st_ino == os.stat(fw / "b").st_ino

@@ -16,6 +16,9 @@ capture of it). Rules, in order of importance:
 - Hard links are linked, not copied: the layer root's own entry names the groups; the
   first name of each group is written, the others linked to it once everything is
   written, and the folders that gained a link get their times again.
+- Through an overlay mount (a fork's workspace), a sparse file that would get new
+  metadata or links is written again: changing it in place would make the kernel copy
+  it up and fill its holes (sparse.py).
 - Sockets are never recreated; device nodes only in container layers. Each is a
   warning in the result.
 """
@@ -66,6 +69,8 @@ class TreeWriter:
         self.defer: set[str] = set()  # names linked after everything is written
         self.force: set[str] = set()  # files written again (a hard link to break)
         self.force_folders: set[str] = set()  # folders holding those
+        self.relink: set[str] = set()  # first names of groups with names to link to them
+        self.copy_up = False  # writing through an overlay mount (sparse.on_overlayfs)
 
     def write(self, root_fd: int, current: Capture, target: str) -> list[str]:
         self.pending = current.trees
@@ -75,6 +80,8 @@ class TreeWriter:
         mine = {p: tuple(g) for g in groups for p in g}
         have = {p: tuple(g) for g in link_groups(current.links) for p in g}
         self.defer = {p for g in groups for p in g[1:]}
+        self.relink = {g[0] for g in groups if len(g) > 1 and have.get(g[0]) != tuple(g)}
+        self.copy_up = sparse.on_overlayfs(root_fd)
         self.force = {p for p, g in have.items() if mine.get(p) != g}
         for path in self.force:
             parts = path.split("/")
@@ -110,7 +117,8 @@ class TreeWriter:
             path = prefix + name
             have = cur.get(name)
             if have == want and path not in self.force and (
-                    not want.is_folder or path + "/" not in self.force_folders):
+                    not want.is_folder or path + "/" not in self.force_folders) and (
+                    path not in self.relink or not self._fills_holes(want)):
                 continue
             if have is not None and (have.is_folder != want.is_folder or (
                     path in self.defer and have.is_folder)):
@@ -122,8 +130,8 @@ class TreeWriter:
                 self._sync_folder(dfd, name, have, want, path)
             elif want.kind in FILES:
                 if (have is not None and have.kind == want.kind and have.ref == want.ref
-                        and path not in self.force and self._set_meta_in_place(dfd, name,
-                                                                               want, path)):
+                        and path not in self.force and not self._fills_holes(want)
+                        and self._set_meta_in_place(dfd, name, want, path)):
                     continue
                 self._write_file(dfd, name, want, path)
             else:
@@ -158,6 +166,11 @@ class TreeWriter:
                 self.watch(path, sub)
         finally:
             os.close(sub)
+
+    def _fills_holes(self, want: Entry) -> bool:
+        """Whether touching this unchanged file in place (its metadata, or links to it)
+        could copy it up and fill its holes: a sparse file through an overlay mount."""
+        return self.copy_up and want.kind == SPARSE
 
     def _set_meta_in_place(self, dfd: int, name: str, want: Entry, path: str) -> bool:
         """Give an unchanged file its metadata without rewriting it; False when it must be

@@ -68,14 +68,20 @@ class Layer:
     def committed(self, capture: Capture) -> None:
         """The capture is recorded: the stat cache learns it, the tracker starts from it."""
         self.snap.commit(capture)
-        self.now_equals(capture.root)
-        if self.tracker is not None:
-            self.tracker.linked = set(capture.links)
+        self.now_equals(capture.root, set(capture.links))
 
-    def now_equals(self, tree: str) -> None:
-        """The folder is now ``tree`` plus whatever the tracker has seen since."""
-        if self.tracker is not None:
-            self.tracker.base = tree
+    def now_equals(self, tree: str, linked: set[str] | None = None) -> None:
+        """The folder is now ``tree`` plus whatever the tracker has seen since. The next
+        capture looks again at every file with other hard links (``linked``: the tree's
+        link groups unless given), as it must to carry the groups forward."""
+        if self.tracker is None:
+            return
+        if linked is None:
+            own = self.snap.trees.read(tree).own
+            groups = self.snap.trees.link_groups(own.extras().get("links", "") if own else "")
+            linked = {p for g in groups for p in g}
+        self.tracker.base = tree
+        self.tracker.linked = linked
 
 
 class RestoreJournal:

@@ -9,13 +9,20 @@ canonical JSON ``{"size": N, "pieces": [[offset, length, digest], ...]}`` whose 
 (at most ``PIECE`` bytes each, so every piece is an ordinary small blob the pack can
 delta and dedupe) cover the file's data in order. A restore truncates the new file to
 its size and writes the pieces at their offsets, so every hole is a hole again.
+
+Through an overlay mount (a fork's workspace), changing a file of a lower layer, its
+metadata or a hard link to it, makes the kernel copy it up whole, in 1 MiB chunks: a
+chunk with any data in it is copied dense, so holes within it fill. A restore there
+writes such a file again rather than touching it (``on_overlayfs``, apply.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
+import struct
 from collections.abc import Iterator
 
 from worldline.client.errors import DataLoss
@@ -23,6 +30,17 @@ from worldline.client.errors import DataLoss
 from ..storage.blobs import BlobStore, digest_of
 
 PIECE = 4 << 20
+OVERLAYFS_SUPER_MAGIC = 0x794C7630
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def on_overlayfs(fd: int) -> bool:
+    """Whether the file or folder open at ``fd`` is on an overlay mount (fstatfs(2))."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first field
+    if _libc.fstatfs(fd, buf) != 0:
+        return False
+    return struct.unpack_from("l", buf)[0] == OVERLAYFS_SUPER_MAGIC
 
 
 def is_sparse(fd: int, st: os.stat_result) -> bool:
