@@ -18,6 +18,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from worldline.client import Client
 
+from .fidelity import AGENT_UID
+
 WORLDLINE = [sys.executable, "-m", "worldline.client.cli"]
 
 
@@ -169,6 +171,22 @@ def fresh_daemon(tmp_path):
 def client(daemon):
     with daemon.client() as c:
         yield c
+
+
+@pytest.fixture
+def places(tmp_path) -> tuple[Path, Path]:
+    """The random walks' agent workspace (uid 1000's) and a canary folder outside it,
+    of root's but open to all (test_agent_walk)."""
+    os.chmod(tmp_path, 0o755)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, AGENT_UID, AGENT_UID)
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "keep.txt").write_text("keep\n")
+    os.chmod(canary, 0o777)  # the agent could write here, so a restore acting for it
+    # on a symlink into the canary would show
+    return ws, canary
 
 
 @pytest.fixture

@@ -4,7 +4,10 @@
 its kind, permission bits (setuid, setgid, sticky included), owner, group, mtime in
 nanoseconds, xattrs (ACLs and file capabilities included; the overlay's own markers
 left out), content digest and size, symlink target, device numbers, hard-link group
-(the other paths sharing its inode) and, for a sparse file, its allocated blocks.
+(the other paths sharing its inode) and, for a sparse file, where its data and holes
+are (``SEEK_DATA``/``SEEK_HOLE``). Not its block count: that counts the file system's
+own blocks too, such as the xattr block ext4 gives a file whose xattrs outgrow its
+inode, which overlayfs's private ``trusted.overlay.origin`` does to a copied-up file.
 
 The agent's actions run as uid 1000 on the host (``as_agent``) and as ``nobody``
 (65534) in containers, by number: a fresh CI machine has no such users.
@@ -45,6 +48,24 @@ def _digest(path: str) -> str:
     return h.hexdigest()
 
 
+def _data_runs(path: str) -> tuple[tuple[int, int], ...]:
+    """The (start, end) byte ranges of a file that hold data, between its holes."""
+    runs = []
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        end, at = os.fstat(fd).st_size, 0
+        while at < end:
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError:  # ENXIO: holes to the end
+                break
+            at = os.lseek(fd, start, os.SEEK_HOLE)
+            runs.append((start, at))
+    finally:
+        os.close(fd)
+    return tuple(runs)
+
+
 def fingerprint(root: Path | str, skip_sockets: bool = True) -> dict[str, tuple]:
     root = os.fspath(root)
     records: dict[str, dict] = {}
@@ -65,7 +86,7 @@ def fingerprint(root: Path | str, skip_sockets: bool = True) -> dict[str, tuple]
             rec["size"] = st.st_size
             rec["sha"] = _digest(full)
             if st.st_blocks * 512 < st.st_size:
-                rec["blocks"] = st.st_blocks  # a sparse file stays as sparse
+                rec["data"] = _data_runs(full)  # a sparse file stays as sparse
             if st.st_nlink > 1:
                 inodes.setdefault(st.st_ino, []).append(rel)
         elif kind == stat.S_IFLNK:

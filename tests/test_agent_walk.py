@@ -218,21 +218,6 @@ def restart_killed(d: DaemonProcess, timer: threading.Timer, client):
     return d.client()
 
 
-@pytest.fixture
-def places(tmp_path) -> tuple[Path, Path]:
-    """The agent's workspace and a canary folder outside it, of root's."""
-    os.chmod(tmp_path, 0o755)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    os.chown(ws, AGENT_UID, AGENT_UID)
-    canary = tmp_path / "canary"
-    canary.mkdir()
-    (canary / "keep.txt").write_text("keep\n")
-    os.chmod(canary, 0o777)  # the agent could write here, so a restore acting for it
-    # on a symlink into the canary would show
-    return ws, canary
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_checkpoint_of_a_random_walk_restores_exactly(client, places, seed):
     ws, canary = places
@@ -275,16 +260,34 @@ def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_pa
     before or between the kills restores exactly."""
     ws, canary = places
     untouched = fingerprint(canary)
-    rng = random.Random(3)
     d = DaemonProcess(tmp_path / "root").start()
+    c = None
+    try:
+        c, sid, kept = killed_walk(d, ws, canary, random.Random(3), KILL_ROUNDS)
+        for cp_id in random.Random(4).sample(list(kept), 25):
+            c.restore(sid, cp_id)
+            assert differences(kept[cp_id], fingerprint(ws)) == [], f"at the end: {cp_id}"
+    finally:
+        if c is not None:
+            c.close()
+        d.stop()
+    assert fingerprint(canary) == untouched
+
+
+def killed_walk(d: DaemonProcess, ws: Path, canary: Path, rng: random.Random,
+                rounds: int, sid: str = ""):
+    """The walk in ``ws`` against ``d``, killed at random moments (see above); checks
+    each kill's outcome and, at the end, fsck. ``sid``: the session of ``ws``, made if
+    not given. Returns the last client, the session's id and each acknowledged
+    checkpoint's fingerprint."""
     agent = Agent(ws)
-    numbers = itertools.count()
+    numbers = itertools.count(10**6)  # names never used by an earlier walk in ws
     c = d.client()
-    sid = c.create_session(str(ws)).id
+    sid = sid or c.create_session(str(ws)).id
     kept: dict[str, dict] = {}
     kills = cut = 0
     try:
-        for i in range(KILL_ROUNDS):
+        for i in range(rounds):
             down = i % 10 == 9  # this batch made while the daemon is stopped
             if down:
                 c.close()
@@ -306,7 +309,8 @@ def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_pa
                     kept[c.checkpoint(sid).id] = before
                 else:
                     c.restore(sid, target)
-                    assert differences(kept[target], fingerprint(ws)) == []
+                    left = differences(kept[target], fingerprint(ws))
+                    assert not left, f"round {i}: restored to {target}: " + "; ".join(left)
             except Unavailable:  # killed during the call: nothing was acknowledged
                 cut += 1
             if timer is None:
@@ -323,13 +327,59 @@ def test_a_walk_killed_at_random_moments_loses_no_acknowledged_checkpoint(tmp_pa
                 assert not differences(before, now) or not differences(kept[target], now), \
                     f"round {i}: a killed restore to {target}"
         print(f"{kills} kills, {cut} of them during a call", file=sys.stderr)
-        assert kills >= 10 and cut >= 5
+        assert kills >= rounds // 9 and cut >= rounds // 18
         assert c.fsck()["ok"]
-        for cp_id in rng.sample(list(kept), 25):
-            c.restore(sid, cp_id)
-            assert differences(kept[cp_id], fingerprint(ws)) == [], f"at the end: {cp_id}"
+    except BaseException:
+        c.close()
+        raise
     finally:
         agent.close()
-        c.close()
+    return c, sid, kept
+
+
+@pytest.mark.parametrize("how", ["overlay", "copy"])
+def test_a_walk_in_a_fork_killed_at_random_moments_loses_nothing_of_either(tmp_path, places,
+                                                                           how):
+    """The walk goes on in a fork, against a daemon killed at random moments: an
+    overlay mount over the checkpoint's view (where a change to a file of the parent's
+    copies it up first), mounted again at each start; or a copy (``--copy-forks``).
+    Every checkpoint of the fork restores exactly, an overlay fork's workspace is
+    mounted once, and the parent's checkpoints are untouched. (It found a restore
+    through the overlay filling the holes of the parent's sparse files, and every
+    checkpoint of a copied fork dropping its hard links; and the fingerprint's block
+    count counting the xattr block overlayfs's own xattrs give a copied-up file.)"""
+    ws, canary = places
+    untouched = fingerprint(canary)
+    rng = random.Random(40)
+    numbers = itertools.count()
+    d = DaemonProcess(tmp_path / "root", ["--copy-forks"] if how == "copy" else None).start()
+    c = d.client()
+    parent: dict[str, dict] = {}
+    agent = Agent(ws)
+    try:
+        s = c.create_session(str(ws))
+        for _ in range(20):
+            for _ in range(rng.randrange(1, 6)):
+                agent.do(*_pick(rng, ws, next(numbers), canary))
+            parent[s.checkpoint().id] = fingerprint(ws)
+    finally:
+        agent.close()
+    base = rng.choice(list(parent))
+    fork = c.fork(base, workspace=str(tmp_path / "fork"))
+    c.close()
+    c = None
+    try:
+        c, sid, kept = killed_walk(d, Path(fork.workspace), canary, rng, 60, sid=fork.id)
+        for cp_id in rng.sample(list(kept), 12):
+            c.restore(sid, cp_id)
+            assert differences(kept[cp_id], fingerprint(fork.workspace)) == [], cp_id
+        for cp_id in rng.sample(list(parent), 4):
+            c.restore(s.id, cp_id)
+            assert differences(parent[cp_id], fingerprint(ws)) == [], cp_id
+        with open("/proc/self/mountinfo") as f:
+            assert sum(f" {fork.workspace} " in line for line in f) == (how == "overlay")
+    finally:
+        if c is not None:
+            c.close()
         d.stop()
     assert fingerprint(canary) == untouched

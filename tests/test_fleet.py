@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -655,3 +656,38 @@ def test_sessions_checkpoint_at_once_while_staged_objects_move_all_the_time(
     for k, (s, wanted) in done.items():
         (tmp_path / f"forks-{k}").mkdir()
         _forks_equal(b, s.id, wanted, tmp_path / f"forks-{k}", every=4)
+
+
+def test_a_walk_on_a_fleet_host_killed_at_random_moments_is_taken_over_whole(
+        fleet, places, tmp_path):
+    """The agent's random walk (test_agent_walk) on a host of the fleet, its history in
+    PostgreSQL and the bucket, the host killed at random moments of its checkpoints and
+    restores; then the host dies for good and another takes the session over: the
+    workspace it makes, and every acknowledged checkpoint restored or forked there, are
+    exactly what the first host acknowledged."""
+    from .test_agent_walk import killed_walk
+    ws, canary = places
+    untouched = fingerprint(canary)
+    a = fleet.host("a")
+    c, sid, kept = killed_walk(a, ws, canary, random.Random(5), 45)
+    last = c.get_session(sid).log()[-1].id
+    c.close()
+    a.stop(signal.SIGKILL)
+    a.proc = None
+    time.sleep(2.5)  # a's lease runs out
+    b = fleet.host("b")
+    target = tmp_path / "taken-by-b"
+    with b.client() as cb:
+        taken = cb.move_session(sid, take_over=True, workspace=str(target))
+        assert (taken.host, taken.needs_attention) == ("b", None)
+        if last in kept:
+            assert differences(kept[last], fingerprint(target)) == []
+        rng = random.Random(6)
+        for cp_id in rng.sample(list(kept), 12):
+            cb.restore(sid, cp_id)
+            assert differences(kept[cp_id], fingerprint(target)) == [], cp_id
+        for n, cp_id in enumerate(rng.sample(list(kept), 2)):
+            fork = cb.fork(cp_id, workspace=str(tmp_path / f"fork{n}"))
+            assert differences(kept[cp_id], fingerprint(fork.workspace)) == [], cp_id
+        assert cb.fsck()["ok"]
+    assert fingerprint(canary) == untouched
