@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from worldline.client.errors import Unavailable
+from worldline.client.errors import FailedPrecondition, Unavailable
 
 from .conftest import DaemonProcess
 from .fidelity import AGENT_UID, differences, fingerprint
@@ -381,5 +381,64 @@ def test_a_walk_in_a_fork_killed_at_random_moments_loses_nothing_of_either(tmp_p
     finally:
         if c is not None:
             c.close()
+        d.stop()
+    assert fingerprint(canary) == untouched
+
+
+def test_a_walk_with_gc_killed_at_random_moments_keeps_what_retention_keeps(tmp_path,
+                                                                           places):
+    """The walk with a gc every seventh round (the last 2 to 5 checkpoints kept, labelled
+    ones now and then, no grace period), the daemon killed at a random moment of half
+    of them. After each gc, killed or not, fsck is ok and the checkpoints retention
+    keeps restore exactly; at the end every checkpoint either restores exactly or says
+    it was pruned: nothing is lost or damaged, whichever way gc is cut short."""
+    ws, canary = places
+    untouched = fingerprint(canary)
+    rng = random.Random(60)
+    numbers = itertools.count()
+    d = DaemonProcess(tmp_path / "root", ["--gc-grace", "0"]).start()
+    c = d.client()
+    agent = Agent(ws)
+    kept: dict[str, dict] = {}
+    order: list[str] = []
+    try:
+        sid = c.create_session(str(ws)).id
+        for i in range(80):
+            for _ in range(rng.randrange(1, 6)):
+                agent.do(*_pick(rng, ws, next(numbers), canary))
+            order.append(c.checkpoint(sid, label="L" if rng.random() < 0.1 else "").id)
+            kept[order[-1]] = fingerprint(ws)
+            if i % 7 != 6:
+                continue
+            k = rng.randrange(2, 6)
+            last = [x.id for x in c.get_session(sid).log()][-k:]
+            timer = None
+            if rng.random() < 0.5:
+                timer = threading.Timer(rng.uniform(0, 0.05), d.proc.kill)
+                timer.start()
+            try:
+                c.gc(keep_last=k, keep_labelled=rng.random() < 0.5)
+            except Unavailable:
+                pass  # killed: it did nothing, or all of it
+            if timer is not None:
+                c = restart_killed(d, timer, c)
+            assert c.fsck()["ok"], f"round {i}"
+            for cp_id in (x for x in last if x in kept):
+                c.restore(sid, cp_id)
+                assert differences(kept[cp_id], fingerprint(ws)) == [], f"round {i}: {cp_id}"
+        restored = pruned = 0
+        for cp_id in order:
+            try:
+                c.restore(sid, cp_id)
+            except FailedPrecondition as exc:
+                assert "pruned by retention" in str(exc), exc
+                pruned += 1
+                continue
+            assert differences(kept[cp_id], fingerprint(ws)) == [], cp_id
+            restored += 1
+        assert pruned > 40 and restored >= 2
+    finally:
+        agent.close()
+        c.close()
         d.stop()
     assert fingerprint(canary) == untouched
