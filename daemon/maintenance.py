@@ -31,7 +31,7 @@ from worldline.client.errors import DataLoss, NotFound
 from . import ids, progress
 from .capture import sparse
 from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
-from .capture.trees import FILE, SPARSE
+from .capture.trees import FILE, SPARSE, links_of
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
 
@@ -100,7 +100,7 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
                 raise
             problems.append(f"{where}: tree {digest}: {exc.message}")
             continue
-        links = tree.own.extras().get("links") if tree.own is not None else None
+        links = links_of(tree.own)
         if links:
             seen.add(links)  # the layer's hard-link groups
         for entry in tree.values():

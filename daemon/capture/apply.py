@@ -52,6 +52,7 @@ from .trees import (
     TreeReader,
     check_name,
     entry_at,
+    links_of,
 )
 from .walk import OPAQUE_XATTR
 
@@ -75,8 +76,7 @@ class TreeWriter:
     def write(self, root_fd: int, current: Capture, target: str) -> list[str]:
         self.pending = current.trees
         want_root = self.trees.read(target)
-        own = want_root.own
-        groups = self.trees.link_groups(own.extras().get("links", "") if own else "")
+        groups = self.trees.link_groups(links_of(want_root.own))
         mine = {p: tuple(g) for g in groups for p in g}
         have = {p: tuple(g) for g in link_groups(current.links) for p in g}
         self.defer = {p for g in groups for p in g[1:]}

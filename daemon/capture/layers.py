@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .snapshot import Capture, WorkspaceSnapshotter
 from .tracker import Changes, WorkspaceTracker
-from .trees import FILES, entry_at
+from .trees import FILES, entry_at, links_of
 
 WORKSPACE, CONTAINER = "workspace", "container"
 
@@ -87,8 +87,7 @@ class Layer:
         if self.tracker is None:
             return
         if linked is None:
-            own = self.snap.trees.read(tree).own
-            groups = self.snap.trees.link_groups(own.extras().get("links", "") if own else "")
+            groups = self.snap.trees.link_groups(links_of(self.snap.trees.read(tree).own))
             linked = {p for g in groups for p in g}
         self.tracker.base = tree
         self.tracker.linked = linked

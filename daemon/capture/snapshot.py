@@ -63,6 +63,7 @@ from .trees import (
     TreeReader,
     check_name,
     encode,
+    links_of,
     make_extra,
 )
 from .walk import MAX_DEPTH, OPAQUE_XATTR, SIG, folders_below, join_path, signature, walk
@@ -381,7 +382,7 @@ class WorkspaceSnapshotter:
                 tree.pop(name, None)  # a folder swapped for a symlink while we looked
         if prefix == "":
             own = getattr(was, "own", None)
-            tree.own = self._root_entry(scan, own.extras().get("links", "") if own else "")
+            tree.own = self._root_entry(scan, links_of(own))
         data, total, rows = self.trees.encode_update(tree, base, node)
         digest = self._stored(tree, data, scan, base)
         if rows is not None and scan.persist:

@@ -329,6 +329,11 @@ class TreeReader:
                 yield from self.walk(entry.ref, path + "/")
 
 
+def links_of(own: Entry | None) -> str:
+    """The digest of the hard-link groups a layer's root entry names ("" for none)."""
+    return own.extras().get("links", "") if own is not None else ""
+
+
 def entry_at(reader: TreeReader, root: str, path: str,
              pending: Mapping[str, Tree] | None = None) -> Entry | None:
     """The entry at ``path`` (slash-separated) below the tree ``root``, or None."""
@@ -418,10 +423,8 @@ def _diff_into(reader: TreeReader, old: str, new: str, prefix: str, out: Diff, p
 
 def _link_changes(reader: TreeReader, old: str, new: str, pending) -> set[str]:
     """Paths whose hard-link group differs between two root trees."""
-    a = getattr(reader.read(old, pending), "own", None)
-    b = getattr(reader.read(new, pending), "own", None)
-    la = a.extras().get("links", "") if a is not None else ""
-    lb = b.extras().get("links", "") if b is not None else ""
+    la = links_of(getattr(reader.read(old, pending), "own", None))
+    lb = links_of(getattr(reader.read(new, pending), "own", None))
     if la == lb:
         return set()
     groups = [{p: frozenset(g) for g in reader.link_groups(d, pending) for p in g}

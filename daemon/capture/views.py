@@ -29,7 +29,7 @@ from ..storage.blobs import BlobStore
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
 from .snapshot import Capture, WorkspaceSnapshotter
-from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode
+from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode, links_of
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +127,8 @@ class Views:
         what is missing."""
         if os.path.isdir(self._view_path(tree)):
             return [self._view_path(tree)]
-        own = self.trees.read(tree).own
         # Hard links cannot span two layers: a tree with link groups gets a view of its own.
-        bases = [] if own is not None and own.extras().get("links") else self._built()[:4]
+        bases = [] if links_of(self.trees.read(tree).own) else self._built()[:4]
         for base in bases:
             changes = diff(self.trees, base, tree)
             if len(changes.added) + len(changes.modified) + len(changes.deleted) \
