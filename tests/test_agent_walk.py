@@ -207,6 +207,17 @@ def _pick(rng: random.Random, ws: Path, i: int, canary: Path) -> tuple[str, dict
     return "write", {"p": new, "data": str(i)}
 
 
+def arm_kill(d: DaemonProcess, rng: random.Random, chance: float,
+             within: float) -> threading.Timer | None:
+    """With probability ``chance``, a SIGKILL of ``d`` armed for a random moment in the
+    next ``within`` seconds: somewhere in the call made next, or just after it."""
+    if rng.random() >= chance:
+        return None
+    timer = threading.Timer(rng.uniform(0, within), d.proc.kill)
+    timer.start()
+    return timer
+
+
 def restart_killed(d: DaemonProcess, timer: threading.Timer, client):
     """After a kill armed with ``timer``: the daemon dead before anything else happens
     (the agent is still), started again; a client of the new daemon."""
@@ -299,11 +310,7 @@ def killed_walk(d: DaemonProcess, ws: Path, canary: Path, rng: random.Random,
                 c = d.client()
             before = fingerprint(ws)
             target = rng.choice(list(kept)) if kept and i % 6 == 5 else None
-            timer = None
-            if rng.random() < 0.35:  # somewhere in the call, or just after it
-                timer = threading.Timer(rng.uniform(0, 0.004 if target is None else 0.03),
-                                        d.proc.kill)
-                timer.start()
+            timer = arm_kill(d, rng, 0.35, 0.004 if target is None else 0.03)
             try:
                 if target is None:
                     kept[c.checkpoint(sid).id] = before
@@ -412,10 +419,7 @@ def test_a_walk_with_gc_killed_at_random_moments_keeps_what_retention_keeps(tmp_
                 continue
             k = rng.randrange(2, 6)
             last = [x.id for x in c.get_session(sid).log()][-k:]
-            timer = None
-            if rng.random() < 0.5:
-                timer = threading.Timer(rng.uniform(0, 0.05), d.proc.kill)
-                timer.start()
+            timer = arm_kill(d, rng, 0.5, 0.05)
             try:
                 c.gc(keep_last=k, keep_labelled=rng.random() < 0.5)
             except Unavailable:

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import shlex
-import threading
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from worldline.client.errors import Unavailable
 
 from .conftest import DaemonProcess
 from .fidelity import NOBODY, differences, fingerprint
-from .test_agent_walk import listing, restart_killed
+from .test_agent_walk import arm_kill, listing, restart_killed
 from .test_container_fidelity import as_nobody, as_root, upper
 from .test_containers import IMAGE, docker
 
@@ -176,12 +175,7 @@ def test_a_walk_in_a_container_killed_at_random_moments(tmp_path, workspace, wal
             _walk_step(rng, c, numbers)
             before = _world(c)
             target = rng.choice(list(kept)) if kept and i % 4 == 3 else None
-            if rng.random() < 0.5:  # somewhere in the call, or just after it
-                timer = threading.Timer(rng.uniform(0, 0.01 if target is None else 0.5),
-                                        d.proc.kill)
-                timer.start()
-            else:
-                timer = None
+            timer = arm_kill(d, rng, 0.5, 0.01 if target is None else 0.5)
             try:
                 if target is None:
                     kept[client.checkpoint(sid).id] = before
