@@ -284,8 +284,10 @@ class World:
         return self.engine
 
     def _layer(self, kind: str, path: str, identity: list | None = None,
-               track: bool = True) -> Layer:
+               track: bool = True, merged: str | None = None) -> Layer:
         tracker = self.monitor.tracker(path) if self.monitor is not None and track else None
+        if tracker is not None and merged is not None:
+            tracker.mirror_at(merged)  # overlayfs names some changes only there (mirror.py)
         snap = WorkspaceSnapshotter(path, self.blobs, self.trees, self.stat_cache, tracker,
                                     overlay=kind == CONTAINER, limits=self.limits,
                                     data_root=self.root)
@@ -300,8 +302,8 @@ class World:
         roots = json.loads(session.spec or "{}").get("roots", {})
         out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE))]
         if session.container:
-            upper = self._engine().upper_dir(session.container)
-            out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER)))
+            upper, merged = self._engine().layer_dirs(session.container)
+            out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER), merged=merged))
         return out
 
     def _spec(self, session: Session, layers: list[Layer], container_spec=None) -> str:
@@ -1021,7 +1023,7 @@ class World:
         engine.create_from_spec(spec, temp, session.workspace, session.workspace,
                                 self._labels(session.id), volumes="share")
         try:
-            layer = self._layer(CONTAINER, engine.upper_dir(temp))
+            layer = self._layer(CONTAINER, engine.upper_dir(temp), track=False)
             layer.snap.apply(layer.snap.capture(persist=False), cp.container)
             repo, tag = reference.split(":")
             image_id = engine.commit(temp, repo, tag, {**self._labels(session.id),

@@ -212,8 +212,8 @@ def test_a_file_left_with_one_name_is_still_captured_when_it_changes(client, wor
     in that name's folder. After `ln a b` of an image's file and `rm a`, while the
     inode is still cached (something read the files meanwhile: the container itself,
     or the host through the merged view), b's changes were reported in a's folder,
-    gone, and no checkpoint saw them again. A file that had another name is now looked
-    at in every checkpoint while it is there."""
+    gone, and no checkpoint saw them again. The container's merged view is now watched
+    too (mirror.py), where the change is reported under b's name."""
     c = _sandbox(workspace, walk_image, containers)
     s = client.create_session(str(workspace), container=c)
     s.checkpoint()
@@ -238,3 +238,66 @@ def test_a_file_left_with_one_name_is_still_captured_when_it_changes(client, wor
     s.restore(after.id)
     merged, layer = _world(c)
     assert differences(want[0], merged) == [] and differences(want[1], layer) == []
+
+
+LINKED_AND_LEFT = {
+    # the image's file, linked and its first name removed
+    "image-file": "ln x/y/z.txt n17 && cat n17 >/dev/null && rm x/y/z.txt",
+    # a new file, its first name removed, its folder left
+    "new-file": "mkdir q && echo hi > q/a && ln q/a n17 && cat n17 >/dev/null && rm q/a",
+    # the first name's folder removed too: its watch goes with it
+    "folder-gone": "mkdir q && echo hi > q/a && ln q/a n17 && cat n17 >/dev/null && rm -r q",
+}
+
+
+@pytest.mark.parametrize("how", sorted(LINKED_AND_LEFT))
+def test_a_file_linked_and_left_with_one_name_between_checkpoints_is_still_captured(
+        client, workspace, walk_image, containers, how):
+    """The link made and its first name gone between two checkpoints, so no checkpoint
+    ever saw the file with two names: its later changes reach the upper folder through
+    the first name (0.7.19 looked again only at files a checkpoint had seen linked, and
+    missed all three)."""
+    c = _sandbox(workspace, walk_image, containers)
+    s = client.create_session(str(workspace), container=c)
+    s.checkpoint()
+    as_nobody(c, f"cd /data/lower/deep && {LINKED_AND_LEFT[how]}")
+    before = s.checkpoint()
+    as_nobody(c, "cd /data/lower/deep && truncate -s 35213 n17")
+    after = s.checkpoint()
+    assert client.diff(before.id, after.id).container.modified == ["data/lower/deep/n17"]
+    as_nobody(c, "cd /data/lower/deep && chmod 600 n17")
+    assert client.diff(after.id, s.checkpoint().id).container.modified == [
+        "data/lower/deep/n17"]
+
+
+@pytest.mark.parametrize("restarted", ["container", "daemon"])
+def test_the_view_is_watched_again_after_a_restart(fresh_daemon, workspace, walk_image,
+                                                   containers, restarted):
+    """Each start of a container mounts a new merged view, and a daemon starts with no
+    watch at all: the view is watched again (and the first capture after scans
+    everything), so a file linked and left with one name after the restart is still
+    captured when it changes."""
+    c = _sandbox(workspace, walk_image, containers)
+    client = fresh_daemon.start().client()
+    try:
+        s = client.create_session(str(workspace), container=c)
+        s.checkpoint()
+        if restarted == "container":
+            docker("stop", "-t", "0", c)  # its view unmounted (`restart` keeps it)
+            docker("start", c)
+        else:
+            client.close()
+            fresh_daemon.stop()
+            client = fresh_daemon.start().client()
+            s = client.get_session(s.id)
+        as_nobody(c, "cd /data/lower/deep && echo changed > x/y/z.txt")
+        first = s.checkpoint()  # after the restart: everything scanned
+        as_nobody(c, f"cd /data/lower/deep && {LINKED_AND_LEFT['new-file']}")
+        before = s.checkpoint()
+        assert "data/lower/deep/n17" in client.diff(first.id, before.id).container.added
+        as_nobody(c, "cd /data/lower/deep && truncate -s 35213 n17")
+        after = s.checkpoint()
+        assert client.diff(before.id, after.id).container.modified == [
+            "data/lower/deep/n17"]
+    finally:
+        client.close()

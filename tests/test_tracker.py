@@ -3,13 +3,16 @@ bursts past the inotify queue, folder storms, a low watch limit, daemon restarts
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from worldline.client.errors import FailedPrecondition
+from worldline.daemon.capture.mirror import open_beneath
 
 from .conftest import DaemonProcess, tree_state
 
@@ -230,3 +233,32 @@ def test_barrier_waits_for_a_slow_reader(tmp_path, monkeypatch):
         assert "sub/written-just-before" in changes.dirty
     finally:
         monitor.close()
+
+
+def test_the_merged_view_is_opened_beneath_its_root_never_through_a_symlink(tmp_path):
+    """A container's merged view is the agent's: the mirror (mirror.py) opens its
+    folders to watch them with openat2, never through a symlink, up out of the view, or
+    into another mount."""
+    view, canary = tmp_path / "view", tmp_path / "canary"
+    (view / "a" / "b").mkdir(parents=True)
+    (canary / "x").mkdir(parents=True)
+    (view / "link").symlink_to(canary)
+    (view / "a" / "up").symlink_to("../..")
+    (view / "m").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(view / "m")],
+                   check=True)
+    root = os.open(view, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for rel in ("", "a", "a/b"):
+            fd = open_beneath(root, rel)
+            assert fd >= 0, (rel, os.strerror(-fd))
+            assert os.path.samestat(os.fstat(fd), os.stat(view / rel))
+            os.close(fd)
+        assert open_beneath(root, "link") == -errno.ELOOP
+        assert open_beneath(root, "link/x") == -errno.ELOOP
+        assert open_beneath(root, "a/up/canary") == -errno.ELOOP
+        assert open_beneath(root, "m") == -errno.EXDEV
+        assert open_beneath(root, "gone") == -errno.ENOENT
+    finally:
+        os.close(root)
+        subprocess.run(["umount", str(view / "m")], check=True)

@@ -152,17 +152,22 @@ class Engine:
             return self.api.inspect_container(container)
 
     def upper_dir(self, container: str) -> str:
+        return self.layer_dirs(container)[0]
+
+    def layer_dirs(self, container: str) -> tuple[str, str]:
+        """The container's upper folder, and the merged view mounted while it runs."""
         attrs = self.inspect(container)
         driver = attrs.get("GraphDriver", {})
-        upper = (driver.get("Data") or {}).get("UpperDir")
-        if driver.get("Name") != "overlay2" or not upper:
+        data = driver.get("Data") or {}
+        upper, merged = data.get("UpperDir"), data.get("MergedDir")
+        if driver.get("Name") != "overlay2" or not upper or not merged:
             raise FailedPrecondition(
                 f"container {container} uses the {driver.get('Name')!r} storage driver;"
                 " worldline reads container layers from overlay2's upper folder")
         if not os.access(upper, os.R_OK | os.X_OK):
             raise FailedPrecondition(f"the daemon cannot read {upper}: reading a container's"
                                      " layer needs the engine's privileges (run as root)")
-        return upper
+        return upper, merged
 
     @contextlib.contextmanager
     def frozen(self, container: str, mark: str | None = None) -> Iterator[None]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .snapshot import Capture, WorkspaceSnapshotter
 from .tracker import Changes, WorkspaceTracker
-from .trees import FILES, entry_at, links_of
+from .trees import links_of
 
 WORKSPACE, CONTAINER = "workspace", "container"
 
@@ -69,16 +69,7 @@ class Layer:
     def committed(self, capture: Capture) -> None:
         """The capture is recorded: the stat cache learns it, the tracker starts from it."""
         self.snap.commit(capture)
-        linked = set(capture.links)
-        if self.tracker is not None:
-            # A file that had other links is looked at again while it is there, even with
-            # one link left: overlayfs makes its changes in the upper folder through the
-            # upper name it met first, so inotify reports them in that name's folder,
-            # gone with the name. (A container's layer: `ln a b; rm a` in the container,
-            # and b's changes reported nowhere.)
-            linked |= {p for p in self.tracker.linked - linked if (e := entry_at(
-                self.snap.trees, capture.root, p, capture.trees)) is not None and e.kind in FILES}
-        self.now_equals(capture.root, linked)
+        self.now_equals(capture.root, set(capture.links))
 
     def now_equals(self, tree: str, linked: set[str] | None = None) -> None:
         """The folder is now ``tree`` plus whatever the tracker has seen since. The next

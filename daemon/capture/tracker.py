@@ -21,6 +21,8 @@ Correctness rules, in order of importance:
   created and removed per checkpoint for nothing more (0.7.10 had one).
 - Folders are watched through ``/proc/self/fd`` of a descriptor opened with
   ``O_NOFOLLOW``, so a symlink is never watched through.
+- A container's layer is also watched in the container's merged view (mirror.py):
+  overlayfs reports a change to a file that had another name under that name.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..observe import TRACKER_FALLBACKS
+from .mirror import MergedMirror
 from .walk import MAX_DEPTH, folders_below
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ TEMP_PREFIX = ".worldline-tmp-"
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
+IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x2000, 0x4000, 0x8000
 IN_ONLYDIR, IN_ISDIR = 0x01000000, 0x40000000
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
 WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
@@ -91,6 +94,16 @@ class WorkspaceTracker:
         self._degraded = False  # past the watch limit: every capture scans
         self.fallbacks = 0
         self.linked: set[str] = set()  # files with other hard links (set by the World)
+        self.mirror: MergedMirror | None = None  # a container's merged view (mirror.py)
+
+    def mirror_at(self, merged: str) -> None:
+        """Also watch the merged view at ``merged`` (a container's layer)."""
+        if self.mirror is not None and self.mirror.root == merged:
+            return
+        with self.monitor.holding_events():
+            old, self.mirror = self.mirror, MergedMirror(merged)
+        if old is not None:
+            self._drop(old.clear())
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
@@ -139,17 +152,34 @@ class WorkspaceTracker:
             if not self._wds:  # nothing watched yet (a start): no older watch to forget
                 self._wds.update(watches)
                 self._paths.update((wd, rel) for rel, wd in watches)
-                return
-            for rel, wd in watches:
-                old = self._wds.get(rel)  # another folder was watched at this path before
-                if old is not None and old != wd and self._paths.get(old) == rel:
-                    del self._paths[old]
-                self._wds[rel] = wd
-                self._paths[wd] = rel
+            else:
+                for rel, wd in watches:
+                    old = self._wds.get(rel)  # another folder was watched at this path
+                    if old is not None and old != wd and self._paths.get(old) == rel:
+                        del self._paths[old]
+                    self._wds[rel] = wd
+                    self._paths[wd] = rel
+        if self.mirror is not None and self.mirror.live:
+            self._mirror_many([rel for rel, _ in watches])
+
+    def _mirror_many(self, rels: list[str]) -> None:
+        """Watch ``rels`` in the merged view too (the monitor's lock held)."""
+        mirror = self.mirror
+        root = mirror.open_mounted()
+        if root is None:
+            return  # unmounted: its root's IN_IGNORED is on its way
+        try:
+            added = mirror.watch(self.monitor.add_raw, root, rels)
+        finally:
+            os.close(root)
+        self.monitor._owners.update((wd, self) for _, wd in added)
+        with self._lock:
+            mirror.known(added)
 
     def prepare(self) -> Changes:
         """Barrier, then take the changes seen so far (callers hold the workspace lock)."""
         self._barrier()
+        self._keep_mirror()
         with self._lock:
             changes = Changes(self._full, self._dirty, self._rescan, set(self.linked))
             self._full, self._dirty, self._rescan = self._degraded, set(), set()
@@ -161,6 +191,7 @@ class WorkspaceTracker:
     def peek(self) -> Changes:
         """As ``prepare`` but the changes stay for the next capture."""
         self._barrier()
+        self._keep_mirror()
         with self._lock:
             return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked))
 
@@ -182,10 +213,15 @@ class WorkspaceTracker:
     def on_event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_IGNORED:
             with self._lock:
-                self._paths.pop(wd, None)
+                if self._paths.pop(wd, None) is None and self.mirror is not None:
+                    self.mirror.forget(wd)
             return
         with self._lock:
             folder = self._paths.get(wd)
+            seen = self.mirror.paths.get(wd) if folder is None and self.mirror else None
+        if seen is not None:
+            self._on_mirror_event(seen, mask, name)
+            return
         if folder is None:
             return
         if mask & (IN_DELETE_SELF | IN_MOVE_SELF) and folder == "":
@@ -209,6 +245,18 @@ class WorkspaceTracker:
         if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
             self._watch_new_folder(path)
 
+    def _on_mirror_event(self, folder: str, mask: int, name: str) -> None:
+        """An event of the merged view: its path is dirty. What appeared, moved or went
+        is the upper folder's to say (its events rescan and watch)."""
+        if mask & IN_UNMOUNT:
+            with self._lock:
+                self.mirror.live = False
+            return
+        if name.startswith(TEMP_PREFIX) or not (name or mask & IN_ATTRIB and folder):
+            return
+        with self._lock:
+            self._dirty.add(f"{folder}/{name}" if folder and name else folder or name)
+
     def on_overflow(self) -> None:
         self.invalidate("the inotify queue overflowed")
 
@@ -219,6 +267,39 @@ class WorkspaceTracker:
                 return  # a full scan needs no barrier: it reads everything
         if not self.monitor.barrier():
             self.invalidate("the inotify queue could not be read")
+
+    def _keep_mirror(self) -> None:
+        """Watch the merged view if it is mounted and not watched (a container started,
+        or started again: a new mount). What was done through it meanwhile was not
+        seen there, so the next capture scans everything."""
+        mirror = self.mirror
+        if mirror is None or self._degraded:
+            return
+        if mirror.broken:
+            self._degrade(f"cannot watch the container's view: {mirror.broken}")
+            return
+        if mirror.live:
+            return
+        root = mirror.open_mounted()
+        if root is None:
+            return
+        os.close(root)
+        with self.monitor.holding_events():
+            with self._lock:
+                stale = mirror.clear()
+                mirror.live = True
+                rels = [""] + [rel for rel in self._wds if rel]
+            for wd in stale:
+                self.monitor.forget_raw(wd)
+            self._mirror_many(rels)
+        if mirror.broken:
+            self._degrade(f"cannot watch the container's view: {mirror.broken}")
+            return
+        if "" not in mirror.wds:
+            with self._lock:
+                mirror.live = False  # unmounted as we looked: try again next time
+        if not self.full_scan_next:
+            self.invalidate("the container's view was mounted again since it was watched")
 
     def _watch_new_folder(self, rel: str) -> None:
         """Watch a folder that appeared, and every folder below it (it is rescanned)."""
@@ -249,13 +330,19 @@ class WorkspaceTracker:
             doomed = [wd for wd, p in self._paths.items() if p == rel or p.startswith(prefix)]
             for wd in doomed:
                 del self._paths[wd]
-        for wd in doomed:
-            self.monitor.rm_watch(wd)
+            if self.mirror is not None:
+                doomed += self.mirror.below(rel)
+        self._drop(doomed)
 
     def _unwatch_all(self) -> None:
         with self._lock:
             doomed, self._paths = list(self._paths), {}
-        for wd in doomed:
+            if self.mirror is not None:
+                doomed += self.mirror.clear()
+        self._drop(doomed)
+
+    def _drop(self, wds: list[int]) -> None:
+        for wd in wds:
             self.monitor.rm_watch(wd)
 
     def _degrade(self, reason: str) -> None:
@@ -325,6 +412,17 @@ class ChangeMonitor:
                 return -ctypes.get_errno()
             owner._known_many([(rel, wd)])
             return wd
+
+    def add_raw(self, path: str) -> int:
+        """A watch nobody owns yet, or minus the errno (the caller holds the lock and
+        names its owner before letting go of it)."""
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
+        return wd if wd >= 0 else -ctypes.get_errno()
+
+    def forget_raw(self, wd: int) -> None:
+        """Let go of a watch whose mount is gone (the caller holds the lock)."""
+        if self._owners.pop(wd, None) is not None:
+            _libc.inotify_rm_watch(self.fd, wd)
 
     def rm_watch(self, wd: int) -> None:
         with self._lock:

@@ -1,0 +1,123 @@
+"""The merged view of a container's layer, watched beside its upper folder.
+
+overlayfs changes a file in the upper folder through the upper name its inode met
+first. After ``ln a b; rm a`` in a container, while the overlay's inode is cached (it
+is whenever anything has read the file), a change to ``b`` reaches the upper folder
+through ``a``'s dentry: inotify reports it in ``a``'s folder under ``a``'s name, or
+nowhere if that folder is gone. The same change, made through the container's view,
+is reported there under the name the container used. So a container's tracker also
+watches, in the merged view, every folder it watches in the upper one, and each of
+those events marks its path dirty (the upper folder's events still say what appeared,
+moved or went).
+
+The merged view exists only while the container runs, and each start mounts a new
+one. A tracker whose view was mounted again, or never watched while mounted, cannot
+vouch for what was changed meanwhile: its next capture scans everything
+(``WorkspaceTracker._keep_mirror``).
+
+Folders of the view are opened with ``openat2`` beneath its root, never through a
+symlink or into another mount: the agent owns every name in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+from .sparse import on_overlayfs
+
+_SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64 (the unified table)
+RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 1, 2, 4, 8
+_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV, errno.EAGAIN}
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_HOW = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0,
+                RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
+
+
+def open_beneath(dir_fd: int, rel: str) -> int:
+    """An ``O_PATH`` descriptor of folder ``rel`` below ``dir_fd``, or minus the errno."""
+    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd),
+                       ctypes.c_char_p(os.fsencode(rel or ".")), ctypes.byref(_HOW),
+                       ctypes.c_size_t(ctypes.sizeof(_HOW)))
+    return fd if fd >= 0 else -ctypes.get_errno()
+
+
+class MergedMirror:
+    """The watches on one container's merged view: ``wd -> folder`` and back. Its
+    tracker guards it with its own lock; watches are added with the monitor's held."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.live = False  # watched, on the mount now there
+        self.broken = ""  # a watch that could not be added for want of room: why
+        self.paths: dict[int, str] = {}
+        self.wds: dict[str, int] = {}
+
+    def open_mounted(self) -> int | None:
+        """A descriptor of the view's root while it is mounted, else None."""
+        try:
+            fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        if on_overlayfs(fd):
+            return fd
+        os.close(fd)
+        return None
+
+    def watch(self, add, root_fd: int, rels: list[str]) -> list[tuple[str, int]]:
+        """Watch folder ``rel`` of the view for each of ``rels`` that is a folder there
+        (``add(path) -> wd or -errno``); returns the new ``(rel, wd)``. A folder gone
+        or swapped for a symlink is left: the upper folder's events say so."""
+        added = []
+        for rel in rels:
+            fd = open_beneath(root_fd, rel)
+            if fd < 0:
+                if -fd not in _GONE:
+                    self.broken = f"{self.root}/{rel}: {os.strerror(-fd)}"
+                continue
+            try:
+                wd = add(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+            if wd >= 0:
+                added.append((rel, wd))
+            elif -wd not in _GONE:
+                self.broken = f"{self.root}/{rel}: {os.strerror(-wd)}"
+        return added
+
+    def known(self, watches: list[tuple[str, int]]) -> None:
+        for rel, wd in watches:
+            old = self.wds.get(rel)
+            if old is not None and old != wd and self.paths.get(old) == rel:
+                del self.paths[old]
+            self.wds[rel] = wd
+            self.paths[wd] = rel
+
+    def forget(self, wd: int) -> None:
+        rel = self.paths.pop(wd, None)
+        if rel is not None and self.wds.get(rel) == wd:
+            del self.wds[rel]
+        if rel == "":
+            self.live = False  # the view's root: only an unmount ends its watch
+
+    def below(self, rel: str) -> list[int]:
+        """Forget and return the watches of ``rel`` and every folder below it."""
+        prefix = rel + "/"
+        doomed = [wd for wd, p in self.paths.items() if p == rel or p.startswith(prefix)]
+        for wd in doomed:
+            self.forget(wd)
+        return doomed
+
+    def clear(self) -> list[int]:
+        doomed = list(self.paths)
+        self.paths, self.wds, self.live = {}, {}, False
+        return doomed
