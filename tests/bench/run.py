@@ -283,6 +283,8 @@ class Bench:
         wl_growth, git_growth, where = rounds[len(rounds) // 2]
         ratios = ", ".join(f"{w / max(g, 1):.2f}" for w, g, _ in rounds)
         where = f"rounds {ratios}; the median round grew: {where}"
+        if len(rounds) > 1:
+            where += f"; the largest: {rounds[-1][2]}"
         case = Case("storage-100", "bytes added to the data root by 100 checkpoints",
                     stat([float(w) for w, _, _ in rounds], "bytes", 1.0),
                     {"git objects after git gc": stat([float(g) for _, g, _ in rounds],
