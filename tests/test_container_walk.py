@@ -274,9 +274,8 @@ def test_a_file_linked_and_left_with_one_name_between_checkpoints_is_still_captu
 def test_the_view_is_watched_again_after_a_restart(fresh_daemon, workspace, walk_image,
                                                    containers, restarted):
     """Each start of a container mounts a new merged view, and a daemon starts with no
-    watch at all: the view is watched again (and the first capture after scans
-    everything), so a file linked and left with one name after the restart is still
-    captured when it changes."""
+    watch at all: the view is watched again, so a file linked and left with one name
+    after the restart is still captured when it changes."""
     c = _sandbox(workspace, walk_image, containers)
     client = fresh_daemon.start().client()
     try:

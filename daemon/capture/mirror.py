@@ -11,9 +11,9 @@ those events marks its path dirty (the upper folder's events still say what appe
 moved or went).
 
 The merged view exists only while the container runs, and each start mounts a new
-one. A tracker whose view was mounted again, or never watched while mounted, cannot
-vouch for what was changed meanwhile: its next capture scans everything
-(``WorkspaceTracker._keep_mirror``).
+one (``docker restart`` keeps it): the tracker watches it again at the first barrier
+that finds it mounted (``WorkspaceTracker._keep_mirror`` says why nothing done
+through it before then can be missed).
 
 Folders of the view are opened with ``openat2`` beneath its root, never through a
 symlink or into another mount: the agent owns every name in it.

@@ -104,6 +104,7 @@ class WorkspaceTracker:
             old, self.mirror = self.mirror, MergedMirror(merged)
         if old is not None:
             self._drop(old.clear())
+            self.invalidate("the container's view moved")
 
     # -- called by the capture -----------------------------------------------------
     def watch_folder(self, rel: str, fd: int) -> None:
@@ -269,9 +270,15 @@ class WorkspaceTracker:
             self.invalidate("the inotify queue could not be read")
 
     def _keep_mirror(self) -> None:
-        """Watch the merged view if it is mounted and not watched (a container started,
-        or started again: a new mount). What was done through it meanwhile was not
-        seen there, so the next capture scans everything."""
+        """Watch the merged view if it is mounted and not watched: a container started,
+        or started again (a new mount; `docker restart` keeps the old one). No scan is
+        needed for what was done through it meanwhile. A new mount has new inodes, so a
+        change can reach the upper folder under another name only for a file linked
+        since it was mounted, after the last barrier: its new name is in this capture's
+        dirty set (the upper folder reports a link under its own name), and so is any
+        folder made for it. A file linked before the mount, and still linked, is among
+        the files with other links that every capture looks at. (A daemon starts with
+        a full scan.)"""
         mirror = self.mirror
         if mirror is None or self._degraded:
             return
@@ -298,8 +305,6 @@ class WorkspaceTracker:
         if "" not in mirror.wds:
             with self._lock:
                 mirror.live = False  # unmounted as we looked: try again next time
-        if not self.full_scan_next:
-            self.invalidate("the container's view was mounted again since it was watched")
 
     def _watch_new_folder(self, rel: str) -> None:
         """Watch a folder that appeared, and every folder below it (it is rescanned)."""
