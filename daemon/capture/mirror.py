@@ -51,6 +51,18 @@ def open_beneath(dir_fd: int, rel: str) -> int:
     return fd if fd >= 0 else -ctypes.get_errno()
 
 
+def remember(wds: dict[str, int], paths: dict[int, str],
+             watches: list[tuple[str, int]]) -> None:
+    """Each watch ``wd`` is folder ``rel``, in both maps (a tracker's and its mirror's):
+    a watch that another folder at the same path had before is forgotten."""
+    for rel, wd in watches:
+        old = wds.get(rel)
+        if old is not None and old != wd and paths.get(old) == rel:
+            del paths[old]
+        wds[rel] = wd
+        paths[wd] = rel
+
+
 class MergedMirror:
     """The watches on one container's merged view: ``wd -> folder`` and back. Its
     tracker guards it with its own lock; watches are added with the monitor's held."""
@@ -95,12 +107,7 @@ class MergedMirror:
         return added
 
     def known(self, watches: list[tuple[str, int]]) -> None:
-        for rel, wd in watches:
-            old = self.wds.get(rel)
-            if old is not None and old != wd and self.paths.get(old) == rel:
-                del self.paths[old]
-            self.wds[rel] = wd
-            self.paths[wd] = rel
+        remember(self.wds, self.paths, watches)
 
     def forget(self, wd: int) -> None:
         rel = self.paths.pop(wd, None)

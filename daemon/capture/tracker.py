@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..observe import TRACKER_FALLBACKS
-from .mirror import MergedMirror
+from .mirror import MergedMirror, remember
 from .walk import MAX_DEPTH, folders_below
 
 log = logging.getLogger(__name__)
@@ -154,12 +154,7 @@ class WorkspaceTracker:
                 self._wds.update(watches)
                 self._paths.update((wd, rel) for rel, wd in watches)
             else:
-                for rel, wd in watches:
-                    old = self._wds.get(rel)  # another folder was watched at this path
-                    if old is not None and old != wd and self._paths.get(old) == rel:
-                        del self._paths[old]
-                    self._wds[rel] = wd
-                    self._paths[wd] = rel
+                remember(self._wds, self._paths, watches)
         if self.mirror is not None and self.mirror.live:
             self._mirror_many([rel for rel, _ in watches])
 
