@@ -33,7 +33,7 @@ from worldline.client.errors import (
 from worldline.client.paths import escape
 
 from . import ids, progress
-from .capture import sparse
+from .capture import mappings, sparse
 from .capture.admission import FairGate
 from .capture.containers import (
     DEFAULT_MOUNT,
@@ -344,16 +344,30 @@ class World:
         return True
 
     @contextlib.contextmanager
-    def _paused(self, session: Session) -> Iterator[None]:
+    def _paused(self, session: Session) -> Iterator[dict[str, frozenset[str]]]:
         """The container paused (if it runs) while its world is read. Callers that go on
-        without a removed container pass the session without it (checkpoint, dry run)."""
+        without a removed container pass the session without it (checkpoint, dry run).
+        Yields, by layer kind, the files its processes map shared and writable
+        (mappings.py): a capture reads them whatever their stat says."""
         if not session.container:
-            yield
+            yield {}
             return
         with self._engine().frozen(session.container,
-                                   mark=self._mark("paused", session.id)):
+                                   mark=self._mark("paused", session.id)) as attrs:
             crash_point("capture.paused")
-            yield
+            yield self._mapped(session, attrs)
+
+    def _mapped(self, session: Session, attrs: dict) -> dict[str, frozenset[str]]:
+        roots = json.loads(session.spec or "{}").get("roots", {})
+        try:
+            dev = (roots[WORKSPACE][0] if WORKSPACE in roots
+                   else os.stat(session.workspace).st_dev)
+            work, box = mappings.of_container(attrs, session.workspace, dev)
+        except OSError as exc:  # /proc unreadable: the captures go on as before 0.7.21
+            log.warning("session %s: the container's mapped files could not be read: %s",
+                        session.id, exc)
+            return {}
+        return {WORKSPACE: work, CONTAINER: box}
 
     @staticmethod
     def _bases(cp: Checkpoint) -> list[str | None]:
@@ -422,8 +436,10 @@ class World:
         try:
             with self.lock(path):
                 layers = self.layers(session)
-                with self._paused(session):
-                    captures = [layer.capture(None)[0] for layer in layers]
+                with self._paused(session) as mapped:
+                    captures = [layer.capture(None, mapped=mapped.get(layer.kind,
+                                                                      frozenset()))[0]
+                                for layer in layers]
                 tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
                 self.blobs.sync()
                 first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(),
@@ -564,9 +580,10 @@ class World:
                  ) -> tuple[list[Capture], str, str]:
         """Capture each layer (appending to ``taken`` what a failure gives back) and put
         the state and task list: (captures, state digest, tasks digest)."""
-        with self._paused(session):
+        with self._paused(session) as mapped:
             for layer, base in zip(layers, self._bases(head), strict=False):
-                capture, changes = layer.capture(base)
+                capture, changes = layer.capture(base, mapped=mapped.get(layer.kind,
+                                                                         frozenset()))
                 taken.append((layer, capture, changes))
         state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
                         if state is not None else head.state_digest)
@@ -633,8 +650,8 @@ class World:
             if dry_run:
                 shown = replace(session, container=None) if self._container_gone(
                     session) else session
-                with self._paused(shown):
-                    plans = self._plan(shown, head, target)
+                with self._paused(shown) as mapped:
+                    plans = self._plan(shown, head, target, mapped)
                 return self._result(None, target, plans, effects, [], dry_run=True)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
@@ -691,14 +708,18 @@ class World:
         return RestoreResult(cp, target.id, sorted(work.added + work.modified), work.deleted,
                              effects, dry_run, box, warnings)
 
-    def _plan(self, session: Session, head: Checkpoint, target: Checkpoint) -> list[LayerPlan]:
+    def _plan(self, session: Session, head: Checkpoint, target: Checkpoint,
+              mapped: dict[str, frozenset[str]] | None = None) -> list[LayerPlan]:
         """What a restore will change in each layer, checked before anything changes:
         every layer opened by identity, every blob it will write verified (a corrupt one
-        fails the restore with DATA_LOSS), the current state captured."""
+        fails the restore with DATA_LOSS), the current state captured. ``mapped``: of a
+        paused container (a dry run); a restore stops the container first."""
         plans = []
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
-            current, seen = layer.capture(base, persist=False, consume=False)
+            current, seen = layer.capture(base, persist=False, consume=False,
+                                          mapped=(mapped or {}).get(layer.kind,
+                                                                    frozenset()))
             changes = diff(self.trees, current.root, want, current.trees)
             size = 0
             for path in changes.added + changes.modified:
@@ -758,8 +779,8 @@ class World:
         head = self.store.get_checkpoint(entry["head"])
         target = self.store.get_checkpoint(entry["target"])
         try:
-            with self._paused(session):
-                problem = self._changed_since(session, head, entry)
+            with self._paused(session) as mapped:
+                problem = self._changed_since(session, head, entry, mapped)
         except WorldlineError as exc:
             problem = exc.message
         if problem:
@@ -777,7 +798,8 @@ class World:
         self._release("stopped", session.id)
         return f"completed the interrupted restore of session {sid} to {target.id}"
 
-    def _changed_since(self, session: Session, head: Checkpoint, entry: dict) -> str:
+    def _changed_since(self, session: Session, head: Checkpoint, entry: dict,
+                       mapped: dict[str, frozenset[str]]) -> str:
         """Why the layers are not as the interrupted restore left them ("" if they are)."""
         planned = {p["kind"]: p for p in entry.get("layers", [])}
         layers = self.layers(session)
@@ -787,7 +809,8 @@ class World:
         for layer, base, want in zip(layers, self._bases(head), self._bases(target),
                                      strict=False):
             paths = planned[layer.kind]["paths"]
-            current, _ = layer.capture(base, persist=False, consume=False)
+            current, _ = layer.capture(base, persist=False, consume=False,
+                                       mapped=mapped.get(layer.kind, frozenset()))
             left = diff(self.trees, current.root, want, current.trees)
             for path in left.added + left.modified + left.deleted:
                 have = entry_at(self.trees, current.root, path, current.trees)

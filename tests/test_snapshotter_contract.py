@@ -3,12 +3,15 @@ then changed comes back exactly, touching only what differs."""
 
 from __future__ import annotations
 
+import mmap
 import os
+import time
 from pathlib import Path
 
 import pytest
 from worldline.daemon.capture.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
-from worldline.daemon.capture.trees import DIR, FILE, SYMLINK, TreeReader, diff
+from worldline.daemon.capture.tracker import Changes
+from worldline.daemon.capture.trees import DIR, FILE, SYMLINK, TreeReader, diff, entry_at
 from worldline.daemon.storage.blobs import MemoryBlobStore
 from worldline.daemon.storage.statcache import StatCache
 
@@ -296,3 +299,50 @@ def test_a_folder_looked_at_again_and_unchanged_puts_nothing(tmp_path):
     assert b"print(1)\nprint(2)\n" in blobs.put
     assert blobs.read_bytes(trees.read(third.root)["src"].ref) in blobs.put
     assert w.state() == tree_state(w.path)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["incremental", "full-scan"])
+def test_a_file_whose_stat_cannot_vouch_for_it_is_read_again(tmp_path, full):
+    """A write through a shared mapping to a page already writable leaves the file's
+    stat as it was. A file the tracker saw closed after writing, or one mapped now, is
+    read again whatever its stat says, in an incremental capture and in a full scan
+    (where the memos of its folder, and of the root, must not hold); a mapped file
+    leaves no stat cache entry behind."""
+    blobs = MemoryBlobStore()
+    trees = TreeReader(blobs)
+    w = DirWorld(tmp_path / "ws", blobs, trees)
+    files = ("deep/er/db", "top")
+    for rel in files:
+        w.write(rel, bytes(8192))
+    w.write("deep/other", b"x")
+    maps = []
+    for rel in files:
+        fd = os.open(w.path / rel, os.O_RDWR)
+        maps.append(mmap.mmap(fd, 8192))
+        os.close(fd)
+        maps[-1][0:5] = b"first"  # the page becomes writable: the file's time moves
+    time.sleep(0.25)  # past the racy window: the stat cache may learn them
+    old = w.snap.capture()
+    w.snap.commit(old)
+    assert set(files) <= set(old.seen) and {"", "deep", "deep/er"} <= set(old.memos)
+    for m in maps:
+        m[8:14] = b"second"  # the same page: no trace in the stat
+
+    def read(**kw) -> tuple:
+        got = w.snap.capture(changes=Changes(full, **kw.pop("changes", {})), base=old.root,
+                             **kw)
+        return got, [blobs.read_bytes(entry_at(trees, got.root, rel).ref) for rel in files]
+
+    before = b"first" + bytes(8187)
+    now = b"first\0\0\0second" + bytes(8178)
+    assert read()[1] == [before, before]  # what the stat cache vouched for
+    closed, content = read(changes={"dirty": set(files), "closed": set(files)})
+    assert content == [now, now]
+    assert set(files) <= set(closed.seen)  # closed: the cache may learn them now
+    mapped, content = read(mapped=frozenset(files))
+    assert content == [now, now]
+    assert not set(files) & set(mapped.seen)
+    w.snap.commit(mapped)
+    assert not set(files) & set(w.snap.stat_cache.entries(w.snap.path))
+    for m in maps:
+        m.close()

@@ -170,12 +170,14 @@ class Engine:
         return upper, merged
 
     @contextlib.contextmanager
-    def frozen(self, container: str, mark: str | None = None) -> Iterator[None]:
-        """Pause a running container for the duration; leave others as they are.
+    def frozen(self, container: str, mark: str | None = None) -> Iterator[dict]:
+        """Pause a running container for the duration; leave others as they are. Yields
+        what the engine said of the container just before (``inspect``).
         ``mark``: a file that names the container from just before it is paused until
         it is unpaused, so that a daemon killed in between unpauses it at its next
         start (``unpause_marked``) rather than leave the agent's sandbox frozen."""
-        state = self.inspect(container).get("State", {})
+        attrs = self.inspect(container)
+        state = attrs.get("State", {})
         pause = state.get("Running") and not state.get("Paused")
         if pause:
             if mark:
@@ -183,7 +185,7 @@ class Engine:
             with self.errors(container):
                 self.api.pause(container)
         try:
-            yield
+            yield attrs
         finally:
             if pause:
                 with self.errors(container):

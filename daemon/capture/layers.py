@@ -35,9 +35,10 @@ class Layer:
     snap: WorkspaceSnapshotter
     tracker: WorkspaceTracker | None
 
-    def capture(self, base: str | None, persist: bool = True,
-                consume: bool = True) -> tuple[Capture, Changes | None]:
+    def capture(self, base: str | None, persist: bool = True, consume: bool = True,
+                mapped: frozenset[str] = frozenset()) -> tuple[Capture, Changes | None]:
         """Capture the layer relative to ``base`` (the tree of the head checkpoint).
+        ``mapped``: its files mapped shared and writable now (mappings.py).
 
         With ``consume`` the tracker's changes are taken; the caller must either
         ``commit`` the capture or ``give_back`` the changes."""
@@ -47,7 +48,8 @@ class Layer:
             if not self._picture_of(base):
                 changes.full = True  # the tracker's picture is relative to another tree
         try:
-            return self.snap.capture(persist=persist, changes=changes, base=base), changes
+            return (self.snap.capture(persist=persist, changes=changes, base=base,
+                                       mapped=mapped), changes)
         except BaseException:
             self.give_back(changes if consume else None)
             raise

@@ -89,11 +89,14 @@ class Capture:
     memos: dict[str, Memo | None] = field(default_factory=dict)  # folder memos (None: drop)
     reused: set[str] = field(default_factory=set)  # folders whose memo held
     links: dict[str, int] = field(default_factory=dict)  # files with hard links: inode
+    # files mapped shared and writable as it read them: their stat cache entries go
+    mapped: frozenset[str] = frozenset()
 
 
 class Snapshotter(Protocol):
     def capture(self, persist: bool = True, changes: Changes | None = None,
-                base: str | None = None) -> Capture: ...
+                base: str | None = None, mapped: frozenset[str] = frozenset()
+                ) -> Capture: ...
 
     def apply(self, current: Capture, target_root: str) -> list[str]: ...
 
@@ -123,6 +126,12 @@ class _Scan:
         self.memos: dict[str, Memo | None] = {}
         self.reused: set[str] = set()
         self.links: dict[str, int] = {}  # path -> inode of every file with other links
+        # Files whose stat cannot vouch for their content (closed after writing, mapped
+        # shared and writable: mappings.py), and of those the ones the stat cache must
+        # not learn (mapped: a write may follow with no trace in their stat).
+        self.untrusted: frozenset[str] | set[str] = frozenset()
+        self.mapped: frozenset[str] = frozenset()
+        self.rescan_caches: Callable[[], tuple[dict, dict]] | None = None
 
 
 def read_small(fd: int, size_hint: int) -> bytes:
@@ -161,32 +170,41 @@ class WorkspaceSnapshotter:
 
     # -- capture ---------------------------------------------------------------
     def capture(self, persist: bool = True, changes: Changes | None = None,
-                base: str | None = None) -> Capture:
+                base: str | None = None, mapped: frozenset[str] = frozenset()) -> Capture:
+        """``mapped``: files mapped shared and writable now (mappings.py), read again
+        whatever their stat says, as are the tracker's closed files."""
         full = changes is None or changes.full or base is None
         budget = (self.limits.budget(self.data_root if persist else None)
                   if self.limits is not None else None)
+        untrusted = (changes.closed | mapped) if changes is not None else mapped
         root_fd = self._open_root()
         try:
-            scan = self._capture(root_fd, persist, changes, base, full, budget)
+            scan = self._capture(root_fd, persist, changes, base, full, budget, untrusted,
+                                 mapped)
             if not full and any(p not in changes.linked for p in scan.links):
                 # A new hard link: its other names may be anywhere, only a full scan
                 # finds them all.
                 full = True
-                scan = self._capture(root_fd, persist, None, None, True, budget)
+                scan = self._capture(root_fd, persist, None, None, True, budget, untrusted,
+                                     mapped)
         finally:
             os.close(root_fd)
         if scan.deferred:
             self.blobs.put_many(scan.deferred)
         return Capture(scan.root, scan.size, scan.trees, scan.warnings, scan.seen, persist,
-                       full, scan.memos, scan.reused, scan.links)
+                       full, scan.memos, scan.reused, scan.links, frozenset(mapped))
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
-                 base: str | None, full: bool, budget: Budget | None) -> _Scan:
+                 base: str | None, full: bool, budget: Budget | None,
+                 untrusted: frozenset[str] | set[str], mapped: frozenset[str]) -> _Scan:
         scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
+        scan.untrusted, scan.mapped = untrusted, mapped
         if full:
-            scan.root, scan.size, _, _ = self._scan_tree(root_fd, "", scan, self._caches())
+            scan.root, scan.size, _, _ = self._scan_tree(root_fd, "", scan,
+                                                         self._caches(untrusted))
         else:
-            scan.root, scan.size = self._update_dir(root_fd, "", base, _trie(changes), scan,
+            scan.root, scan.size = self._update_dir(root_fd, "", base,
+                                                    _trie(changes, mapped), scan,
                                                     self.stat_cache.entries(self.path))
         return scan
 
@@ -196,7 +214,7 @@ class WorkspaceSnapshotter:
         cache = self.stat_cache.entries(self.path)
         changed = {p: v for p, v in capture.seen.items() if cache.get(p) != v}
         memos = dict(capture.memos)
-        removed: set[str] = set()
+        removed: set[str] = {p for p in capture.mapped if p in cache}
         if capture.full:
             # A full scan saw every folder: a file is still there if its folder's memo
             # held, or the scan saw it; a memo is still good if it held or was rewritten.
@@ -226,11 +244,15 @@ class WorkspaceSnapshotter:
                     f"workspace {self.path} has been replaced by a symlink") from None
             raise
 
-    def _caches(self) -> Callable[[], tuple[dict, dict]]:
-        """The stat cache's files and folder memos for this world. When they are not in
-        memory yet (the first scan after a start), they load in a thread while the walk
-        makes its system calls."""
-        get = lambda: (self.stat_cache.entries(self.path), self.stat_cache.folders(self.path))
+    def _caches(self, untrusted: frozenset[str] | set[str] = frozenset()
+                ) -> Callable[[], tuple[dict, dict]]:
+        """The stat cache's files and folder memos for this world; no memo of a folder
+        holding an ``untrusted`` file (so the walk lists that folder, and the file is
+        read: ``_cached_file``). When they are not in memory yet (the first scan after a
+        start), they load in a thread while the walk makes its system calls."""
+        def get() -> tuple[dict, dict]:
+            return (self.stat_cache.entries(self.path),
+                    _without_parents(self.stat_cache.folders(self.path), untrusted))
         if self.stat_cache.loaded(self.path):
             return get
         loading = concurrent.futures.Future()
@@ -242,6 +264,15 @@ class WorkspaceSnapshotter:
                 loading.set_exception(exc)
         threading.Thread(target=load, name="stat-cache-load", daemon=True).start()
         return loading.result
+
+    def _rescan_caches(self, scan: _Scan, cache: dict) -> Callable[[], tuple[dict, dict]]:
+        """The caches for a folder an incremental capture scans whole (one that
+        appeared), made once a capture: a tree of new folders is many rescans."""
+        if scan.rescan_caches is None:
+            pair = (cache, _without_parents(self.stat_cache.folders(self.path),
+                                            scan.untrusted))
+            scan.rescan_caches = lambda: pair
+        return scan.rescan_caches
 
     def _scan_tree(self, dfd: int, prefix: str, scan: _Scan,
                    caches: Callable[[], tuple[dict, dict]]) -> tuple[str, int, str, str]:
@@ -345,8 +376,7 @@ class WorkspaceSnapshotter:
                         st = os.fstat(sub)  # the folder opened, not the name stat'ed
                         if child.get(_RESCAN) or old is None or not old.is_folder:
                             digest, size, kind, extra = self._scan_tree(
-                                sub, path, scan,
-                                lambda: (cache, self.stat_cache.folders(self.path)))
+                                sub, path, scan, self._rescan_caches(scan, cache))
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)
@@ -472,7 +502,8 @@ class WorkspaceSnapshotter:
         entry = entry_of(kind, after, ref, size, xattrs)
         if after.st_nlink > 1:
             scan.links[path] = after.st_ino
-        if signature(before) == signature(after) and not is_racy(after):
+        if (signature(before) == signature(after) and not is_racy(after)
+                and path not in scan.mapped):
             scan.seen[path] = (signature(after), ref, entry.extra, kind)
         return entry
 
@@ -586,7 +617,10 @@ def link_groups(links: dict[str, int]) -> list[list[str]]:
 
 
 def _cached_file(path: str, sig: bytes, fields: tuple, scan: _Scan, cache) -> Entry | None:
-    """The entry of a file or symlink from the stat cache, if its signature is cached."""
+    """The entry of a file or symlink from the stat cache, if its signature is cached
+    and its stat may vouch for it."""
+    if path in scan.untrusted:
+        return None
     known = cache.get(path)
     if known is None or known[0] != sig or len(known) != 4:
         return None
@@ -696,13 +730,23 @@ def _make_tree_writable(dfd: int, name: str) -> None:
 _RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
 
 
-def _trie(changes: Changes) -> dict:
+def _without_parents(folders: dict, untrusted: frozenset[str] | set[str]) -> dict:
+    """The folder memos less those of the folders holding an ``untrusted`` file: a copy
+    only when there is one to leave out."""
+    parents = {p.rpartition("/")[0] for p in untrusted}
+    if not any(p in folders for p in parents):
+        return folders
+    return {rel: memo for rel, memo in folders.items() if rel not in parents}
+
+
+def _trie(changes: Changes, mapped: frozenset[str] = frozenset()) -> dict:
     """Nested dicts of the changed paths (and of every file with other hard links: a
-    write through one name gives no event for the others); a rescan path's node is
-    marked ``_RESCAN``."""
+    write through one name gives no event for the others; and of every file mapped
+    shared and writable: no event at all); a rescan path's node is marked
+    ``_RESCAN``."""
     root: dict = {}
     for paths, rescan in ((changes.dirty, False), (changes.linked, False),
-                          (changes.rescan, True)):
+                          (mapped, False), (changes.rescan, True)):
         for path in paths:
             node = root
             for part in path.split("/"):
@@ -732,7 +776,8 @@ class MemorySnapshotter:
         self.files: dict[str, MemoryFile] = dict(files or {})
 
     def capture(self, persist: bool = True, changes: Changes | None = None,
-                base: str | None = None) -> Capture:
+                base: str | None = None, mapped: frozenset[str] = frozenset()) -> Capture:
+        """Everything, always: a dict has no stat to trust."""
         nested: dict = {}
         for path, f in self.files.items():
             parts = path.split("/")

@@ -23,6 +23,12 @@ Correctness rules, in order of importance:
   ``O_NOFOLLOW``, so a symlink is never watched through.
 - A container's layer is also watched in the container's merged view (mirror.py):
   overlayfs reports a change to a file that had another name under that name.
+- A file closed after being open for writing (``IN_CLOSE_WRITE``) is *closed*: the
+  capture reads it again whatever its stat says. Its descriptor may have mapped it
+  shared (mappings.py): writes through a mapping give no event, and once a page is
+  writable they leave the file's time as it was, so its stat can match the stat
+  cache's while its content does not. The file's last close, the end of its last
+  mapping, is reported.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ class Changes:
     # Files with other hard links at the last capture: re-examined every time, since a
     # write through another name gives no event for theirs.
     linked: set[str] = field(default_factory=set)
+    # Files closed after being open for writing: read again whatever their stat says.
+    closed: set[str] = field(default_factory=set)
 
 
 class WorkspaceTracker:
@@ -89,6 +97,7 @@ class WorkspaceTracker:
         self.base: str | None = None  # the tree the changes are relative to (set by the World)
         self._dirty: set[str] = set()
         self._rescan: set[str] = set()
+        self._closed: set[str] = set()
         self._paths: dict[int, str] = {}  # wd -> relative folder path ("" is the root)
         self._wds: dict[str, int] = {}  # relative folder path -> wd (the latest watched there)
         self._degraded = False  # past the watch limit: every capture scans
@@ -177,8 +186,10 @@ class WorkspaceTracker:
         self._barrier()
         self._keep_mirror()
         with self._lock:
-            changes = Changes(self._full, self._dirty, self._rescan, set(self.linked))
+            changes = Changes(self._full, self._dirty, self._rescan, set(self.linked),
+                              self._closed)
             self._full, self._dirty, self._rescan = self._degraded, set(), set()
+            self._closed = set()
         # A full scan re-adds every folder's watch as it goes: the kernel hands back the
         # same watch for a folder already watched, so nothing is removed (removing
         # thousands of watches floods the queue with IN_IGNORED events and overflows it).
@@ -189,7 +200,8 @@ class WorkspaceTracker:
         self._barrier()
         self._keep_mirror()
         with self._lock:
-            return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked))
+            return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked),
+                           set(self._closed))
 
     def give_back(self, changes: Changes) -> None:
         """A capture that was not committed returns what it took."""
@@ -197,6 +209,7 @@ class WorkspaceTracker:
             self._full = self._full or changes.full
             self._dirty |= changes.dirty
             self._rescan |= changes.rescan
+            self._closed |= changes.closed
 
     def invalidate(self, reason: str) -> None:
         with self._lock:
@@ -236,6 +249,8 @@ class WorkspaceTracker:
                 self._rescan.add(path)
             else:
                 self._dirty.add(path)
+                if mask & IN_CLOSE_WRITE:
+                    self._closed.add(path)
         if mask & IN_ISDIR and mask & IN_MOVED_FROM:
             self._unwatch_below(path)
         if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
@@ -250,8 +265,11 @@ class WorkspaceTracker:
             return
         if name.startswith(TEMP_PREFIX) or not (name or mask & IN_ATTRIB and folder):
             return
+        path = f"{folder}/{name}" if folder and name else folder or name
         with self._lock:
-            self._dirty.add(f"{folder}/{name}" if folder and name else folder or name)
+            self._dirty.add(path)
+            if mask & IN_CLOSE_WRITE:
+                self._closed.add(path)
 
     def on_overflow(self) -> None:
         self.invalidate("the inotify queue overflowed")
