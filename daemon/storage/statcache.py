@@ -22,7 +22,12 @@ tree from a tracker's changes.
 Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
 marshalled) and a log of the changes made since; loading reads the snapshot and
 replays the log. ``compact`` folds the log into the snapshot: when a workspace's log
-grows past ``COMPACT_AT`` entries, when the daemon is idle, and when it stops.
+grows past ``COMPACT_AT`` entries, when the daemon is idle, and when it stops. A
+compaction deletes the old snapshot and the log before it writes the new snapshot, so
+the new one takes their pages instead of new ones at the end of the file; an idle
+compaction also moves the write-ahead log into the file and truncates it, as the
+daemon does for its other databases (otherwise it stays at its high-water mark, and
+the file grows whenever that log is copied into it).
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class StatCache:
         self._loaded: dict[str, _Workspace] = {}
         self._lock = threading.Lock()
         self._last_write = time.monotonic()
+        self._wal_written = True  # since its write-ahead log was last emptied
 
     # -- reading -----------------------------------------------------------------------
     def entries(self, workspace: str) -> dict[str, tuple]:
@@ -133,12 +139,14 @@ class StatCache:
                              (workspace, marshal.dumps(change)))
             ws.logged += _apply(ws.files, ws.folders, change)
             self._last_write = time.monotonic()
+            self._wal_written = True
             if ws.logged >= COMPACT_AT:
                 self._compact(workspace, ws)
 
     def compact(self, idle_seconds: float = 0.0) -> int:
         """Fold every loaded workspace's log into its snapshot once nothing was written
-        for ``idle_seconds``; returns how many workspaces were compacted."""
+        for ``idle_seconds``, then empty the write-ahead log; returns how many
+        workspaces were compacted."""
         with self._lock:
             if time.monotonic() - self._last_write < idle_seconds:
                 return 0
@@ -147,25 +155,35 @@ class StatCache:
                 if ws.logged:
                     self._compact(workspace, ws)
                     done += 1
+            if self._wal_written:
+                try:
+                    busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    self._wal_written = busy != 0
+                except sqlite3.OperationalError:  # a read of digests() in its way: next time
+                    pass
             return done
 
     def _compact(self, workspace: str, ws: _Workspace) -> None:
         data = marshal.dumps((ws.files, ws.folders))
         self._db.execute("BEGIN")
         try:
-            self._db.execute("INSERT OR REPLACE INTO snapshot VALUES (?, ?)", (workspace, data))
+            # the old rows first: the new snapshot takes the pages they free
             self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
+            self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
+            self._db.execute("INSERT INTO snapshot VALUES (?, ?)", (workspace, data))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         ws.logged = 0
+        self._wal_written = True
 
     def forget(self, workspace: str) -> None:
         with self._lock:
             self._loaded.pop(workspace, None)
             self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
             self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
+            self._wal_written = True
 
     def digests(self) -> set[str]:
         """Every digest the cache names (file contents and memo trees): garbage
