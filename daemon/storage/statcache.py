@@ -24,10 +24,11 @@ marshalled) and a log of the changes made since; loading reads the snapshot and
 replays the log. ``compact`` folds the log into the snapshot: when a workspace's log
 grows past ``COMPACT_AT`` entries, when the daemon is idle, and when it stops. A
 compaction deletes the old snapshot and the log before it writes the new snapshot, so
-the new one takes their pages instead of new ones at the end of the file; an idle
-compaction also moves the write-ahead log into the file and truncates it, as the
-daemon does for its other databases (otherwise it stays at its high-water mark, and
-the file grows whenever that log is copied into it).
+the new one takes their pages instead of new ones at the end of the file. An idle
+compaction also gives the pages it freed back to the filesystem (the file is in
+``auto_vacuum=INCREMENTAL`` mode; one made before 0.7.21 is converted when opened, a
+``VACUUM`` once), then moves the write-ahead log into the file and truncates it, as
+the daemon does for its other databases: at rest the file holds what the cache holds.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ COMPACT_AT = 16384
 Signature = bytes  # walk.SIG: size, mtime_ns, ctime_ns, inode, mode, uid, gid, nlink, blocks
 Memo = tuple[bytes, str, int, str, str]  # folder signature, tree digest, size, kind, extra
 FILE, FOLDER = 0, 1
+_INCREMENTAL = 2  # PRAGMA auto_vacuum
 
 
 def is_racy(st: os.stat_result, now_ns: int | None = None) -> bool:
@@ -80,6 +82,9 @@ class StatCache:
     def __init__(self, db_path: str | None) -> None:
         self._db = sqlite3.connect(db_path or ":memory:", check_same_thread=False,
                                    isolation_level=None)
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            self._db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
@@ -157,6 +162,8 @@ class StatCache:
                     done += 1
             if self._wal_written:
                 try:
+                    # executescript steps it to the end (execute frees one page a call)
+                    self._db.executescript("PRAGMA incremental_vacuum;")
                     busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                     self._wal_written = busy != 0
                 except sqlite3.OperationalError:  # a read of digests() in its way: next time
