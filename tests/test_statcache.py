@@ -5,6 +5,7 @@ from __future__ import annotations
 import marshal
 import os
 import sqlite3
+import subprocess
 
 from worldline.daemon.storage.statcache import StatCache
 
@@ -64,3 +65,29 @@ def test_a_file_made_before_0721_gives_space_back_once_opened(tmp_path):
     cache.compact()
     assert os.path.getsize(path) <= len(marshal.dumps((files, {}))) * 1.2 + 8 * PAGE
     cache.close()
+
+
+def test_a_conversion_the_disk_has_no_room_for_never_stops_a_start(tmp_path):
+    """Converting a file made before 0.7.21 rewrites it (VACUUM). On a disk with no room
+    for that, the cache opens as it is, every entry kept: a daemon always starts."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(small)], check=True)
+    try:
+        path = str(small / "index.db")
+        old = sqlite3.connect(path)
+        old.execute("CREATE TABLE snapshot (workspace TEXT PRIMARY KEY, data BLOB NOT NULL)")
+        old.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, workspace TEXT NOT NULL,"
+                    " data BLOB NOT NULL)")
+        files = {f"f{i}": _entry(i) for i in range(12000)}
+        old.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
+                    ("/ws", marshal.dumps((files, [], {}))))
+        old.commit()
+        old.close()
+        assert os.path.getsize(path) > 1.5 * 2**20  # no room to write it again
+        cache = StatCache(path)
+        assert cache.entries("/ws").keys() == files.keys()
+        assert cache._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2
+        cache.close()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=True)

@@ -33,6 +33,7 @@ the daemon does for its other databases: at rest the file holds what the cache h
 
 from __future__ import annotations
 
+import logging
 import marshal
 import os
 import sqlite3
@@ -40,6 +41,8 @@ import threading
 import time
 
 from ..capture.walk import SIG, signature
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RACY_NS", "Signature", "Memo", "StatCache", "signature", "is_racy",
            "is_racy_signature"]
@@ -84,7 +87,10 @@ class StatCache:
                                    isolation_level=None)
         if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
             self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            self._db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
+            try:
+                self._db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
+            except sqlite3.OperationalError as exc:  # a full disk: keep what is, start
+                log.warning("the stat cache %s keeps its freed pages: %s", db_path, exc)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
