@@ -45,20 +45,26 @@ def test_a_compaction_takes_the_pages_it_frees_and_an_idle_one_empties_the_log(t
     again.close()
 
 
-def test_a_file_made_before_0721_gives_space_back_once_opened(tmp_path):
-    """A stat cache file made without incremental vacuum is converted when opened."""
-    path = str(tmp_path / "index.db")
+def _made_before_0721(path: str, count: int) -> dict:
+    """A stat cache file as 0.7.20 made it (no incremental vacuum), its log holding a
+    first capture of ``count`` files; those files."""
     old = sqlite3.connect(path)
-    old.execute("PRAGMA journal_mode=WAL")
     old.execute("CREATE TABLE snapshot (workspace TEXT PRIMARY KEY, data BLOB NOT NULL)")
     old.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, workspace TEXT NOT NULL,"
                 " data BLOB NOT NULL)")
-    files = {f"f{i}": _entry(i) for i in range(3000)}
+    files = {f"f{i}": _entry(i) for i in range(count)}
     old.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
                 ("/ws", marshal.dumps((files, [], {}))))
     old.commit()
     assert old.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
     old.close()
+    return files
+
+
+def test_a_file_made_before_0721_gives_space_back_once_opened(tmp_path):
+    """A stat cache file made without incremental vacuum is converted when opened."""
+    path = str(tmp_path / "index.db")
+    files = _made_before_0721(path, 3000)
     cache = StatCache(path)
     assert cache._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
     assert cache.entries("/ws").keys() == files.keys()
@@ -75,15 +81,7 @@ def test_a_conversion_the_disk_has_no_room_for_never_stops_a_start(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(small)], check=True)
     try:
         path = str(small / "index.db")
-        old = sqlite3.connect(path)
-        old.execute("CREATE TABLE snapshot (workspace TEXT PRIMARY KEY, data BLOB NOT NULL)")
-        old.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, workspace TEXT NOT NULL,"
-                    " data BLOB NOT NULL)")
-        files = {f"f{i}": _entry(i) for i in range(12000)}
-        old.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
-                    ("/ws", marshal.dumps((files, [], {}))))
-        old.commit()
-        old.close()
+        files = _made_before_0721(path, 12000)
         assert os.path.getsize(path) > 1.5 * 2**20  # no room to write it again
         cache = StatCache(path)
         assert cache.entries("/ws").keys() == files.keys()
