@@ -437,9 +437,7 @@ class World:
             with self.lock(path):
                 layers = self.layers(session)
                 with self._paused(session) as mapped:
-                    captures = [layer.capture(None, mapped=mapped.get(layer.kind,
-                                                                      frozenset()))[0]
-                                for layer in layers]
+                    captures = [layer.capture(None, mapped=mapped)[0] for layer in layers]
                 tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
                 self.blobs.sync()
                 first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(),
@@ -582,8 +580,7 @@ class World:
         the state and task list: (captures, state digest, tasks digest)."""
         with self._paused(session) as mapped:
             for layer, base in zip(layers, self._bases(head), strict=False):
-                capture, changes = layer.capture(base, mapped=mapped.get(layer.kind,
-                                                                         frozenset()))
+                capture, changes = layer.capture(base, mapped=mapped)
                 taken.append((layer, capture, changes))
         state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
                         if state is not None else head.state_digest)
@@ -717,9 +714,7 @@ class World:
         plans = []
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
-            current, seen = layer.capture(base, persist=False, consume=False,
-                                          mapped=(mapped or {}).get(layer.kind,
-                                                                    frozenset()))
+            current, seen = layer.capture(base, persist=False, consume=False, mapped=mapped)
             changes = diff(self.trees, current.root, want, current.trees)
             size = 0
             for path in changes.added + changes.modified:
@@ -809,8 +804,7 @@ class World:
         for layer, base, want in zip(layers, self._bases(head), self._bases(target),
                                      strict=False):
             paths = planned[layer.kind]["paths"]
-            current, _ = layer.capture(base, persist=False, consume=False,
-                                       mapped=mapped.get(layer.kind, frozenset()))
+            current, _ = layer.capture(base, persist=False, consume=False, mapped=mapped)
             left = diff(self.trees, current.root, want, current.trees)
             for path in left.added + left.modified + left.deleted:
                 have = entry_at(self.trees, current.root, path, current.trees)

@@ -36,9 +36,11 @@ class Layer:
     tracker: WorkspaceTracker | None
 
     def capture(self, base: str | None, persist: bool = True, consume: bool = True,
-                mapped: frozenset[str] = frozenset()) -> tuple[Capture, Changes | None]:
+                mapped: dict[str, frozenset[str]] | None = None
+                ) -> tuple[Capture, Changes | None]:
         """Capture the layer relative to ``base`` (the tree of the head checkpoint).
-        ``mapped``: its files mapped shared and writable now (mappings.py).
+        ``mapped``: by layer kind, the files mapped shared and writable now
+        (mappings.py; ``World._paused`` yields it).
 
         With ``consume`` the tracker's changes are taken; the caller must either
         ``commit`` the capture or ``give_back`` the changes."""
@@ -49,7 +51,8 @@ class Layer:
                 changes.full = True  # the tracker's picture is relative to another tree
         try:
             return (self.snap.capture(persist=persist, changes=changes, base=base,
-                                       mapped=mapped), changes)
+                                       mapped=(mapped or {}).get(self.kind, frozenset())),
+                    changes)
         except BaseException:
             self.give_back(changes if consume else None)
             raise

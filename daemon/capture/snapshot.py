@@ -265,12 +265,11 @@ class WorkspaceSnapshotter:
         threading.Thread(target=load, name="stat-cache-load", daemon=True).start()
         return loading.result
 
-    def _rescan_caches(self, scan: _Scan, cache: dict) -> Callable[[], tuple[dict, dict]]:
+    def _rescan_caches(self, scan: _Scan) -> Callable[[], tuple[dict, dict]]:
         """The caches for a folder an incremental capture scans whole (one that
         appeared), made once a capture: a tree of new folders is many rescans."""
         if scan.rescan_caches is None:
-            pair = (cache, _without_parents(self.stat_cache.folders(self.path),
-                                            scan.untrusted))
+            pair = self._caches(scan.untrusted)()  # loaded: the capture read the files
             scan.rescan_caches = lambda: pair
         return scan.rescan_caches
 
@@ -376,7 +375,7 @@ class WorkspaceSnapshotter:
                         st = os.fstat(sub)  # the folder opened, not the name stat'ed
                         if child.get(_RESCAN) or old is None or not old.is_folder:
                             digest, size, kind, extra = self._scan_tree(
-                                sub, path, scan, self._rescan_caches(scan, cache))
+                                sub, path, scan, self._rescan_caches(scan))
                         else:
                             digest, size = self._update_dir(sub, path + "/", old.ref, child,
                                                             scan, cache)
