@@ -14,6 +14,7 @@ import time
 import pytest
 from worldline.client.errors import Unavailable
 from worldline.daemon.storage import blobs as blobs_module
+from worldline.daemon.storage import sqlite_store
 from worldline.daemon.storage import wal
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
@@ -186,8 +187,13 @@ def test_a_failed_fsync_of_the_log_stops_every_connection_to_the_file(tmp_path, 
     assert checkpointer.checkpoints == copies  # the log is never copied into the file
     assert not store.compact_wal(0)
     assert blobs.read_bytes(kept) == b"acknowledged " * 50  # reads still answer
+    log_before = os.path.getsize(store.path + "-wal")
     blobs.close()
     store.close()
+    # nor by SQLite's last close: the connections are left open (the daemon then ends
+    # without closing them), and the log stays whole for the next start's recovery
+    assert str(tmp_path / "meta.db") in sqlite_store.left_open()
+    assert os.path.getsize(store.path + "-wal") == log_before
     store = SqliteStore(str(tmp_path / "meta.db"))
     blobs = LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
                            store_lock=store.write_lock)
@@ -253,3 +259,30 @@ def test_a_start_whose_recovered_blob_files_cannot_be_flushed_says_why(tmp_path,
             store.recover()
     finally:
         store.close()
+
+
+def test_the_logs_name_is_made_durable_before_a_commit_is(tmp_path, monkeypatch):
+    """SQLite makes the log when the file is opened and syncs its folder only when it
+    first copies the log into the file, after commits were acknowledged; an fsync of the
+    log does not make its name durable everywhere (ext4 without a journal). So the
+    first flush of each log file fsyncs the folder too, after the log, and later
+    flushes do not."""
+    synced = []
+    real_fsync = os.fsync
+
+    def recording(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", recording)
+    path = str(tmp_path / "a.db")
+    for opened in range(2):  # the last close removes the log: the next open makes another
+        db = SqliteDatabase(path, SCHEMA)
+        try:
+            monkeypatch.setattr(db._wal, "committed", lambda: None)  # no copy into the file
+            synced.clear()
+            for i in range(3):
+                with db._tx() as c:
+                    c.execute("INSERT INTO t VALUES (?, ?)", (opened * 10 + i, b"x"))
+            assert synced == [path + "-wal", str(tmp_path)] + [path + "-wal"] * 2
+        finally:
+            db.close()

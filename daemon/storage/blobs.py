@@ -44,6 +44,7 @@ from worldline.client.errors import (
 )
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
+from .durable import fsync_folder
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
 
 if TYPE_CHECKING:
@@ -394,7 +395,7 @@ class LocalBlobStore:
                     renamed.add(digest)
                 if _syncfs is None:  # each blob was fsynced alone: make its name durable too
                     for folder in folders | {self.tmp, self.root}:
-                        _fsync_dir(folder)
+                        fsync_folder(folder)
             except OSError as exc:
                 with self._lock:  # what was not renamed waits for the next sync
                     self._pending.update({d: t for d, t in batch.items() if d not in renamed})
@@ -614,14 +615,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -33,6 +33,7 @@ from ..faults import crash_point
 from ..observe import METADATA_FSYNC
 from . import blob_index, wal
 from .blob_index import BlobIndexSql
+from .durable import fsync_folder
 from .migrations import Migration, latest, migrate
 from .sql_store import SqlStore, digest_in
 
@@ -172,6 +173,14 @@ _DEFERRED = threading.local()
 # A new file gives freed pages back to the file system when asked (the pack's
 # ``incremental_vacuum``: a data root made from 0.7.7 on keeps its pack in this file).
 FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
+# Files an fsync failed for, with their connections, never closed (SqliteDatabase.close)
+_LEFT_OPEN: list[tuple[str, list[sqlite3.Connection]]] = []
+
+
+def left_open() -> list[str]:
+    """The files whose connections ``close`` left open: a process that closed any must
+    end without closing them (``os._exit``: a normal exit closes every connection)."""
+    return [path for path, _ in _LEFT_OPEN]
 
 
 @contextmanager
@@ -224,6 +233,7 @@ class SqliteDatabase:
         self._committed = 0  # write transactions committed on this connection
         self._flushed = 0  # how many of them an fsync of the WAL has made durable
         self._flush_lock = threading.Lock()
+        self._log_named: tuple[int, int] | None = None  # (st_dev, st_ino): _name_log
         self._fsyncs = METADATA_FSYNC.labels(os.path.basename(path))
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
@@ -290,6 +300,7 @@ class SqliteDatabase:
             try:
                 crash_point("metadata.fsync")
                 os.fsync(fd)
+                self._name_log(fd)
             except OSError as exc:
                 # The pages it could not write may be gone: no later fsync may be taken
                 # for theirs (wal.py), nor any later commit acknowledged.
@@ -303,6 +314,18 @@ class SqliteDatabase:
                 os.close(fd)
             self._fsyncs.observe(time.perf_counter() - started)
             self._flushed = written
+
+    def _name_log(self, fd: int) -> None:
+        """The log's name durable too, once for each log file: SQLite makes the log when
+        the file is opened and removes it when the last connection closes, and syncs
+        the folder only at its first copy of the log into the file (a quarter of a
+        second after the first commits, wal.py), where the commits before it were
+        acknowledged already. An fsync of the log does not make its name durable on
+        every file system (ext4 without a journal, for one)."""
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self._log_named:
+            fsync_folder(os.path.dirname(os.path.abspath(self.path)))
+            self._log_named = (st.st_dev, st.st_ino)
 
     def broken(self) -> str | None:
         """Why this file's log takes no more writes in this process (an fsync of it
@@ -369,13 +392,21 @@ class SqliteDatabase:
             return busy == 0
 
     def close(self) -> None:
+        """Close every connection, unless an fsync of the log failed: SQLite's last close
+        copies the log into the file, and a log with a hole (wal.py) would put pages the
+        disk never kept into the file, beside acknowledged ones. Those connections are
+        left open instead (``left_open``) and the daemon ends without closing them, so
+        the next start's recovery reads the log and stops at the hole."""
         if self._wal is not None:
             self._wal.release()
-            self._wal = None
         with self._lock:
-            for db in self._readers:
-                db.close()
-            self._db.close()
+            if self.broken() is not None:
+                _LEFT_OPEN.append((self.path, [self._db, *self._readers]))
+            else:
+                for db in self._readers:
+                    db.close()
+                self._db.close()
+        self._wal = None
 
 
 class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
