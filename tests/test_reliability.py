@@ -144,6 +144,57 @@ def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
         d.stop()
 
 
+@pytest.mark.parametrize("damage", ["not a database", "cut in half"])
+def test_a_damaged_stat_cache_never_keeps_the_daemon_from_starting(tmp_path, workspace,
+                                                                    damage):
+    """index.db is a cache: damaged (by a disk, say), it is set aside at the next start
+    and an empty one takes its place. The checkpoints after it read every file again
+    and miss nothing; every checkpoint restores exactly. Before 0.7.22 the daemon did
+    not start."""
+    fill(workspace)
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        s = c.create_session(str(workspace))
+        first = (s.checkpoint().id, tree_state(workspace))
+    d.stop()
+    cache = d.root / "index.db"
+    if damage == "not a database":
+        cache.write_bytes(os.urandom(3 * 4096))
+    else:
+        os.truncate(cache, cache.stat().st_size // 2)
+    d.start()
+    try:
+        with d.client() as c:
+            assert (d.root / "index.db.damaged").exists()
+            fill(workspace, tag="v2")
+            second = (c.checkpoint(s.id).id, tree_state(workspace))
+            for cp_id, state in (first, second, first, second):
+                c.restore(s.id, cp_id)
+                assert tree_state(workspace) == state
+        assert "is damaged" in d.log.read_text()
+    finally:
+        d.stop()
+
+
+def test_a_damaged_metadata_store_stops_the_start_with_its_reason(tmp_path, workspace):
+    """meta.db is the history: damaged, the daemon does not start over it and says which
+    file and what to do (exit status 1, no traceback), leaving the file as it is."""
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        c.create_session(str(workspace)).checkpoint()
+    d.stop()
+    meta = d.root / "meta.db"
+    os.truncate(meta, 4096 * 2)
+    before = meta.read_bytes()
+    d.log.write_text("")
+    d.start(wait=False)
+    assert d.proc.wait(30) == 1
+    d.proc = None
+    said = d.log.read_text()
+    assert f"the database {meta} is damaged" in said and "Traceback" not in said
+    assert meta.read_bytes() == before
+
+
 def _restart_clean(d: DaemonProcess) -> None:
     if d.proc is not None:
         assert d.proc.wait(15) == -signal.SIGKILL, "the daemon should have been killed"

@@ -89,3 +89,73 @@ def test_a_conversion_the_disk_has_no_room_for_never_stops_a_start(tmp_path):
         cache.close()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=True)
+
+
+def _damaged_cache(path: str) -> dict:
+    """A cache file holding two workspaces, /a's small and /b's spread over overflow
+    pages, each of which is then overwritten with 0xff: /b's rows lead SQLite to a
+    page number past the file's end (SQLITE_CORRUPT), while the file opens and /a's
+    rows read. Returns /a's entries."""
+    cache = StatCache(path)
+    a = {f"f{i}": _entry(i) for i in range(10)}
+    cache.update("/a", a, set())
+    cache.update("/b", {"Q" * 200_000: _entry(0)}, set())
+    cache.compact()
+    cache.close()
+    data = bytearray(open(path, "rb").read())
+    hit = 0
+    for start in range(PAGE, len(data), PAGE):
+        if b"Q" * 64 in data[start:start + PAGE]:
+            data[start:start + PAGE] = b"\xff" * PAGE
+            hit += 1
+    assert hit >= 40
+    with open(path, "wb") as f:
+        f.write(data)
+    return a
+
+
+def test_a_damaged_cache_file_is_set_aside_whatever_finds_it(tmp_path):
+    """A cache is never a reason to fail: whether a read (a workspace's first capture)
+    or a write (a session's deletion) finds the file damaged, the file is set aside
+    beside it, an empty one takes its place, and every workspace's maps are read again
+    from it (empty: each next capture reads every file again). Before 0.7.22 the
+    call failed, and so did every later one."""
+    for finds in ("read", "write"):
+        path = str(tmp_path / f"{finds}.db")
+        a = _damaged_cache(path)
+        cache = StatCache(path)
+        assert cache.entries("/a").keys() == a.keys()  # the file opens and /a reads
+        if finds == "read":
+            assert cache.entries("/b") == {}
+        else:
+            cache.forget("/b")  # frees /b's pages: walks their chain
+        assert os.path.exists(path + ".damaged"), finds
+        assert cache.entries("/a") == {}, finds  # read again, from the empty file
+        cache.update("/a", a, set())  # and it takes writes
+        cache.close()
+        again = StatCache(path)
+        assert again.entries("/a").keys() == a.keys()
+        again.close()
+
+
+def test_a_row_the_cache_cannot_read_is_forgotten_alone(tmp_path):
+    """A snapshot row that is not what the cache writes (marshal cannot read it) is
+    dropped with its log, the other workspaces untouched."""
+    path = str(tmp_path / "index.db")
+    cache = StatCache(path)
+    cache.update("/a", {"x": _entry(0)}, set())
+    cache.update("/b", {"y": _entry(1)}, set())
+    cache.compact()
+    cache.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE snapshot SET data = x'00ff00' WHERE workspace = '/b'")
+    db.commit()
+    db.close()
+    cache = StatCache(path)
+    assert cache.entries("/b") == {}
+    assert cache.entries("/a").keys() == {"x"}
+    cache.close()
+    db = sqlite3.connect(path)
+    assert [w for (w,) in db.execute("SELECT workspace FROM snapshot")] == ["/a"]
+    db.close()
+    assert not os.path.exists(path + ".damaged")

@@ -14,8 +14,7 @@ import time
 import pytest
 from worldline.client.errors import Unavailable
 from worldline.daemon.storage import blobs as blobs_module
-from worldline.daemon.storage import sqlite_store
-from worldline.daemon.storage import wal
+from worldline.daemon.storage import sqlite_store, wal
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
 

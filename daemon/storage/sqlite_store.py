@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from worldline.client.errors import ResourceExhausted, Unavailable
+from worldline.client.errors import DataLoss, ResourceExhausted, Unavailable
 
 from ..faults import crash_point
 from ..observe import METADATA_FSYNC
@@ -177,6 +177,12 @@ FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
 _LEFT_OPEN: list[tuple[str, list[sqlite3.Connection]]] = []
 
 
+def damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite says the file is damaged, or not a database at all (not busy, full,
+    unreadable or the like, which say nothing of what the file holds)."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (11, 26)  # CORRUPT, NOTADB
+
+
 def left_open() -> list[str]:
     """The files whose connections ``close`` left open: a process that closed any must
     end without closing them (``os._exit``: a normal exit closes every connection)."""
@@ -219,6 +225,19 @@ class SqliteDatabase:
         (False: the subclass flushes when it needs to)."""
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            self._open(schema, first, lock, flush)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if not damaged(exc):
+                raise
+            raise DataLoss(f"the database {path} is damaged ({exc}); nothing was changed:"
+                           " move it aside and put back a copy from a backup before"
+                           " starting the daemon again") from None
+
+    def _open(self, schema: str, first: str, lock: threading.RLock | None,
+              flush: bool) -> None:
+        path = self.path
         if first:
             self._db.executescript(first)
         self._db.execute("PRAGMA journal_mode=WAL")

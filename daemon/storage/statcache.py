@@ -33,14 +33,17 @@ the daemon does for its other databases: at rest the file holds what the cache h
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import marshal
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 
 from ..capture.walk import SIG, signature
+from .sqlite_store import damaged
 
 log = logging.getLogger(__name__)
 
@@ -83,26 +86,25 @@ class StatCache:
     """Per-workspace files and folder memos, kept in memory, persisted in SQLite."""
 
     def __init__(self, db_path: str | None) -> None:
-        self._db = sqlite3.connect(db_path or ":memory:", check_same_thread=False,
-                                   isolation_level=None)
-        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
-            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            try:
-                self._db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
-            except sqlite3.OperationalError as exc:  # a full disk: keep what is, start
-                log.warning("the stat cache %s keeps its freed pages: %s", db_path, exc)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
-        self._db.execute("CREATE TABLE IF NOT EXISTS snapshot (workspace TEXT PRIMARY KEY,"
-                         " data BLOB NOT NULL)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY,"
-                         " workspace TEXT NOT NULL, data BLOB NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS log_workspace ON log (workspace, seq)")
+        self._path = db_path
+        try:
+            self._db = _open(db_path)
+        except sqlite3.DatabaseError as exc:
+            if db_path is None or not damaged(exc):
+                raise
+            self._db = _open_anew(db_path, exc)
         self._loaded: dict[str, _Workspace] = {}
         self._lock = threading.Lock()
         self._last_write = time.monotonic()
         self._wal_written = True  # since its write-ahead log was last emptied
+
+    def _renew(self, exc: sqlite3.DatabaseError) -> None:
+        """The file turned out damaged while open (under the lock): set it aside, start
+        an empty one, and forget every workspace's maps (each is read again)."""
+        self._db.close()
+        self._db = _open_anew(self._path, exc) if self._path else _open(None)
+        self._loaded.clear()
+        self._wal_written = True
 
     # -- reading -----------------------------------------------------------------------
     def entries(self, workspace: str) -> dict[str, tuple]:
@@ -122,8 +124,27 @@ class StatCache:
         with self._lock:
             ws = self._loaded.get(workspace)
             if ws is None:
-                ws = self._loaded[workspace] = self._load(workspace)
+                ws = self._loaded[workspace] = self._load_or_forget(workspace)
             return ws
+
+    def _load_or_forget(self, workspace: str) -> _Workspace:
+        """The workspace's maps, or empty ones if what the file holds of them cannot be
+        read (the file set aside if SQLite finds it damaged; the workspace's rows
+        dropped if they are not what this cache writes): the next capture reads every
+        file again, never trusting a damaged entry."""
+        try:
+            return self._load(workspace)
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            self._renew(exc)
+        except (ValueError, EOFError, TypeError, AttributeError, KeyError) as exc:
+            log.warning("the stat cache of %s cannot be read (%s: %s): forgotten; its next"
+                        " capture reads every file again", workspace, type(exc).__name__, exc)
+            self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
+            self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
+            self._wal_written = True
+        return _Workspace({}, {}, 0)
 
     def _load(self, workspace: str) -> _Workspace:
         row = self._db.execute("SELECT data FROM snapshot WHERE workspace = ?",
@@ -145,7 +166,7 @@ class StatCache:
         ws = self._workspace(workspace)
         change = (dict(changed), sorted(removed),
                   {p: m for p, m in folders.items() if m is not None or p in ws.folders})
-        with self._lock:
+        with self._lock, self._renewed_if_damaged():
             self._db.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
                              (workspace, marshal.dumps(change)))
             ws.logged += _apply(ws.files, ws.folders, change)
@@ -154,11 +175,22 @@ class StatCache:
             if ws.logged >= COMPACT_AT:
                 self._compact(workspace, ws)
 
+    @contextlib.contextmanager
+    def _renewed_if_damaged(self) -> Iterator[None]:
+        """A write that finds the file damaged (under the lock) sets it aside and starts
+        an empty one, losing nothing but the cache; any other error is raised."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            self._renew(exc)
+
     def compact(self, idle_seconds: float = 0.0) -> int:
         """Fold every loaded workspace's log into its snapshot once nothing was written
         for ``idle_seconds``, then empty the write-ahead log; returns how many
         workspaces were compacted."""
-        with self._lock:
+        with self._lock, self._renewed_if_damaged():
             if time.monotonic() - self._last_write < idle_seconds:
                 return 0
             done = 0
@@ -175,6 +207,7 @@ class StatCache:
                 except sqlite3.OperationalError:  # a read of digests() in its way: next time
                     pass
             return done
+        return 0  # the file was found damaged, and renewed
 
     def _compact(self, workspace: str, ws: _Workspace) -> None:
         data = marshal.dumps((ws.files, ws.folders))
@@ -192,7 +225,7 @@ class StatCache:
         self._wal_written = True
 
     def forget(self, workspace: str) -> None:
-        with self._lock:
+        with self._lock, self._renewed_if_damaged():
             self._loaded.pop(workspace, None)
             self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
             self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
@@ -201,9 +234,11 @@ class StatCache:
     def digests(self) -> set[str]:
         """Every digest the cache names (file contents and memo trees): garbage
         collection keeps these blobs, since a capture may name them without storing."""
-        names = {w for (w,) in self._db.execute(
-            "SELECT workspace FROM snapshot UNION SELECT workspace FROM log")}
+        names: set[str] = set()
         with self._lock:
+            with self._renewed_if_damaged():
+                names = {w for (w,) in self._db.execute(
+                    "SELECT workspace FROM snapshot UNION SELECT workspace FROM log")}
             names |= set(self._loaded)
         out: set[str] = set()
         for workspace in names:
@@ -215,6 +250,49 @@ class StatCache:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _open(db_path: str | None) -> sqlite3.Connection:
+    db = sqlite3.connect(db_path or ":memory:", check_same_thread=False, isolation_level=None)
+    try:
+        if db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            try:
+                db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
+            except sqlite3.OperationalError as exc:  # a full disk: keep what is, start
+                log.warning("the stat cache %s keeps its freed pages: %s", db_path, exc)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
+        db.execute("CREATE TABLE IF NOT EXISTS snapshot (workspace TEXT PRIMARY KEY,"
+                   " data BLOB NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY,"
+                   " workspace TEXT NOT NULL, data BLOB NOT NULL)")
+        db.execute("CREATE INDEX IF NOT EXISTS log_workspace ON log (workspace, seq)")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _open_anew(db_path: str, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+    """Set a damaged cache file aside (with its write-ahead log, for whoever wants to
+    look) and open an empty one in its place: losing a cache costs one rehash, never a
+    start of the daemon."""
+    aside = db_path + ".damaged"
+    for suffix in ("", "-wal"):
+        try:
+            os.replace(db_path + suffix, aside + suffix)
+        except FileNotFoundError:
+            pass
+    try:
+        os.unlink(db_path + "-shm")
+    except FileNotFoundError:
+        pass
+    log.warning("the stat cache %s is damaged (%s): set aside as %s; an empty one takes its"
+                " place, and each workspace's next capture reads every file again",
+                db_path, exc, aside)
+    return _open(db_path)
 
 
 def _apply(files: dict, folders: dict, change: tuple) -> int:
