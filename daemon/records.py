@@ -13,7 +13,8 @@ APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
 EFFECTS = ("read_only", "local", "external_idempotent", "external_non_idempotent")
 CHECKPOINT_KINDS = ("initial", "checkpoint", "restore", "fork")
 AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "checkpoint", "restore",
-               "restore.completed", "restore.set_aside", "side_effects.acknowledge", "fork",
+               "restore.completed", "restore.set_aside", "restore.failed",
+               "side_effects.acknowledge", "fork",
                "container.recreate", "image.export", "tool_call", "tool_call.replay", "task",
                "approval.request", "approval.approved", "approval.denied", "approval.expired",
                "retention.prune", "gc", "graph.thread_deleted", "graph.runs_deleted",

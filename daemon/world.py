@@ -26,8 +26,10 @@ from typing import Iterator
 from worldline.client.errors import (
     Aborted,
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     WorldlineError,
 )
 from worldline.client.paths import escape
@@ -667,7 +669,12 @@ class World:
             revived = self._revive(session)
             if revived:
                 session = self.session(session_id)
-            plans, warnings = self._apply(session, head, target, entry)
+            try:
+                plans, warnings = self._apply(session, head, target, entry)
+            except WorldlineError as exc:
+                raise self._restore_failed(session, target, exc) from exc
+            except OSError as exc:
+                raise self._restore_failed(session, target, exc) from exc
             if revived:
                 self._engine().start(session.container)
                 warnings.append(f"container {session.container} was gone: made again from"
@@ -685,6 +692,38 @@ class World:
             cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
             self.journal.remove(session_id)
         return self._result(cp, target, plans, effects, warnings)
+
+    def _restore_failed(self, session: Session, target: Checkpoint,
+                        exc: WorldlineError | OSError) -> Exception:
+        """A restore that failed part-way with an error this daemon saw (a full disk, a
+        folder that kept changing under it) leaves no journal: left for the next call,
+        it would set the session aside for an operator as soon as the agent wrote
+        anything. The layers keep what it wrote (each path as it was or as the target
+        has it), and each layer's next capture reads every file, so the next checkpoint
+        records exactly that; no checkpoint changes, and the restore can be run again.
+        (A crash leaves its journal: that restore is completed, or set aside.) Returns
+        the error to raise, which says so."""
+        reason = exc.message if isinstance(exc, WorldlineError) else f"{exc}"
+        if self.journal.get(session.id) is None:
+            return exc  # refused before it changed anything
+        for layer in self.layers(session):
+            if layer.tracker is not None:
+                layer.tracker.invalidate(f"a restore to {target.id} failed part-way")
+        self.journal.remove(session.id)
+        try:
+            self.store.append_audit([AuditEvent("restore.failed", session.id, target.id,
+                                                {"reason": reason}, ids.now())])
+        except WorldlineError as audit:
+            log.warning("session %s: the failed restore's audit event: %s", session.id, audit)
+        said = (f"{reason}; the restore to {target.id} stopped part-way: each path it was to"
+                " change is as it was or as the checkpoint has it, every checkpoint is as"
+                " it was, and the next checkpoint records the folder as it is; restore again"
+                " once that is fixed")
+        log.warning("session %s: %s", session.id, said)
+        if isinstance(exc, WorldlineError):
+            return type(exc)(said)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        return ResourceExhausted(said) if full else Internal(said)
 
     def _check_lineage(self, session: Session, target: Checkpoint, explicit: bool) -> None:
         """A checkpoint of another session's history restores here only when asked."""

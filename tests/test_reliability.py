@@ -92,6 +92,47 @@ def test_disk_full(tmp_path, workspace):
         subprocess.run(["umount", "-l", str(root)], capture_output=True)
 
 
+@ROOT_ONLY
+def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_path):
+    """The agent (uid 1000) fills its workspace's small file system, then a restore
+    needs room to write a file aside: RESOURCE_EXHAUSTED naming the file, every path
+    as it was or as the checkpoint has it. The agent goes on working and the next
+    checkpoint records the folder exactly as it is (until 0.7.22 the restore's
+    journal stayed, and that checkpoint set the session aside for an operator: needs
+    attention); once there is room the restore runs again."""
+    from .fidelity import AGENT_UID, as_agent
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(ws)],
+                   check=True)
+    d = DaemonProcess(tmp_path / "root")
+    try:
+        os.chown(ws, AGENT_UID, AGENT_UID)
+        d.start()
+        write = "echo {0} > a.txt; head -c 1200000 /dev/urandom > f.bin; echo {0} > z.txt"
+        as_agent(write.format("first"), ws)
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            first = (s.checkpoint().id, fingerprint(ws))
+            as_agent(write.format("second"), ws)
+            s.checkpoint()
+            with pytest.raises(ResourceExhausted, match="no space left to write f.bin"):
+                s.restore(first[0])
+            assert (ws / "a.txt").read_text() == "first\n"  # before f.bin: restored
+            assert (ws / "z.txt").read_text() == "second\n"  # after it: not reached
+            assert not [n for n in os.listdir(ws) if n.startswith(".wl")]  # nothing aside
+            as_agent("echo later > later.txt", ws)
+            mixed = (s.checkpoint().id, fingerprint(ws))  # not FAILED_PRECONDITION
+            assert [e.kind for e in c.audit(s.id, kind="restore.failed")] == ["restore.failed"]
+            for cp_id, want in (first, mixed):  # room for f.bin: the other one removed
+                as_agent("rm f.bin", ws)
+                s.restore(cp_id)
+                assert differences(want, fingerprint(ws)) == []
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(ws)], capture_output=True)
+
+
 def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
         tmp_path, workspace):
     """A disk that fails a write-back (EIO from the fsync of meta.db's log, forced at

@@ -29,11 +29,11 @@ import errno
 import os
 import stat as st_
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument
+from worldline.client.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from .. import progress
 from ..faults import crash_point
-from ..storage.blobs import BlobStore
+from ..storage.blobs import BlobStore, DestinationFull
 from . import sparse
 from .fsmeta import Applier
 from .snapshot import _DIR_FLAGS, _READ_FLAGS, Capture, _remove, link_groups, open_below
@@ -200,9 +200,13 @@ class TreeWriter:
             else:
                 self.blobs.copy_to_fd(want.ref, fd)
             self.meta.apply_fd(fd, want, path)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)
+            if isinstance(exc, DestinationFull) or (
+                    isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise ResourceExhausted(f"no space left to write {path} ({want.size} bytes)"
+                                        " in the folder being restored") from None
             raise
         os.close(fd)
         crash_point("restore.before_rename")  # the file written aside, not yet in place

@@ -117,10 +117,16 @@ class BlobStore(Protocol):
         itself, so nothing it uploaded stays unfindable."""
 
 
-def _disk_full(exc: OSError) -> Exception:
-    """The error to raise for an OSError: a full disk becomes ResourceExhausted."""
+class DestinationFull(ResourceExhausted):
+    """``copy_to_fd`` found no space left in the caller's file, not in the store."""
+
+
+def _disk_full(exc: OSError, kind: type[ResourceExhausted] = ResourceExhausted) -> Exception:
+    """The error to raise for an OSError: a full disk becomes ResourceExhausted (for the
+    store's own files) or DestinationFull (for the file a blob is copied to)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ResourceExhausted(f"no space left for blobs: {exc.strerror}")
+        where = "where the blob is copied to" if kind is DestinationFull else "for blobs"
+        return kind(f"no space left {where}: {exc.strerror}")
     return exc
 
 
@@ -481,7 +487,7 @@ class LocalBlobStore:
             try:
                 _write_all(dst, packed)
             except OSError as exc:
-                raise _disk_full(exc) from exc
+                raise _disk_full(exc, DestinationFull) from exc
             return len(packed)
         fd = self._open_verified(digest)
         hasher = hashlib.sha256()
@@ -492,7 +498,7 @@ class LocalBlobStore:
                 size += len(chunk)
                 _write_all(dst, chunk)
         except OSError as exc:
-            raise _disk_full(exc) from exc
+            raise _disk_full(exc, DestinationFull) from exc
         finally:
             os.close(fd)
         if hasher.hexdigest() != digest:
