@@ -206,7 +206,7 @@ class TreeWriter:
             if isinstance(exc, DestinationFull) or (
                     isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
                 raise ResourceExhausted(f"no space left to write {path} ({want.size} bytes)"
-                                        " in the folder being restored") from None
+                                        " in the folder being written") from None
             raise
         os.close(fd)
         crash_point("restore.before_rename")  # the file written aside, not yet in place
