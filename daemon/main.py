@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -467,6 +468,10 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     except (StartupError, WorldlineError) as exc:
         message = exc.message if isinstance(exc, WorldlineError) else str(exc)
         print(f"error: {message}", file=sys.stderr)
+        return 1
+    except (OSError, sqlite3.Error) as exc:  # a read-only data root, say: its reason alone
+        log.debug("start failed", exc_info=True)
+        print(f"error: the daemon cannot start over {daemon.root}: {exc}", file=sys.stderr)
         return 1
     print(f"worldline daemon listening on {listen}", file=sys.stderr, flush=True)
     os.read(wake_r, 1)

@@ -722,8 +722,9 @@ class World:
         log.warning("session %s: %s", session.id, said)
         if isinstance(exc, WorldlineError):
             return type(exc)(said)
-        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        return ResourceExhausted(said) if full else Internal(said)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ResourceExhausted(said)
+        return FailedPrecondition(said) if exc.errno == errno.EROFS else Internal(said)
 
     def _check_lineage(self, session: Session, target: Checkpoint, explicit: bool) -> None:
         """A checkpoint of another session's history restores here only when asked."""

@@ -133,6 +133,58 @@ def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_p
         subprocess.run(["umount", "-l", str(ws)], capture_output=True)
 
 
+@ROOT_ONLY
+def test_read_only_file_systems_are_said_so_and_block_nothing(tmp_path):
+    """A data root on a file system remounted read-only (as ext4 does after errors)
+    stops the start with its reason (exit status 1, no traceback). A workspace remounted
+    read-only fails a restore with FAILED_PRECONDITION saying so, and once it is
+    writable again the session goes on: checkpoints and restores, nothing set aside."""
+    mounts = []
+
+    def tmpfs(path: Path) -> Path:
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)],
+                       check=True)
+        mounts.append(path)
+        return path
+
+    def remount(path: Path, mode: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
+
+    data, ws = tmpfs(tmp_path / "data"), tmpfs(tmp_path / "agent-ws")
+    d = DaemonProcess(data / "root", ["--min-free-bytes", "0"])
+    d.log = tmp_path / "daemon.log"  # off the file system made read-only
+    try:
+        (ws / "f.txt").write_text("first\n")
+        d.start()
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            first = s.checkpoint().id
+            (ws / "f.txt").write_text("second\n")
+            second = s.checkpoint().id
+            remount(ws, "ro")
+            with pytest.raises(FailedPrecondition, match="Read-only file system"):
+                s.restore(first)
+            remount(ws, "rw")
+            assert s.checkpoint().id  # not set aside
+            s.restore(first)
+            assert (ws / "f.txt").read_text() == "first\n"
+            s.restore(second)
+            assert (ws / "f.txt").read_text() == "second\n"
+        d.stop()
+        remount(data, "ro")
+        d.log.write_text("")
+        d.start(wait=False)
+        assert d.proc.wait(30) == 1
+        d.proc = None
+        said = d.log.read_text()
+        assert "Read-only file system" in said and "Traceback" not in said
+    finally:
+        d.stop()
+        for path in mounts:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
         tmp_path, workspace):
     """A disk that fails a write-back (EIO from the fsync of meta.db's log, forced at
