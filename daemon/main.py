@@ -47,6 +47,7 @@ from .gates import Gates
 from .graphs import Graphs
 from .observe import ACTIVITY, PENDING_APPROVALS, JsonFormatter, MetricsInterceptor, watch_gc
 from .policy import Policy
+from .storage import reserve
 from .storage.config import StorageConfig
 from .storage.repack import Repacker
 from .storage.sqlite_store import left_open
@@ -158,6 +159,9 @@ class Daemon:
         else:
             self._check_socket_path(socket_path)
         policy = Policy.load(self.policy_path) if self.policy_path else Policy()
+        freed = reserve.settle(self.root)  # a full disk: room to start (reserve.py)
+        if freed:
+            log.warning("%s", freed)
 
         self.store = self.storage.open_store(self.root)
         self.blobs = self.storage.open_blobs(self.root, self.store)

@@ -185,6 +185,57 @@ def test_read_only_file_systems_are_said_so_and_block_nothing(tmp_path):
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@ROOT_ONLY
+def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace):
+    """Something else fills the data root's file system to the last byte. A start must
+    make SQLite's logs anew, which a full disk refuses, and a daemon that does not start
+    cannot run the gc that would free space: so the data root keeps a reserve, freed by
+    a start that finds the disk full. That start serves: reads, restores and gc answer,
+    checkpoints stop at the free-space floor. With room again, the next start keeps a
+    reserve again. (Before 0.7.22: "disk I/O error", and no start.)"""
+    from worldline.daemon.storage import reserve
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(data)], check=True)
+    d = DaemonProcess(data / "root", ["--min-free-bytes", "20M"])
+    d.log = tmp_path / "daemon.log"
+    kept = data / "root" / reserve.NAME
+    try:
+        d.start()
+        assert kept.stat().st_blocks * 512 >= reserve.SIZE
+        with d.client() as c:
+            s = c.create_session(str(workspace))
+            (workspace / "f.txt").write_text("first\n")
+            first = s.checkpoint().id
+            for i in range(3):
+                (workspace / f"big{i}.bin").write_bytes(os.urandom(2 << 20))
+                (workspace / "f.txt").write_text(f"version {i}\n")
+                s.checkpoint()
+        d.stop()
+        with open(data / "junk", "wb") as f:  # not the daemon's doing
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        d.start()
+        assert not kept.exists()
+        assert "its reserve of" in d.log.read_text()
+        with d.client() as c:
+            assert c.get_session(s.id).head
+            with pytest.raises(ResourceExhausted, match="below its floor"):
+                c.checkpoint(s.id)
+            c.restore(s.id, first, acknowledge_side_effects=True)
+            assert (workspace / "f.txt").read_text() == "first\n"
+            c.gc(keep_last=1)  # answers: the operator's way out
+        d.stop()
+        (data / "junk").unlink()
+        d.start()
+        assert kept.stat().st_blocks * 512 >= reserve.SIZE
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(data)], capture_output=True)
+
+
 def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
         tmp_path, workspace):
     """A disk that fails a write-back (EIO from the fsync of meta.db's log, forced at

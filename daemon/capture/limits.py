@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from worldline.client.errors import ResourceExhausted
 
+from ..storage.reserve import room
+
 GiB = 1 << 30
 
 
@@ -25,11 +27,6 @@ class Limits:
 
     def budget(self, data_root: str | None) -> "Budget":
         return Budget(self, data_root)
-
-
-def free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def _human(n: int) -> str:
@@ -48,10 +45,11 @@ class Budget:
         self.left = limits.max_checkpoint_bytes
         self.floor_reason = ""
         if data_root is not None:
-            spare = free_bytes(data_root) - limits.min_free_bytes
+            free = room(data_root)
+            spare = free - limits.min_free_bytes
             if spare <= 0:
                 raise ResourceExhausted(
-                    f"the data root {data_root} has {_human(free_bytes(data_root))} free,"
+                    f"the data root {data_root} has {_human(free)} free,"
                     f" below its floor of {_human(limits.min_free_bytes)}"
                     " (--min-free-bytes): free space or run gc")
             if spare < self.left:

@@ -1,0 +1,82 @@
+"""The data root's reserve: room kept aside so that a daemon can start on a full disk.
+
+Every start opens SQLite files whose write-ahead log and shared-memory index are made
+anew (a clean stop removes them), and writes a little; on a file system with no room
+left that fails ("disk I/O error"), and a daemon that cannot start cannot be asked to
+free space either (`worldline gc` goes through it). So the data root holds a file of
+``SIZE`` allocated bytes, ``reserve``, made at a start when there is room for it twice
+over. A start that finds less than ``SIZE`` free removes it first, and says so: the
+daemon then starts with that room, reads and restores answer, `gc` can free space, and
+checkpoints stop at ``--min-free-bytes`` as ever (which counts the reserve as free:
+``room``). The next start with room makes it
+again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+NAME = "reserve"
+SIZE = 16 << 20
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes of the file system holding ``path``, for an unprivileged writer."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def room(root: str) -> int:
+    """The data root's free bytes with its reserve counted as free: it is held for the
+    daemon, so ``--min-free-bytes`` means what it says whether or not one is kept."""
+    try:
+        held = os.stat(os.path.join(root, NAME)).st_blocks * 512
+    except FileNotFoundError:
+        held = 0
+    return free_bytes(root) + held
+
+
+def settle(root: str) -> str | None:
+    """At start, before anything is opened: free the reserve if the file system is full,
+    else make it if there is room; a line for the log when it was freed, else None."""
+    path = os.path.join(root, NAME)
+    free = free_bytes(root)
+    if free < SIZE:
+        try:
+            held = os.stat(path).st_blocks * 512
+            os.unlink(path)
+        except FileNotFoundError:
+            return None
+        return (f"the data root's file system had {free} bytes free: its reserve of"
+                f" {held} bytes was freed so the daemon could start; free space there"
+                " (`worldline gc`, or outside worldline) and the next start keeps a reserve"
+                " again")
+    if free >= 2 * SIZE and not _whole(path):
+        _make(path)
+    return None
+
+
+def _whole(path: str) -> bool:
+    try:
+        return os.stat(path).st_blocks * 512 >= SIZE
+    except FileNotFoundError:
+        return False
+
+
+def _make(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, SIZE)
+        os.fsync(fd)
+    except OSError as exc:  # no room after all, or a file system that cannot allocate
+        os.close(fd)
+        os.unlink(path)
+        if exc.errno not in (errno.ENOSPC, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        log.warning("no reserve kept in the data root: %s", exc.strerror)
+        return
+    os.close(fd)
