@@ -706,9 +706,14 @@ class World:
         reason = exc.message if isinstance(exc, WorldlineError) else f"{exc}"
         if self.journal.get(session.id) is None:
             return exc  # refused before it changed anything
-        for layer in self.layers(session):
-            if layer.tracker is not None:
-                layer.tracker.invalidate(f"a restore to {target.id} failed part-way")
+        try:
+            for layer in self.layers(session):
+                if layer.tracker is not None:
+                    layer.tracker.invalidate(f"a restore to {target.id} failed part-way")
+        except WorldlineError as other:  # the journal stays: completed or set aside later
+            log.warning("session %s: the failed restore's journal is kept: %s", session.id,
+                        other.message)
+            return exc
         self.journal.remove(session.id)
         try:
             self.store.append_audit([AuditEvent("restore.failed", session.id, target.id,
