@@ -320,6 +320,23 @@ def test_a_damaged_stat_cache_never_keeps_the_daemon_from_starting(tmp_path, wor
         d.stop()
 
 
+def test_a_damaged_container_mark_never_keeps_the_daemon_from_starting(tmp_path):
+    """A mark the daemon leaves while it holds a container paused or stopped names the
+    container to start again after a crash; one whose bytes are no container's id (a
+    damaged disk) is dropped, never read as text or sent to the engine, and the daemon
+    starts (before 0.7.22: UnicodeDecodeError, no start)."""
+    d = DaemonProcess(tmp_path / "root").start()
+    d.stop()
+    marks = [d.root / kind / "01M8D86DKDMWTCZ8EGTHR1V7B2" for kind in ("paused", "stopped")]
+    for mark in marks:
+        mark.write_bytes(b"\xff\xfe../" + os.urandom(40))
+    d.start()  # waits until it serves
+    try:
+        assert not any(mark.exists() for mark in marks)
+    finally:
+        d.stop()
+
+
 def test_a_damaged_metadata_store_stops_the_start_with_its_reason(tmp_path, workspace):
     """meta.db is the history: damaged, the daemon does not start over it and says which
     file and what to do (exit status 1, no traceback), leaving the file as it is."""

@@ -31,6 +31,7 @@ import copy
 import json
 import logging
 import os
+import re
 import threading
 from typing import Iterator
 
@@ -73,9 +74,15 @@ def _write_mark(mark: str, container: str) -> None:
         f.write(container)
 
 
+_CONTAINER_REF = re.compile(rb"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")  # an id or a name
+
+
 def _read_mark(mark: str) -> str:
-    with open(mark) as f:
-        return f.read().strip()
+    """The container a mark names, or "" if what it holds is no container's id or name
+    (a file the daemon wrote, damaged since: never a reason not to start)."""
+    with open(mark, "rb") as f:
+        found = f.read(4096).strip()
+    return found.decode() if _CONTAINER_REF.fullmatch(found) else ""
 
 
 class Engine:
