@@ -671,9 +671,7 @@ class World:
                 session = self.session(session_id)
             try:
                 plans, warnings = self._apply(session, head, target, entry)
-            except WorldlineError as exc:
-                raise self._restore_failed(session, target, exc) from exc
-            except OSError as exc:
+            except (WorldlineError, OSError) as exc:
                 raise self._restore_failed(session, target, exc) from exc
             if revived:
                 self._engine().start(session.container)

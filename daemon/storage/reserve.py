@@ -8,8 +8,7 @@ free space either (`worldline gc` goes through it). So the data root holds a fil
 over. A start that finds less than ``SIZE`` free removes it first, and says so: the
 daemon then starts with that room, reads and restores answer, `gc` can free space, and
 checkpoints stop at ``--min-free-bytes`` as ever (which counts the reserve as free:
-``room``). The next start with room makes it
-again.
+``room``). The next start with room makes it again.
 """
 
 from __future__ import annotations
@@ -33,11 +32,7 @@ def free_bytes(path: str) -> int:
 def room(root: str) -> int:
     """The data root's free bytes with its reserve counted as free: it is held for the
     daemon, so ``--min-free-bytes`` means what it says whether or not one is kept."""
-    try:
-        held = os.stat(os.path.join(root, NAME)).st_blocks * 512
-    except FileNotFoundError:
-        held = 0
-    return free_bytes(root) + held
+    return free_bytes(root) + _held(os.path.join(root, NAME))
 
 
 def settle(root: str) -> str | None:
@@ -46,25 +41,25 @@ def settle(root: str) -> str | None:
     path = os.path.join(root, NAME)
     free = free_bytes(root)
     if free < SIZE:
-        try:
-            held = os.stat(path).st_blocks * 512
-            os.unlink(path)
-        except FileNotFoundError:
+        held = _held(path)
+        if not held:
             return None
+        os.unlink(path)
         return (f"the data root's file system had {free} bytes free: its reserve of"
                 f" {held} bytes was freed so the daemon could start; free space there"
                 " (`worldline gc`, or outside worldline) and the next start keeps a reserve"
                 " again")
-    if free >= 2 * SIZE and not _whole(path):
+    if free >= 2 * SIZE and _held(path) < SIZE:
         _make(path)
     return None
 
 
-def _whole(path: str) -> bool:
+def _held(path: str) -> int:
+    """The bytes the reserve at ``path`` holds allocated (0: none)."""
     try:
-        return os.stat(path).st_blocks * 512 >= SIZE
+        return os.stat(path).st_blocks * 512
     except FileNotFoundError:
-        return False
+        return 0
 
 
 def _make(path: str) -> None:

@@ -133,11 +133,8 @@ class StatCache:
         dropped if they are not what this cache writes): the next capture reads every
         file again, never trusting a damaged entry."""
         try:
-            return self._load(workspace)
-        except sqlite3.DatabaseError as exc:
-            if not damaged(exc):
-                raise
-            self._renew(exc)
+            with self._renewed_if_damaged():
+                return self._load(workspace)
         except (ValueError, EOFError, TypeError, AttributeError, KeyError) as exc:
             log.warning("the stat cache of %s cannot be read (%s: %s): forgotten; its next"
                         " capture reads every file again", workspace, type(exc).__name__, exc)
@@ -177,8 +174,8 @@ class StatCache:
 
     @contextlib.contextmanager
     def _renewed_if_damaged(self) -> Iterator[None]:
-        """A write that finds the file damaged (under the lock) sets it aside and starts
-        an empty one, losing nothing but the cache; any other error is raised."""
+        """A read or write that finds the file damaged (under the lock) sets it aside and
+        starts an empty one, losing nothing but the cache; any other error is raised."""
         try:
             yield
         except sqlite3.DatabaseError as exc:
