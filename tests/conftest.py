@@ -120,6 +120,25 @@ class DaemonProcess:
         return json.loads(self.cli(*args, "--json").stdout)
 
 
+@pytest.fixture
+def tmpfs():
+    """``tmpfs(path, size, mode=None)`` mounts a file system of its own at ``path``
+    (made): a disk to fill, or to remount read-only. Each is detached after the test
+    (after its own ``finally``, which stops its daemon)."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str, mode: str | None = None) -> Path:
+        path.mkdir(exist_ok=True)
+        options = f"size={size}" + (f",mode={mode}" if mode else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                       check=True)
+        mounted.append(path)
+        return path
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 def unmount_below(folder: Path) -> None:
     """Overlay forks outlive their daemon by design; tests and the bench detach theirs."""
     prefix = str(folder.resolve()) + "/"

@@ -63,10 +63,8 @@ def test_corrupt_blob_is_data_loss_and_changes_nothing(fresh_daemon, workspace):
 
 
 @ROOT_ONLY
-def test_disk_full(tmp_path, workspace):
-    root = tmp_path / "small-root"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)], check=True)
+def test_disk_full(tmp_path, workspace, tmpfs):
+    root = tmpfs(tmp_path / "small-root", "4m")
     d = DaemonProcess(root / "data", ["--min-free-bytes", "0"])  # a real ENOSPC
     try:
         d.start()
@@ -89,11 +87,10 @@ def test_disk_full(tmp_path, workspace):
             assert c.fsck()["ok"]
     finally:
         d.stop()
-        subprocess.run(["umount", "-l", str(root)], capture_output=True)
 
 
 @ROOT_ONLY
-def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_path):
+def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_path, tmpfs):
     """The agent (uid 1000) fills its workspace's small file system, then a restore
     needs room to write a file aside: RESOURCE_EXHAUSTED naming the file, every path
     as it was or as the checkpoint has it. The agent goes on working and the next
@@ -101,10 +98,7 @@ def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_p
     journal stayed, and that checkpoint set the session aside for an operator: needs
     attention); once there is room the restore runs again."""
     from .fidelity import AGENT_UID, as_agent
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(ws)],
-                   check=True)
+    ws = tmpfs(tmp_path / "ws", "2m", mode="0755")
     d = DaemonProcess(tmp_path / "root")
     try:
         os.chown(ws, AGENT_UID, AGENT_UID)
@@ -130,28 +124,18 @@ def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_p
                 assert differences(want, fingerprint(ws)) == []
     finally:
         d.stop()
-        subprocess.run(["umount", "-l", str(ws)], capture_output=True)
 
 
 @ROOT_ONLY
-def test_read_only_file_systems_are_said_so_and_block_nothing(tmp_path):
+def test_read_only_file_systems_are_said_so_and_block_nothing(tmp_path, tmpfs):
     """A data root on a file system remounted read-only (as ext4 does after errors)
     stops the start with its reason (exit status 1, no traceback). A workspace remounted
     read-only fails a restore with FAILED_PRECONDITION saying so, and once it is
     writable again the session goes on: checkpoints and restores, nothing set aside."""
-    mounts = []
-
-    def tmpfs(path: Path) -> Path:
-        path.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)],
-                       check=True)
-        mounts.append(path)
-        return path
-
     def remount(path: Path, mode: str) -> None:
         subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
 
-    data, ws = tmpfs(tmp_path / "data"), tmpfs(tmp_path / "agent-ws")
+    data, ws = tmpfs(tmp_path / "data", "64m"), tmpfs(tmp_path / "agent-ws", "64m")
     d = DaemonProcess(data / "root", ["--min-free-bytes", "0"])
     d.log = tmp_path / "daemon.log"  # off the file system made read-only
     try:
@@ -181,12 +165,10 @@ def test_read_only_file_systems_are_said_so_and_block_nothing(tmp_path):
         assert "Read-only file system" in said and "Traceback" not in said
     finally:
         d.stop()
-        for path in mounts:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 @ROOT_ONLY
-def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace):
+def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace, tmpfs):
     """Something else fills the data root's file system to the last byte. A start must
     make SQLite's logs anew, which a full disk refuses, and a daemon that does not start
     cannot run the gc that would free space: so the data root keeps a reserve, freed by
@@ -194,9 +176,7 @@ def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace):
     checkpoints stop at the free-space floor. With room again, the next start keeps a
     reserve again. (Before 0.7.22: "disk I/O error", and no start.)"""
     from worldline.daemon.storage import reserve
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(data)], check=True)
+    data = tmpfs(tmp_path / "data", "48m")
     d = DaemonProcess(data / "root", ["--min-free-bytes", "20M"])
     d.log = tmp_path / "daemon.log"
     kept = data / "root" / reserve.NAME
@@ -233,7 +213,6 @@ def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace):
         assert kept.stat().st_blocks * 512 >= reserve.SIZE
     finally:
         d.stop()
-        subprocess.run(["umount", "-l", str(data)], capture_output=True)
 
 
 def test_a_failed_fsync_stops_writes_and_no_acknowledged_checkpoint_is_lost(
