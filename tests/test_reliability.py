@@ -99,6 +99,11 @@ def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_p
     attention); once there is room the restore runs again."""
     from .fidelity import AGENT_UID, as_agent
     ws = tmpfs(tmp_path / "ws", "2m", mode="0755")
+    canary = tmp_path / "canary"  # outside, open to the agent: nothing may touch it
+    canary.mkdir()
+    (canary / "keep.txt").write_text("keep\n")
+    os.chmod(canary, 0o777)
+    untouched = fingerprint(canary)
     d = DaemonProcess(tmp_path / "root")
     try:
         os.chown(ws, AGENT_UID, AGENT_UID)
@@ -122,6 +127,7 @@ def test_a_restore_into_a_full_workspace_stops_part_way_and_blocks_nothing(tmp_p
                 as_agent("rm f.bin", ws)
                 s.restore(cp_id)
                 assert differences(want, fingerprint(ws)) == []
+        assert differences(untouched, fingerprint(canary)) == []
     finally:
         d.stop()
 
