@@ -20,7 +20,7 @@ views no mounted fork uses.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import shutil
 import time
@@ -34,6 +34,8 @@ from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
 from .capture.trees import FILE, SPARSE, links_of
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
+
+log = logging.getLogger(__name__)
 
 GC_GRACE_SECONDS = 600.0
 
@@ -339,12 +341,11 @@ def _gc_views(world: World, dry_run: bool) -> int:
     views = world.views
     if views is None or not os.path.isdir(views.views):
         return 0
-    used: set[str] = set()
-    for sid in os.listdir(views.forks):
-        spec = os.path.join(views.forks, sid, "mount.json")
-        if os.path.exists(spec):
-            with open(spec) as f:
-                used.update(os.path.basename(p) for p in json.load(f)["lowers"])
+    used = views.used()
+    if used is None:  # a fork's record is unreadable: which views it needs is unknown
+        log.warning("gc: no view removed while a fork's mount record cannot be read"
+                    " (restart the daemon to make it again)")
+        return 0
     removed = 0
     for name in os.listdir(views.views):
         if name in used or ".building-" in name:

@@ -76,6 +76,7 @@ from .records import (
     tasks_to_json,
 )
 from .storage.blobs import BlobStore, digest_of
+from .storage.durable import fsync_folder
 from .storage.sqlite_store import flushes_deferred
 from .storage.statcache import StatCache
 from .storage.store import Store, calls_on_path
@@ -1032,6 +1033,17 @@ class World:
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
 
+    def fork_origin(self, session_id: str) -> tuple[str, str] | None:
+        """(workspace, tree it was forked from) of a recorded fork; None for a session
+        that is not recorded here, or not a fork (views.py rebuilds a mount from it)."""
+        try:
+            session = self.store.get_session(session_id)
+            if not session.forked_from:
+                return None
+            return session.workspace, self.store.get_checkpoint(session.forked_from).tree
+        except NotFound:
+            return None
+
     def _labels(self, session_id: str) -> dict[str, str]:
         return {LABEL_MANAGED: "true", LABEL_ROOT: self.root_id, LABEL_SESSION: session_id}
 
@@ -1123,10 +1135,13 @@ class World:
                 path = os.path.join(folder, name)
                 if ids.is_id(name) and name not in known:
                     if self.views is not None:
-                        spec = os.path.join(path, "mount.json")
-                        if os.path.exists(spec):
-                            with open(spec) as f:
-                                self.views.unmount(json.load(f)["workspace"])
+                        try:
+                            spec = self.views.read_spec(name)
+                        except ValueError as exc:  # its workspace is unknown: left
+                            spec = None
+                            report.append(f"{exc}: the fork's mount, if any, is left")
+                        if spec is not None:
+                            self.views.unmount(spec["workspace"])
                         if os.path.ismount(path):
                             self.views.unmount(path)
                     shutil.rmtree(path, ignore_errors=True)
@@ -1194,19 +1209,32 @@ def _checkpoint_detail(cp: Checkpoint, label: str | None, messages: int) -> dict
 
 
 def _root_id(root: str) -> str:
-    """This data root's own id, made once: it labels what the root makes in the engine."""
+    """This data root's own id, made once: it labels what the root makes in the engine,
+    and recovery and gc remove what carries it and nothing records. One that is not an
+    id (a damaged disk; an empty one would match every root's containers) is set aside
+    as ``root-id.damaged`` and a new one made: what the old one labelled is no longer
+    removed by this root, never anyone else's."""
     path = os.path.join(root, "root-id")
     try:
-        with open(path) as f:
-            return f.read().strip()
+        with open(path, "rb") as f:
+            found = f.read(64).decode("ascii", "replace").strip()
     except FileNotFoundError:
-        value = ids.new_id()
-        with open(path + ".tmp", "w") as f:
-            f.write(value)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(path + ".tmp", path)
-        return value
+        found = None
+    if found is not None and ids.is_id(found):
+        return found
+    if found is not None:
+        os.replace(path, path + ".damaged")
+        log.warning("the data root's id (%s) is not an id: set aside as %s.damaged and"
+                    " made anew; containers and images labelled with the old one are"
+                    " no longer removed by this root", path, path)
+    value = ids.new_id()
+    with open(path + ".tmp", "w") as f:
+        f.write(value)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(path + ".tmp", path)
+    fsync_folder(root)
+    return value
 
 
 def open_layer_root(kind: str, path: str, identity: list | None) -> int:

@@ -382,9 +382,13 @@ def test_gc_removes_images_of_pruned_checkpoints(tmp_path, containers):
         d.stop()
 
 
-def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers):
+@pytest.mark.parametrize("root_id", [None, b"", b"\xff../not an id\n"])
+def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers, root_id):
     """Regression: a daemon starting up removed every worldline container whose session
-    it did not know, including those of another daemon on the same engine."""
+    it did not know, including those of another daemon on the same engine. And one
+    whose data root's id is damaged (``root_id``: empty, or bytes that are no id) makes
+    a new id and still removes nothing of another's: before 0.7.23 an empty id matched
+    every root's containers, and the start removed them."""
     a = DaemonProcess(tmp_path / "a").start()
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -394,6 +398,14 @@ def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers):
             containers.append(s.container)
         b = DaemonProcess(tmp_path / "b").start()  # its recovery sweeps its own orphans
         b.stop()
+        if root_id is not None:
+            (b.root / "root-id").write_bytes(root_id)
+            b.start()
+            b.stop()
+            assert (b.root / "root-id.damaged").read_bytes() == root_id
+            made = (b.root / "root-id").read_text()
+            assert made != (a.root / "root-id").read_text() and len(made) == 26
+            assert "root-id) is not an id" in b.log.read_text()
         assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
         with a.client() as c:
             c.checkpoint(s.id)

@@ -3,6 +3,7 @@ views (where permitted) or copies."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import DaemonProcess, tree_state
+from .fidelity import AGENT_UID, as_agent, differences, fingerprint
 
 
 def build(ws):
@@ -142,3 +144,91 @@ def test_the_first_checkpoint_of_a_fork_keeps_its_hard_links(forking_daemon, tmp
         fork.checkpoint()
         fork.restore(first.id)
         assert os.stat(fw / "a").st_ino == os.stat(fw / "b").st_ino
+
+
+def _agent_fork(d: DaemonProcess, tmp_path: Path):
+    """A session over a workspace the agent (uid 1000) owns and wrote, and an overlay
+    fork of it with a file the agent wrote in the fork: (client-free ids, fork)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, AGENT_UID, AGENT_UID)
+    as_agent("mkdir -p pkg/sub && echo 'x = 1' > pkg/sub/mod.py && ln -s pkg link", ws)
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        f = c.fork(s.checkpoint().id)
+    as_agent("echo 'written in the fork' > kept && rm link", f.workspace)
+    return f, fingerprint(f.workspace)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
+@pytest.mark.parametrize("damage", ["cut", "lost", "not ours"])
+def test_a_damaged_fork_record_never_keeps_the_daemon_from_starting(tmp_path, damage):
+    """A fork's mount record (forks/<id>/mount.json) that is cut short, lost, or names
+    lower layers that are no view of this root (here a canary folder outside) is never
+    mounted as it is: the daemon starts, mounts the fork again from its session over
+    the same upper layer (nothing the agent wrote in it is lost), records it anew, and
+    the canary is never read through the fork. Before 0.7.23 a cut record stopped the
+    start (JSONDecodeError)."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "secret").write_text("outside every session")
+    untouched = fingerprint(canary)
+    d = DaemonProcess(tmp_path / "root").start()
+    try:
+        f, state = _agent_fork(d, tmp_path)
+        d.stop()
+        subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
+        record = d.root / "forks" / f.id / "mount.json"
+        if damage == "cut":
+            record.write_text(record.read_text()[:40])
+        elif damage == "lost":
+            record.unlink()
+        else:
+            spec = json.loads(record.read_text())
+            record.write_text(json.dumps(spec | {"lowers": [str(canary)]}))
+        d.start()
+        assert os.path.ismount(f.workspace)
+        assert differences(fingerprint(f.workspace), state) == []
+        assert not (Path(f.workspace) / "secret").exists()
+        lowers = json.loads(record.read_text())["lowers"]
+        assert lowers and all(Path(p).parent == d.root / "views" for p in lowers)
+        assert "rebuilt from its session" in d.log.read_text()
+        with d.client() as c:
+            c.gc()  # the views the record names again are kept
+        d.stop()
+        subprocess.run(["umount", f.workspace], check=True)
+        d.start()
+        assert differences(fingerprint(f.workspace), state) == []
+        assert fingerprint(canary) == untouched
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
+def test_a_mounted_fork_with_a_damaged_record_keeps_its_views(tmp_path):
+    """A daemon that died (no reboot) leaves its forks mounted. If a fork's record is
+    damaged meanwhile, the start leaves the mount serving as it is, and gc removes no
+    view (which ones it needs is unknown) until a start that finds it unmounted makes
+    the record again."""
+    d = DaemonProcess(tmp_path / "root").start()
+    try:
+        f, state = _agent_fork(d, tmp_path)
+        d.kill()
+        record = d.root / "forks" / f.id / "mount.json"
+        lowers = json.loads(record.read_text())["lowers"]
+        record.write_bytes(b"\xff" + os.urandom(30))
+        d.start()
+        assert os.path.ismount(f.workspace)
+        assert "is left as it is" in d.log.read_text()
+        with d.client() as c:
+            c.gc()
+        assert all(os.path.isdir(p) for p in lowers)
+        assert "gc: no view removed" in d.log.read_text()
+        assert differences(fingerprint(f.workspace), state) == []
+        d.stop()
+        subprocess.run(["umount", f.workspace], check=True)
+        d.start()
+        assert differences(fingerprint(f.workspace), state) == []
+        assert json.loads(record.read_text())["lowers"]
+    finally:
+        d.stop()

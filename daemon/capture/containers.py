@@ -347,12 +347,13 @@ class Engine:
 
     def images_labelled(self, key: str, value: str | None = None) -> list[dict]:
         with self.errors():
-            return self.api.images(filters={"label": f"{key}={value}" if value else key})
+            return self.api.images(filters={
+                "label": f"{key}={value}" if value is not None else key})
 
     def containers_labelled(self, key: str, value: str | None = None) -> list[dict]:
         with self.errors():
             return self.api.containers(all=True, filters={
-                "label": f"{key}={value}" if value else key})
+                "label": f"{key}={value}" if value is not None else key})
 
     def remove_image(self, image: str) -> None:
         with self.errors():

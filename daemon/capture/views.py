@@ -11,7 +11,12 @@ for building the view once.
 
 Views and deltas are never written after they are built (overlayfs forbids changes
 to a mounted lower layer). The mounts are recorded in ``forks/<session>/mount.json``
-and mounted again at start (after a reboot, say). Where overlay mounts are not
+(written aside, fsynced and renamed before the fork is recorded) and mounted again at
+start (after a reboot, say). A record that cannot be read (a damaged disk) never keeps
+the daemon from starting: the fork's mount is made again from its session (its
+workspace, and the tree it was forked from) over the same upper layer, so nothing the
+fork wrote is lost; a fork with no session (one that died before it was recorded) is
+left to the start's recovery, which removes it. Where overlay mounts are not
 permitted (not root, no overlayfs), forks copy instead.
 """
 
@@ -21,11 +26,14 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 
 from .. import progress
 from ..storage.blobs import BlobStore
+from ..storage.durable import fsync_folder
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
 from .snapshot import Capture, WorkspaceSnapshotter
@@ -37,6 +45,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 MAX_DELTA_PATHS = 2000  # a delta past this many paths: build the tree's own view instead
+SPEC = "mount.json"  # forks/<session>/SPEC: the fork's overlay mount
+_TREE = re.compile(r"[0-9a-f]{64}")
+_VIEW = re.compile(r"[0-9a-f]{64}|delta-[0-9a-f]{20}-[0-9a-f]{20}")  # a view's name
 
 
 def overlay_permitted() -> bool:
@@ -142,13 +153,12 @@ class Views:
 
     # -- mounts -----------------------------------------------------------------------------
     def mount_fork(self, session_id: str, workspace: str, tree: str, size: int = 0) -> None:
-        lowers = self.lowers(tree, size)
         state = os.path.join(self.forks, session_id)
-        spec = {"workspace": workspace, "lowers": lowers, "tree": tree,
-                "upper": os.path.join(state, "upper"), "work": os.path.join(state, "work")}
+        spec = self._spec(session_id, workspace, tree, self.lowers(tree, size))
         os.makedirs(spec["upper"], mode=0o755, exist_ok=True)
         os.makedirs(spec["work"], mode=0o700, exist_ok=True)
         self._mount(spec)
+        lowers = spec["lowers"]
         own = self.trees.read(tree).own
         if own is not None:  # the fork's folder: the owner, mode and time of the source's
             fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -156,9 +166,64 @@ class Views:
                 Applier().apply_fd(fd, own, ".", folder=True)
             finally:
                 os.close(fd)
-        with open(os.path.join(state, "mount.json"), "w") as f:
-            json.dump(spec, f)
+        self._write_spec(state, spec)
         self._seed_stat_cache(workspace, lowers, tree)
+
+    def _spec(self, session_id: str, workspace: str, tree: str, lowers: list[str]) -> dict:
+        state = os.path.join(self.forks, session_id)
+        return {"workspace": workspace, "lowers": lowers, "tree": tree,
+                "upper": os.path.join(state, "upper"), "work": os.path.join(state, "work")}
+
+    def _write_spec(self, state: str, spec: dict) -> None:
+        """The fork's record, whole or absent, and durable before the fork is recorded:
+        written aside, fsynced, renamed; its folder and the forks folder fsynced."""
+        path = os.path.join(state, SPEC)
+        with open(path + ".tmp", "w") as f:
+            json.dump(spec, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+        fsync_folder(state)
+        fsync_folder(self.forks)
+
+    def read_spec(self, session_id: str) -> dict | None:
+        """Fork ``session_id``'s mount as recorded; None if it has no record. Raises
+        ValueError, saying why, for a record that is not one this daemon writes (a
+        damaged disk): its paths are never mounted or unmounted."""
+        path = os.path.join(self.forks, session_id, SPEC)
+        try:
+            with open(path, "rb") as f:
+                spec = json.loads(f.read(1 << 20))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+            raise ValueError(f"{path} cannot be read: {exc}") from None
+        want = self._spec(session_id, "", "", [])
+        if not (isinstance(spec, dict) and set(spec) == set(want)
+                and isinstance(spec["workspace"], str) and os.path.isabs(spec["workspace"])
+                and isinstance(spec["tree"], str) and _TREE.fullmatch(spec["tree"])
+                and isinstance(spec["lowers"], list) and spec["lowers"]
+                and all(isinstance(p, str) and os.path.dirname(p) == self.views
+                        and _VIEW.fullmatch(os.path.basename(p)) for p in spec["lowers"])
+                and spec["upper"] == want["upper"] and spec["work"] == want["work"]):
+            raise ValueError(f"{path} is not a fork's mount record")
+        return spec
+
+    def used(self) -> set[str] | None:
+        """The views the recorded forks mount (their names); None if a record cannot
+        be read, when which views a fork needs is unknown."""
+        used: set[str] = set()
+        for sid in os.listdir(self.forks):
+            try:
+                spec = self.read_spec(sid)
+                if spec is None and os.path.isdir(os.path.join(self.forks, sid, "upper")):
+                    raise ValueError(f"fork {sid} has an upper layer and no {SPEC}")
+            except ValueError as exc:
+                log.warning("forks: %s", exc)
+                return None
+            if spec is not None:
+                used.update(os.path.basename(p) for p in spec["lowers"])
+        return used
 
     def _mount(self, spec: dict) -> None:
         options = (f"lowerdir={':'.join(_escape(p) for p in spec['lowers'])},"
@@ -179,15 +244,25 @@ class Views:
         self.stat_cache.update(workspace, {p: v for p, v in merged.items()
                                            if wanted.get(p) == v[1]}, set())
 
-    def remount_all(self) -> list[str]:
-        """At start: mount again every fork whose mount is gone (a reboot)."""
+    def remount_all(self, origin: Callable[[str], tuple[str, str] | None]) -> list[str]:
+        """At start: mount again every fork whose mount is gone (a reboot). ``origin``
+        gives a recorded fork's (workspace, tree it was forked from), None for a fork
+        that was never recorded: a fork whose mount record is damaged or lost (its upper
+        layer is there) is mounted from that, over the same upper layer, and recorded
+        anew."""
         report = []
         for sid in os.listdir(self.forks):
-            spec_path = os.path.join(self.forks, sid, "mount.json")
-            if not os.path.exists(spec_path):
-                continue
-            with open(spec_path) as f:
-                spec = json.load(f)
+            try:
+                spec = self.read_spec(sid)
+                if spec is None and not os.path.isdir(os.path.join(self.forks, sid,
+                                                                   "upper")):
+                    continue  # not an overlay fork's
+                if spec is None:
+                    raise ValueError(f"fork {sid} has an upper layer and no {SPEC}")
+            except ValueError as exc:
+                spec = self._rebuilt_spec(sid, origin, exc, report)
+                if spec is None:
+                    continue
             if os.path.ismount(spec["workspace"]):
                 continue
             try:
@@ -197,6 +272,29 @@ class Views:
             except OSError as exc:
                 report.append(f"cannot mount fork {sid} again: {exc}")
         return report
+
+    def _rebuilt_spec(self, sid: str, origin: Callable[[str], tuple[str, str] | None],
+                      why: ValueError, report: list[str]) -> dict | None:
+        """The mount of fork ``sid`` made again from its session, recorded; None (and
+        nothing changed) for a fork with no session, or one that cannot be rebuilt."""
+        found = origin(sid)
+        if found is None:
+            report.append(f"{why}; no session is recorded for it: left to recovery")
+            return None
+        workspace, tree = found
+        if os.path.ismount(workspace):  # a daemon that died, no reboot: the mount serves
+            # over lowers no record names; made again at a start that finds it unmounted
+            report.append(f"{why}; its mount at {workspace} is left as it is, and gc"
+                          " removes no view until a start records it again")
+            return None
+        try:
+            spec = self._spec(sid, workspace, tree, self.lowers(tree))
+            self._write_spec(os.path.join(self.forks, sid), spec)
+        except Exception as exc:  # a start is never stopped by one fork
+            report.append(f"{why}; rebuilding it from its session failed: {exc}")
+            return None
+        report.append(f"{why}; rebuilt from its session (forked from tree {tree[:12]})")
+        return spec
 
     def unmount(self, workspace: str) -> None:
         _libc.umount2(os.fsencode(workspace), 2)  # MNT_DETACH
