@@ -303,6 +303,10 @@ class Daemon:
             except Exception:
                 log.exception("compacting the stat cache failed")
             try:
+                reserve.renew(self.root)
+            except OSError:
+                log.exception("making the data root's reserve again failed")
+            try:
                 self.repacker.run(REPACK_STEP_SECONDS, self._idle_for_repack)
             except Exception:
                 log.exception("the idle repack failed")

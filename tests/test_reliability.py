@@ -179,8 +179,9 @@ def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace, tmp
     make SQLite's logs anew, which a full disk refuses, and a daemon that does not start
     cannot run the gc that would free space: so the data root keeps a reserve, freed by
     a start that finds the disk full. That start serves: reads, restores and gc answer,
-    checkpoints stop at the free-space floor. With room again, the next start keeps a
-    reserve again. (Before 0.7.22: "disk I/O error", and no start.)"""
+    checkpoints stop at the free-space floor. With room again, the daemon keeps a
+    reserve again while serving (before 0.7.23: at its next start). (Before 0.7.22:
+    "disk I/O error", and no start.)"""
     from worldline.daemon.storage import reserve
     data = tmpfs(tmp_path / "data", "48m")
     d = DaemonProcess(data / "root", ["--min-free-bytes", "20M"])
@@ -213,8 +214,15 @@ def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace, tmp
             c.restore(s.id, first, acknowledge_side_effects=True)
             assert (workspace / "f.txt").read_text() == "first\n"
             c.gc(keep_last=1)  # answers: the operator's way out
+            (data / "junk").unlink()  # room again: the reserve is kept again, serving
+            deadline = time.monotonic() + 20
+            while not (kept.exists() and kept.stat().st_blocks * 512 >= reserve.SIZE):
+                assert time.monotonic() < deadline, "the reserve was not made again"
+                time.sleep(0.2)
+            assert "reserve of 16777216 bytes is kept again" in d.log.read_text()
+            (workspace / "f.txt").write_text("after\n")
+            c.checkpoint(s.id)
         d.stop()
-        (data / "junk").unlink()
         d.start()
         assert kept.stat().st_blocks * 512 >= reserve.SIZE
     finally:

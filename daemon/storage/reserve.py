@@ -8,7 +8,9 @@ free space either (`worldline gc` goes through it). So the data root holds a fil
 over. A start that finds less than ``SIZE`` free removes it first, and says so: the
 daemon then starts with that room, reads and restores answer, `gc` can free space, and
 checkpoints stop at ``--min-free-bytes`` as ever (which counts the reserve as free:
-``room``). The next start with room makes it again.
+``room``). Once there is room for it twice over again (the operator freed space), the
+daemon's housekeeping makes it again while serving (``renew``), as the next start
+would.
 """
 
 from __future__ import annotations
@@ -47,11 +49,28 @@ def settle(root: str) -> str | None:
         os.unlink(path)
         return (f"the data root's file system had {free} bytes free: its reserve of"
                 f" {held} bytes was freed so the daemon could start; free space there"
-                " (`worldline gc`, or outside worldline) and the next start keeps a reserve"
+                " (`worldline gc`, or outside worldline) and the daemon keeps a reserve"
                 " again")
     if free >= 2 * SIZE and _held(path) < SIZE:
         _make(path)
     return None
+
+
+def renew(root: str) -> bool:
+    """While serving: make the reserve again if it is missing and the file system has
+    room for it twice over (a start on a full disk freed it, and space was freed
+    since). True if it was made. A file system that cannot allocate one is asked once."""
+    path = os.path.join(root, NAME)
+    if root in _CANNOT or _held(path) >= SIZE or free_bytes(root) < 2 * SIZE:
+        return False
+    if not _make(path):
+        _CANNOT.add(root)
+        return False
+    log.warning("the data root's reserve of %d bytes is kept again", SIZE)
+    return True
+
+
+_CANNOT: set[str] = set()  # data roots whose file system refused a reserve
 
 
 def _held(path: str) -> int:
@@ -62,16 +81,19 @@ def _held(path: str) -> int:
         return 0
 
 
-def _make(path: str) -> None:
+def _make(path: str) -> bool:
+    """Allocate the reserve at ``path``; False (and a warning) where the file system
+    refuses: no room after all, or no allocation of a file's blocks at all."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.posix_fallocate(fd, 0, SIZE)
         os.fsync(fd)
-    except OSError as exc:  # no room after all, or a file system that cannot allocate
+    except OSError as exc:
         os.close(fd)
         os.unlink(path)
         if exc.errno not in (errno.ENOSPC, errno.EOPNOTSUPP, errno.EINVAL):
             raise
         log.warning("no reserve kept in the data root: %s", exc.strerror)
-        return
+        return False
     os.close(fd)
+    return True
