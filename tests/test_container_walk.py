@@ -25,7 +25,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from worldline.client.errors import Unavailable
+from worldline.client.errors import ResourceExhausted, Unavailable
 
 from .conftest import DaemonProcess
 from .fidelity import NOBODY, differences, fingerprint
@@ -300,3 +300,47 @@ def test_the_view_is_watched_again_after_a_restart(fresh_daemon, workspace, walk
             "data/lower/deep/n17"]
     finally:
         client.close()
+
+
+def test_a_restore_that_fails_part_way_leaves_the_container_running_and_usable(
+        tmp_path, tmpfs, walk_image, containers):
+    """The agent (``nobody`` in the container) fills the small file system of the
+    workspace the container mounts, then a restore of the whole world needs room there
+    to write a file aside: RESOURCE_EXHAUSTED naming the file. The container runs,
+    unpaused, and the agent goes on in it; the next checkpoint records the world as it
+    is (no session set aside); once there is room, the restore makes the workspace and
+    the container's layer exactly the checkpoint's. A canary open to all is never
+    touched."""
+    ws = tmpfs(tmp_path / "ws", "2m", mode="0777")
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "keep.txt").write_text("keep\n")
+    os.chmod(canary, 0o777)
+    untouched = fingerprint(canary)
+    c = _sandbox(ws, walk_image, containers)
+    d = DaemonProcess(tmp_path / "root").start()
+    write = ("cd /workspace; echo {0} > a.txt; head -c 1200000 /dev/urandom > f.bin;"
+             " echo {0} > z.txt; echo {0} > /data/lower/a/file1; mkdir -p /data/{0}")
+    try:
+        with d.client() as client:
+            s = client.create_session(str(ws), container=c)
+            as_nobody(c, write.format("first"))
+            first = (s.checkpoint().id, fingerprint(ws), _world(c))
+            as_nobody(c, write.format("second"))
+            s.checkpoint()
+            with pytest.raises(ResourceExhausted, match="no space left to write f.bin"):
+                s.restore(first[0])
+            state = json.loads(docker("inspect", c))[0]["State"]
+            assert state["Running"] and not state["Paused"]
+            as_nobody(c, "echo later > /workspace/later.txt; echo later > /data/later")
+            s.checkpoint()  # not FAILED_PRECONDITION: nothing was set aside
+            assert not client.get_session(s.id).needs_attention
+            assert [e.kind for e in client.audit(s.id, kind="restore.failed")] == [
+                "restore.failed"]
+            as_nobody(c, "rm /workspace/f.bin")
+            s.restore(first[0])
+            assert differences(first[1], fingerprint(ws)) == []
+            assert _same(first[2], _world(c))
+        assert differences(untouched, fingerprint(canary)) == []
+    finally:
+        d.stop()
