@@ -179,7 +179,7 @@ class Daemon:
             views.enabled = False
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
                            self.engine, views, self.limits, host=self.storage.host_id)
-        for line in views.remount_all(self.world.fork_origin):
+        for line in views.remount_all(self.world.fork_origin, self.world.fork_remounted):
             log.warning("forks: %s", line)
         self.world.recover()
         if self.world.host:

@@ -1044,6 +1044,21 @@ class World:
         except NotFound:
             return None
 
+    def fork_remounted(self, session_id: str, identity: list[int]) -> None:
+        """A fork's overlay was mounted again at start (views.py): its workspace is the
+        new mount's root, checked as the layer's identity from now on (a new mount has
+        a new device number). A session this host does not hold is left as it is."""
+        try:
+            session = self.store.get_session(session_id)
+        except NotFound:
+            return
+        spec = json.loads(session.spec or "{}")
+        roots = spec.setdefault("roots", {})
+        if session.host != self.host or roots.get(WORKSPACE) == identity:
+            return
+        roots[WORKSPACE] = identity
+        self.store.update_session(session_id, spec=json.dumps(spec, sort_keys=True))
+
     def _labels(self, session_id: str) -> dict[str, str]:
         return {LABEL_MANAGED: "true", LABEL_ROOT: self.root_id, LABEL_SESSION: session_id}
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from worldline.client import FailedPrecondition
 
 from .conftest import DaemonProcess, tree_state
 from .fidelity import AGENT_UID, as_agent, differences, fingerprint
@@ -73,7 +74,12 @@ def test_forks_of_forks_stay_independent(forking_daemon, tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
-def test_overlay_forks_come_back_after_a_reboot(tmp_path):
+def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
+    """A fork's overlay is mounted again at start, and its session goes on: the new
+    mount has a new device number (here another file system mounted meanwhile takes
+    the old one, as a reboot's order of mounts may), which becomes the identity its
+    workspace is checked against. Before 0.7.23 every call on the fork was refused
+    ("no longer the folder this session was created on")."""
     d = DaemonProcess(tmp_path / "root").start()
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -83,13 +89,60 @@ def test_overlay_forks_come_back_after_a_reboot(tmp_path):
             s = c.create_session(str(ws))
             f = c.fork(s.checkpoint().id)
             (Path(f.workspace) / "kept").write_text("written in the fork")
+            before = c.checkpoint(f.id).id
         d.stop()
+        was = os.stat(f.workspace).st_dev
         subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
         assert not os.path.ismount(f.workspace)
+        tmpfs(tmp_path / "meanwhile", "1m")
         d.start()
-        assert os.path.ismount(f.workspace)
+        assert os.path.ismount(f.workspace) and os.stat(f.workspace).st_dev != was
         assert (Path(f.workspace) / "kept").read_text() == "written in the fork"
         assert (Path(f.workspace) / "pkg/sub/mod.py").read_text() == "x = 1\n"
+        with d.client() as c:
+            (Path(f.workspace) / "kept").write_text("after the reboot")
+            after = c.checkpoint(f.id).id
+            assert c.diff(before, after).modified == ["kept"]
+            c.restore(f.id, before)
+            assert (Path(f.workspace) / "kept").read_text() == "written in the fork"
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
+def test_a_fork_folder_swapped_for_a_symlink_is_never_mounted_through(tmp_path):
+    """The agent (uid 1000) owns the folder its fork was made in. While the fork is
+    not mounted (the daemon down, a reboot), it swaps the fork's folder, or the folder
+    above it, for a symlink to a folder it may not write (here a canary; /etc in an
+    attack). The start mounts nothing through it, says so, and the canary stays as it
+    was; the fork's calls are refused, never followed. Before 0.7.23 the overlay was
+    mounted over the symlink's target, its root the agent's: the agent could write
+    there."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "passwd").write_text("root:x:0:0\n")
+    untouched = fingerprint(canary)
+    mine = tmp_path / "agent"
+    mine.mkdir()
+    os.chown(mine, AGENT_UID, AGENT_UID)
+    (mine / "deeper").mkdir()
+    os.chown(mine / "deeper", AGENT_UID, AGENT_UID)
+    d = DaemonProcess(tmp_path / "root").start()
+    try:
+        f, _ = _agent_fork(d, tmp_path, str(mine / "deeper" / "fork"))
+        for swap in (f"mv deeper/fork deeper/was && ln -s {canary} deeper/fork",  # itself
+                     f"rm deeper/fork && mv deeper/was deeper/fork && mv deeper deeper.was"
+                     f" && ln -s {canary} deeper"):  # the folder above it
+            d.stop()
+            subprocess.run(["umount", f.workspace], capture_output=True)  # a reboot
+            as_agent(swap, mine)
+            d.start()
+            assert not os.path.ismount(canary)
+            assert "cannot mount fork" in d.log.read_text()
+            assert fingerprint(canary) == untouched
+            with d.client() as c, pytest.raises(FailedPrecondition):
+                c.checkpoint(f.id)
+            assert fingerprint(canary) == untouched
     finally:
         d.stop()
 
@@ -146,16 +199,18 @@ def test_the_first_checkpoint_of_a_fork_keeps_its_hard_links(forking_daemon, tmp
         assert os.stat(fw / "a").st_ino == os.stat(fw / "b").st_ino
 
 
-def _agent_fork(d: DaemonProcess, tmp_path: Path):
+def _agent_fork(d: DaemonProcess, tmp_path: Path, workspace: str = ""):
     """A session over a workspace the agent (uid 1000) owns and wrote, and an overlay
-    fork of it with a file the agent wrote in the fork: (client-free ids, fork)."""
+    fork of it (at ``workspace``, else the daemon's choice) with a file the agent
+    wrote in the fork: (the fork's session, its fingerprint)."""
     ws = tmp_path / "ws"
     ws.mkdir()
     os.chown(ws, AGENT_UID, AGENT_UID)
     as_agent("mkdir -p pkg/sub && echo 'x = 1' > pkg/sub/mod.py && ln -s pkg link", ws)
     with d.client() as c:
         s = c.create_session(str(ws))
-        f = c.fork(s.checkpoint().id)
+        f = c.fork(s.checkpoint().id, workspace=workspace)
+        assert os.path.ismount(f.workspace)
     as_agent("echo 'written in the fork' > kept && rm link", f.workspace)
     return f, fingerprint(f.workspace)
 

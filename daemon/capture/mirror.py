@@ -21,34 +21,25 @@ symlink or into another mount: the agent owns every name in it.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 
+from .resolve import (
+    RESOLVE_BENEATH,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    RESOLVE_NO_XDEV,
+    openat2,
+)
 from .sparse import on_overlayfs
 
-_SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64 (the unified table)
-RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 1, 2, 4, 8
 _GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV, errno.EAGAIN}
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_HOW = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0,
-                RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
+_BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 
 
 def open_beneath(dir_fd: int, rel: str) -> int:
     """An ``O_PATH`` descriptor of folder ``rel`` below ``dir_fd``, or minus the errno."""
-    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd),
-                       ctypes.c_char_p(os.fsencode(rel or ".")), ctypes.byref(_HOW),
-                       ctypes.c_size_t(ctypes.sizeof(_HOW)))
-    return fd if fd >= 0 else -ctypes.get_errno()
+    return openat2(dir_fd, rel or ".", os.O_PATH | os.O_DIRECTORY, _BENEATH)
 
 
 def remember(wds: dict[str, int], paths: dict[int, str],

@@ -36,6 +36,7 @@ from ..storage.blobs import BlobStore
 from ..storage.durable import fsync_folder
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
+from .resolve import open_folder
 from .snapshot import Capture, WorkspaceSnapshotter
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode, links_of
 
@@ -161,7 +162,7 @@ class Views:
         lowers = spec["lowers"]
         own = self.trees.read(tree).own
         if own is not None:  # the fork's folder: the owner, mode and time of the source's
-            fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = open_folder(workspace, os.O_RDONLY)
             try:
                 Applier().apply_fd(fd, own, ".", folder=True)
             finally:
@@ -226,12 +227,31 @@ class Views:
         return used
 
     def _mount(self, spec: dict) -> None:
+        """Mount the fork onto the folder its workspace path names, reached through no
+        symlink (the agent may own a folder on the way): ELOOP if one is there."""
         options = (f"lowerdir={':'.join(_escape(p) for p in spec['lowers'])},"
                    f"upperdir={_escape(spec['upper'])},workdir={_escape(spec['work'])}")
-        if _libc.mount(b"overlay", os.fsencode(spec["workspace"]), b"overlay", 0,
-                       options.encode()) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"overlay mount at {spec['workspace']}: {os.strerror(err)}")
+        fd = open_folder(spec["workspace"])
+        try:
+            if _libc.mount(b"overlay", f"/proc/self/fd/{fd}".encode(), b"overlay", 0,
+                           options.encode()) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"overlay mount at {spec['workspace']}:"
+                                   f" {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _make_mount_point(workspace: str) -> None:
+        """The fork's folder where a reboot left none (its parent must be there), made
+        in the parent reached through no symlink."""
+        parent = open_folder(os.path.dirname(workspace))
+        try:
+            os.mkdir(os.path.basename(workspace), 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass
+        finally:
+            os.close(parent)
 
     def _seed_stat_cache(self, workspace: str, lowers: list[str], tree: str) -> None:
         """Files not yet written by the fork show their lower file's stat through the
@@ -244,12 +264,15 @@ class Views:
         self.stat_cache.update(workspace, {p: v for p, v in merged.items()
                                            if wanted.get(p) == v[1]}, set())
 
-    def remount_all(self, origin: Callable[[str], tuple[str, str] | None]) -> list[str]:
-        """At start: mount again every fork whose mount is gone (a reboot). ``origin``
-        gives a recorded fork's (workspace, tree it was forked from), None for a fork
-        that was never recorded: a fork whose mount record is damaged or lost (its upper
-        layer is there) is mounted from that, over the same upper layer, and recorded
-        anew."""
+    def remount_all(self, origin: Callable[[str], tuple[str, str] | None],
+                    remounted: Callable[[str, list[int]], None]) -> list[str]:
+        """At start: mount again every fork whose mount is gone (a reboot), onto the
+        folder its path names through no symlink (one there: not mounted, and said), and
+        tell ``remounted`` the new mount's identity (st_dev, st_ino), which a session
+        checks its workspace against. ``origin`` gives a recorded fork's (workspace,
+        tree it was forked from), None for a fork that was never recorded: a fork whose
+        mount record is damaged or lost (its upper layer is there) is mounted from that,
+        over the same upper layer, and recorded anew."""
         report = []
         for sid in os.listdir(self.forks):
             try:
@@ -266,8 +289,14 @@ class Views:
             if os.path.ismount(spec["workspace"]):
                 continue
             try:
-                os.makedirs(spec["workspace"], exist_ok=True)
+                self._make_mount_point(spec["workspace"])
                 self._mount(spec)
+                fd = open_folder(spec["workspace"])  # the mount's root, as sessions see it
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                remounted(sid, [st.st_dev, st.st_ino])
                 report.append(f"mounted fork {sid} at {spec['workspace']} again")
             except OSError as exc:
                 report.append(f"cannot mount fork {sid} again: {exc}")
@@ -297,7 +326,16 @@ class Views:
         return spec
 
     def unmount(self, workspace: str) -> None:
-        _libc.umount2(os.fsencode(workspace), 2)  # MNT_DETACH
+        """Detach the mount at ``workspace``, reached through no symlink (one on the way:
+        nothing of ours is there, and nothing is detached)."""
+        try:
+            fd = open_folder(workspace)
+        except OSError:
+            return
+        try:
+            _libc.umount2(f"/proc/self/fd/{fd}".encode(), 2)  # MNT_DETACH
+        finally:
+            os.close(fd)
 
 
 def encode_empty(blobs: BlobStore) -> str:
