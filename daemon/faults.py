@@ -43,6 +43,8 @@ POINTS = (
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "fork.mid",                    # some of the fork's files written
+    "fork.checked",                # the fork's folder checked, not yet made
+    "session.checked",             # a new session's workspace checked, nothing read
     "blobs.after_put",             # a pack is in the bucket, not yet in the index
     "blobs.rewrite_after_put",     # a host's packs rewritten as one in the bucket, unindexed
     "blobs.rewrite_after_index",   # the rewrite indexed, the objects it replaces not deleted

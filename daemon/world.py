@@ -48,6 +48,7 @@ from .capture.containers import (
 )
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
+from .capture.resolve import make_folder, open_folder
 from .capture.snapshot import Capture, WorkspaceSnapshotter
 from .capture.tracker import ChangeMonitor
 from .capture.trees import (
@@ -312,11 +313,8 @@ class World:
     def _spec(self, session: Session, layers: list[Layer], container_spec=None) -> str:
         """The session's spec: each layer root's identity, the container's creation spec."""
         spec = json.loads(session.spec or "{}")
-        roots = {}
-        for layer in layers:
-            st = os.lstat(layer.path)
-            roots[layer.kind] = [st.st_dev, st.st_ino]
-        spec["roots"] = roots
+        spec["roots"] = {layer.kind: folder_identity(layer.kind, layer.path)
+                         for layer in layers}
         if container_spec is not None:
             spec["container"] = container_spec
             spec["workspace"] = session.workspace  # the folder its bind mounts refer to
@@ -417,6 +415,10 @@ class World:
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
                        image: str = "", mount: str = "", *, session_id: str = "") -> Session:
         path = self._check_workspace(workspace, must_be_empty=False)
+        crash_point("session.checked")
+        # The folder as its path names it now, through no symlink: every capture and
+        # restore checks it is still that folder, the first capture below included.
+        roots = {WORKSPACE: folder_identity(WORKSPACE, path)}
         check_text("name", name)
         if image and container:
             raise InvalidArgument("give a container to attach or an image to start, not both")
@@ -435,7 +437,8 @@ class World:
         container_spec = (self._engine().creation_spec(container_name) if container_name
                           else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
-                          ids.now(), host=self.host, lease_expires=self._lease())
+                          ids.now(), host=self.host, lease_expires=self._lease(),
+                          spec=json.dumps({"roots": roots}))
         try:
             with self.lock(path):
                 layers = self.layers(session)
@@ -978,15 +981,26 @@ class World:
         sid = ids.new_id()
         path = self._check_workspace(workspace or os.path.join(self.fork_root, sid),
                                      must_be_empty=True)
-        created = not os.path.exists(path)
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        crash_point("fork.checked")
+        try:  # made and opened through no symlink; every write below checks it is still it
+            fd, created = make_folder(path)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise FailedPrecondition(f"workspace {path}: a folder on the way was swapped"
+                                         " for a symlink; nothing was written") from None
+            raise
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        roots = {WORKSPACE: [st.st_dev, st.st_ino]}
         container = None
         try:
             if source.container is not None:
                 container = self._fork_container(parent, sid, path, volumes)
             session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
                               source.id, ids.now(), host=self.host,
-                              lease_expires=self._lease())
+                              lease_expires=self._lease(), spec=json.dumps({"roots": roots}))
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled
@@ -1028,7 +1042,7 @@ class World:
                 self.views.unmount(path)
                 shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             if created:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_folder(path)
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
@@ -1250,6 +1264,41 @@ def _root_id(root: str) -> str:
     os.rename(path + ".tmp", path)
     fsync_folder(root)
     return value
+
+
+def folder_identity(kind: str, path: str) -> list[int]:
+    """(st_dev, st_ino) of a layer's root folder, reached through no symlink: the
+    identity its session checks it against (``open_layer_root``). A symlink on the way
+    is FAILED_PRECONDITION."""
+    what = "workspace" if kind == WORKSPACE else "container layer"
+    try:
+        fd = open_folder(path)
+    except FileNotFoundError:
+        raise NotFound(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise FailedPrecondition(f"{what} {path}: a folder on the way is a symlink"
+                                     " (swapped for one?); nothing was read or written"
+                                     ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return [st.st_dev, st.st_ino]
+
+
+def _remove_folder(path: str) -> None:
+    """Remove the folder ``path`` a failed fork made, from its parent reached through no
+    symlink (one there now: nothing is removed)."""
+    try:
+        parent = open_folder(os.path.dirname(path))
+    except OSError:
+        return
+    try:
+        shutil.rmtree(os.path.basename(path), ignore_errors=True, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def open_layer_root(kind: str, path: str, identity: list | None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +92,54 @@ def test_2_parent_swapped_for_a_symlink_is_refused(fresh_daemon, agent_home, can
     as_agent("rm proj && mv proj.real proj", agent_home)
     with fresh_daemon.client() as c:
         c.checkpoint(s.id)
+
+
+def _raced(call, swap: str, cwd: Path):
+    """``call()`` on a thread, held at a pause point of the daemon's while the agent
+    runs ``swap`` in ``cwd``; what it returned or raised."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except Exception as exc:  # the assertions read it
+            out["value"] = exc
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.6)
+    as_agent(swap, cwd)
+    thread.join(30)
+    return out["value"]
+
+
+def test_2b_a_parent_swapped_while_a_session_or_fork_is_made_is_refused(
+        tmp_path, agent_home, canary):
+    """The same swap, made while the daemon creates a session over the agent's folder
+    or a fork into it (held open after the path was checked): refused with nothing
+    read or written through the symlink. Before 0.7.23 the new session was bound to
+    the canary's folder (its first checkpoint held the root-only secret), and the fork
+    made its folder there."""
+    before = fingerprint(canary)
+    ws = agent_home / "proj" / "ws"
+    as_agent("echo mine > a.txt && mkdir forks", agent_home / "proj")
+    d = DaemonProcess(tmp_path / "root", env={
+        "WORLDLINE_FAULTS": "session.checked@1.5,fork.checked@1.5"}).start()
+    try:
+        with d.client() as c:
+            got = _raced(lambda: c.create_session(str(ws)),
+                         f"mv proj proj.real && ln -s {canary} proj", agent_home)
+            assert isinstance(got, FailedPrecondition), got
+            assert c.list_sessions() == []
+            as_agent("rm proj && mv proj.real proj", agent_home)
+            cp = c.create_session(str(ws)).checkpoint()
+            got = _raced(lambda: c.fork(cp.id, workspace=str(agent_home / "proj/forks/f1")),
+                         f"mv forks forks.real && ln -s {canary} forks", agent_home / "proj")
+            assert isinstance(got, FailedPrecondition), got
+            assert len(c.list_sessions()) == 1
+        assert not os.path.ismount(canary / "f1")
+        assert differences(before, fingerprint(canary)) == []
+    finally:
+        d.stop()
 
 
 def test_3_engine_data_root_is_never_a_workspace(client):

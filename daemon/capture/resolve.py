@@ -44,3 +44,29 @@ def open_folder(path: str, flags: int = os.O_PATH) -> int:
     if fd < 0:
         raise OSError(-fd, f"{path}: {os.strerror(-fd)}")
     return fd
+
+
+def make_folder(path: str, mode: int = 0o755) -> tuple[int, bool]:
+    """``os.makedirs(path, exist_ok=True)`` reached through no symlink: each missing
+    folder on the way is made in its parent opened so. (An ``O_PATH`` descriptor of
+    the folder, whether its last part was made here); OSError ELOOP if a symlink is on
+    the way, and nothing is made past it."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    made = False
+    try:
+        for part in filter(None, path.split("/")):
+            try:
+                os.mkdir(part, mode, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                made = False
+            child = openat2(fd, part, os.O_PATH | os.O_DIRECTORY,
+                            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH)
+            if child < 0:
+                raise OSError(-child, f"{path}: {os.strerror(-child)}")
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, made
