@@ -22,10 +22,10 @@ lease runs out another host may *take the session over*.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import replace
@@ -34,11 +34,12 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import ids
 from .capture.layers import CONTAINER, WORKSPACE
+from .capture.resolve import make_folder, open_folder
 from .capture.snapshot import Capture
 from .faults import crash_point
 from .records import AuditEvent, Checkpoint, Session
 from .storage.store import claimable
-from .world import World
+from .world import World, remove_folder
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     staging = os.path.join(os.path.dirname(path.rstrip("/")) or "/",
                            STAGING + session_id)
     if interrupted:  # what a take-over that died left (its name is ours; never followed)
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_folder(staging)
     real = world._check_workspace(path, must_be_empty=True)
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
@@ -119,13 +120,30 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     checkpoint equal to the head appended (which fences the former holder). The
     container's bind of ``origin`` (its workspace on the former host) becomes one of
     ``path``."""
-    os.makedirs(staging, mode=0o755)
-    layer = world._layer(WORKSPACE, staging, track=False)
+    # Made, written and renamed through no symlink: the folders above the workspace may
+    # be the agent's, and swapped for symlinks while this runs.
+    try:
+        fd, _ = make_folder(staging)
+    except OSError as exc:
+        raise _swapped(path, exc) from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    layer = world._layer(WORKSPACE, staging, [st.st_dev, st.st_ino], track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
     crash_point("takeover.mid")
-    if os.path.exists(path):  # checked empty
-        os.rmdir(path)
-    os.rename(staging, path)
+    try:
+        parent = open_folder(os.path.dirname(path))
+    except OSError as exc:
+        raise _swapped(path, exc) from None
+    try:
+        name = os.path.basename(path)
+        if os.path.lexists(f"/proc/self/fd/{parent}/{name}"):  # checked empty
+            os.rmdir(name, dir_fd=parent)
+        os.rename(os.path.basename(staging), name, src_dir_fd=parent, dst_dir_fd=parent)
+    finally:
+        os.close(parent)
     container = None
     if session.container and head.container:
         container = _remake_container(world, session, origin, path)
@@ -148,6 +166,13 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
             "restore", session.id, cp.id, {"target": head.id, "host": world.host}, ids.now())])
     if container:
         world._engine().start(container)
+
+
+def _swapped(path: str, exc: OSError) -> Exception:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return FailedPrecondition(f"workspace {path}: a folder on the way was swapped for a"
+                                  " symlink during the take-over; nothing was written there")
+    return exc
 
 
 def _remake_container(world: World, session: Session, origin: str, path: str) -> str:

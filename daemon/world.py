@@ -1042,7 +1042,7 @@ class World:
                 self.views.unmount(path)
                 shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             if created:
-                _remove_folder(path)
+                remove_folder(path)
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
@@ -1288,9 +1288,9 @@ def folder_identity(kind: str, path: str) -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-def _remove_folder(path: str) -> None:
-    """Remove the folder ``path`` a failed fork made, from its parent reached through no
-    symlink (one there now: nothing is removed)."""
+def remove_folder(path: str) -> None:
+    """Remove the folder ``path`` (one a failed fork or take-over made), from its parent
+    reached through no symlink (one there now: nothing is removed)."""
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError:
