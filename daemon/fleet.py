@@ -165,7 +165,7 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
         world.store.append_checkpoint(cp, [], head.id, None, [AuditEvent(
             "restore", session.id, cp.id, {"target": head.id, "host": world.host}, ids.now())])
     if container:
-        world._engine().start(container)
+        world._start_container(container, path)
 
 
 def _swapped(path: str, exc: OSError) -> Exception:

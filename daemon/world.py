@@ -429,7 +429,11 @@ class World:
             created_container = container_name = f"worldline-{sid.lower()}"
             engine.create_from_image(image, container_name, path, mount or DEFAULT_MOUNT,
                                      self._labels(sid))
-            engine.start(container_name)
+            try:
+                self._start_container(container_name, path)
+            except BaseException:
+                engine.remove(container_name)
+                raise
         elif container:
             container_name = self._engine().inspect(container)["Name"].lstrip("/")
         else:
@@ -678,7 +682,7 @@ class World:
             except (WorldlineError, OSError) as exc:
                 raise self._restore_failed(session, target, exc) from exc
             if revived:
-                self._engine().start(session.container)
+                self._start_container(session.container, session.workspace)
                 warnings.append(f"container {session.container} was gone: made again from"
                                 " its recorded spec")
             crash_point("restore.before_commit")
@@ -801,8 +805,10 @@ class World:
             return plans, warnings
         finally:
             if was_running:
-                self._engine().start(session.container)
-                os.unlink(stopped)
+                try:
+                    self._start_container(session.container, session.workspace)
+                finally:
+                    os.unlink(stopped)
 
     def _finish_restore(self, entry: dict) -> str:
         """Complete a restore its journal says was begun (the caller holds the lock), but
@@ -895,6 +901,11 @@ class World:
             return None
         if container is None:
             return None
+        if kind == "stopped":
+            try:
+                self._check_bind(container, self.store.get_session(session_id).workspace)
+            except WorldlineError as exc:
+                return f"container {container} of session {session_id}: {exc.message}"
         return (f"{'unpaused' if kind == 'paused' else 'started'} container {container}"
                 f" of session {session_id}, which the daemon's last run had {kind}")
 
@@ -1034,7 +1045,7 @@ class World:
                     if not (layer.kind == WORKSPACE and mounted):
                         layer.now_equals(want)
             if container:
-                self._engine().start(container)
+                self._start_container(container, path)
         except BaseException:
             if container:
                 self._engine().remove(container)
@@ -1046,6 +1057,31 @@ class World:
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
+
+    def _start_container(self, container: str, workspace: str) -> None:
+        """Start a session's container, then ``_check_bind``."""
+        self._engine().start(container)
+        self._check_bind(container, workspace)
+
+    def _check_bind(self, container: str, workspace: str) -> None:
+        """The engine resolves a bind mount's source path at each start, following
+        symlinks: a running container that binds ``workspace`` must show there the folder
+        that path names through no symlink. If a folder above it was swapped for a
+        symlink, the container would hold the symlink's target: it is stopped at once
+        (FAILED_PRECONDITION), never left running."""
+        engine = self._engine()
+        seen = engine.bind_identity(container, workspace)
+        if seen is None:
+            return
+        try:
+            want = folder_identity(WORKSPACE, workspace)
+        except WorldlineError:
+            want = None
+        if seen != want:
+            engine.stop(container, timeout=0)
+            raise FailedPrecondition(
+                f"container {container} was stopped: its bind mount of {workspace} does not"
+                " show that folder (a folder on the way swapped for a symlink?)")
 
     def fork_origin(self, session_id: str) -> tuple[str, str] | None:
         """(workspace, tree it was forked from) of a recorded fork; None for a session
