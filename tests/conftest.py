@@ -209,6 +209,19 @@ def places(tmp_path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
+def agent_home(tmp_path) -> Path:
+    """agent/proj/ws: the agent (uid 1000) owns everything from agent/ down, so it can
+    swap any folder above its workspace (test_hostile, test_containers)."""
+    home = tmp_path / "agent"
+    ws = home / "proj" / "ws"
+    ws.mkdir(parents=True)
+    for p in (home, home / "proj", ws):
+        os.chown(p, AGENT_UID, AGENT_UID)
+    os.chmod(tmp_path, 0o755)
+    return home
+
+
+@pytest.fixture
 def workspace(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()

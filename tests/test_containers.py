@@ -413,7 +413,8 @@ def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers, 
         a.stop()
 
 
-def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, containers):
+def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, agent_home,
+                                                                   containers):
     """The engine resolves a bind mount's source path each time it starts a container,
     following symlinks. The agent (uid 1000) owns the folders above its workspace and
     swaps one for a symlink to a folder holding a root-only secret; a restore (which
@@ -421,17 +422,13 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, co
     than started with the symlink's target as its /workspace. Before 0.7.23 the
     restore's end started it so: the secret was readable inside, and writable by the
     container's root."""
-    from .fidelity import AGENT_UID, as_agent
+    from .fidelity import as_agent
     canary = tmp_path / "canary"
     (canary / "ws").mkdir(parents=True)
     (canary / "ws" / "secret").write_text("root only\n")
     os.chmod(canary / "ws" / "secret", 0o600)
-    home = tmp_path / "agent"
+    home = agent_home
     ws = home / "proj" / "ws"
-    ws.mkdir(parents=True)
-    for p in (home, home / "proj", ws):
-        os.chown(p, AGENT_UID, AGENT_UID)
-    os.chmod(tmp_path, 0o755)
     d = DaemonProcess(tmp_path / "root").start()
     try:
         with d.client() as c:

@@ -40,18 +40,6 @@ def canary(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture
-def agent_home(tmp_path) -> Path:
-    """agent/proj/ws: the agent owns everything from agent/ down."""
-    home = tmp_path / "agent"
-    ws = home / "proj" / "ws"
-    ws.mkdir(parents=True)
-    for p in (home, home / "proj", ws):
-        os.chown(p, AGENT_UID, AGENT_UID)
-    os.chmod(tmp_path, 0o755)
-    return home
-
-
 def test_1_setuid_file_comes_back_owned_by_the_agent(client, agent_home):
     ws = agent_home / "proj" / "ws"
     as_agent("cp /bin/bash tool && chmod 4755 tool && mkdir grp && chmod 2775 grp", ws)
