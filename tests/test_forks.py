@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def test_forks_of_forks_stay_independent(forking_daemon, tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
-    """A fork's overlay is mounted again at start, and its session goes on: the new
+    """A fork's overlay is mounted again at start, its folder and those above it made
+    again if the reboot took them (a /tmp emptied), and its session goes on: the new
     mount has a new device number (here another file system mounted meanwhile takes
     the old one, as a reboot's order of mounts may), which becomes the identity its
     workspace is checked against. Before 0.7.23 every call on the fork was refused
@@ -87,13 +89,14 @@ def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
     try:
         with d.client() as c:
             s = c.create_session(str(ws))
-            f = c.fork(s.checkpoint().id)
+            f = c.fork(s.checkpoint().id, workspace=str(tmp_path / "scratch" / "fork"))
             (Path(f.workspace) / "kept").write_text("written in the fork")
             before = c.checkpoint(f.id).id
         d.stop()
         was = os.stat(f.workspace).st_dev
         subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
         assert not os.path.ismount(f.workspace)
+        shutil.rmtree(tmp_path / "scratch")  # its folders gone too: a /tmp a reboot emptied
         tmpfs(tmp_path / "meanwhile", "1m")
         d.start()
         assert os.path.ismount(f.workspace) and os.stat(f.workspace).st_dev != was

@@ -36,7 +36,7 @@ from ..storage.blobs import BlobStore
 from ..storage.durable import fsync_folder
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
-from .resolve import open_folder
+from .resolve import make_folder, open_folder
 from .snapshot import Capture, WorkspaceSnapshotter
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode, links_of
 
@@ -243,15 +243,10 @@ class Views:
 
     @staticmethod
     def _make_mount_point(workspace: str) -> None:
-        """The fork's folder where a reboot left none (its parent must be there), made
-        in the parent reached through no symlink."""
-        parent = open_folder(os.path.dirname(workspace))
-        try:
-            os.mkdir(os.path.basename(workspace), 0o755, dir_fd=parent)
-        except FileExistsError:
-            pass
-        finally:
-            os.close(parent)
+        """The fork's folder, and those above it, where a reboot left none (a /tmp
+        emptied), made through no symlink."""
+        fd, _ = make_folder(workspace)
+        os.close(fd)
 
     def _seed_stat_cache(self, workspace: str, lowers: list[str], tree: str) -> None:
         """Files not yet written by the fork show their lower file's stat through the
