@@ -291,10 +291,16 @@ class Views:
                     st = os.fstat(fd)
                 finally:
                     os.close(fd)
-                remounted(sid, [st.st_dev, st.st_ino])
-                report.append(f"mounted fork {sid} at {spec['workspace']} again")
             except OSError as exc:
                 report.append(f"cannot mount fork {sid} again: {exc}")
+                continue
+            try:
+                remounted(sid, [st.st_dev, st.st_ino])
+            except Exception as exc:  # a start is never stopped by one fork
+                report.append(f"mounted fork {sid} again, but its new identity could not"
+                              f" be recorded (its calls are refused until then): {exc}")
+                continue
+            report.append(f"mounted fork {sid} at {spec['workspace']} again")
         return report
 
     def _rebuilt_spec(self, sid: str, origin: Callable[[str], tuple[str, str] | None],
