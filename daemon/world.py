@@ -805,8 +805,9 @@ class World:
             return plans, warnings
         finally:
             if was_running:
-                try:
-                    self._start_container(session.container, session.workspace)
+                self._engine().start(session.container)  # refused: the mark stays, and
+                try:  # the next start starts it
+                    self._check_bind(session.container, session.workspace)
                 finally:
                     os.unlink(stopped)
 
