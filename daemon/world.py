@@ -44,6 +44,7 @@ from .capture.containers import (
     LABEL_ROOT,
     LABEL_SESSION,
     Engine,
+    bind_identity_of,
     extra_mounts,
 )
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
@@ -353,10 +354,22 @@ class World:
         if not session.container:
             yield {}
             return
+        want = json.loads(session.spec or "{}").get("roots", {}).get(WORKSPACE)
         with self._engine().frozen(session.container,
                                    mark=self._mark("paused", session.id)) as attrs:
             crash_point("capture.paused")
-            yield self._mapped(session, attrs)
+            seen = bind_identity_of(attrs, session.workspace)
+            if want is None or seen is None or seen == want:
+                yield self._mapped(session, attrs)
+                return
+        # Started by someone else (a restart policy, `docker restart`) after a folder
+        # above the workspace was swapped for a symlink: it holds another folder there.
+        self._engine().stop(session.container, timeout=0)
+        raise FailedPrecondition(
+            f"container {session.container} was stopped: its bind mount of"
+            f" {session.workspace} shows another folder than the session's workspace (a"
+            " folder on the way swapped for a symlink, or the container started before"
+            " the workspace was there); start it again once the workspace is as it was")
 
     def _mapped(self, session: Session, attrs: dict) -> dict[str, frozenset[str]]:
         roots = json.loads(session.spec or "{}").get("roots", {})

@@ -413,6 +413,15 @@ def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers, 
         a.stop()
 
 
+def _not_over(container: str, canary: Path) -> None:
+    """The container does not run with the canary's folder as its workspace, and the
+    canary is as it was."""
+    if json.loads(docker("inspect", container))[0]["State"]["Running"]:
+        assert "root only" not in sh(container, "cat /workspace/secret 2>/dev/null || true")
+    assert (canary / "ws" / "secret").read_text() == "root only\n"
+    assert sorted(os.listdir(canary / "ws")) == ["secret"]
+
+
 def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, agent_home,
                                                                    containers):
     """The engine resolves a bind mount's source path each time it starts a container,
@@ -421,7 +430,8 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, ag
     stops and starts the container) is refused, and the container is stopped rather
     than started with the symlink's target as its /workspace. Before 0.7.23 the
     restore's end started it so: the secret was readable inside, and writable by the
-    container's root."""
+    container's root. A start the daemon did not make (a restart policy, an operator's
+    `docker start`) is found by the next checkpoint, which stops the container."""
     from .fidelity import as_agent
     canary = tmp_path / "canary"
     (canary / "ws").mkdir(parents=True)
@@ -439,11 +449,18 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, ag
             as_agent(f"mv proj proj.real && ln -s {canary} proj", home)
             with pytest.raises(FailedPrecondition):
                 s.restore(cp.id)
-            state = json.loads(docker("inspect", s.container))[0]["State"]
-            if state["Running"]:
-                assert "root only" not in docker("exec", s.container, "sh", "-c",
-                                                 "cat /workspace/secret || true")
-            assert (canary / "ws" / "secret").read_text() == "root only\n"
-            assert sorted(os.listdir(canary / "ws")) == ["secret"]
+            _not_over(s.container, canary)
+            # Started again by someone else (a restart policy, an operator): the next
+            # checkpoint finds it holding the target, and stops it.
+            docker("start", s.container)
+            assert "root only" in docker("exec", s.container, "cat", "/workspace/secret")
+            with pytest.raises(FailedPrecondition, match="was stopped"):
+                s.checkpoint()
+            assert not json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+            _not_over(s.container, canary)
+            as_agent("rm proj && mv proj.real proj", home)  # put back, the session goes on
+            docker("start", s.container)
+            s.checkpoint()
+            assert sh(s.container, "cat /workspace/a.txt") == "mine\n"
     finally:
         d.stop()

@@ -263,32 +263,8 @@ class Engine:
             self.api.start(container)
 
     def bind_identity(self, container: str, source: str) -> list[int] | None:
-        """(st_dev, st_ino) of what the running container shows at the place its bind
-        mount of ``source`` goes, reached in its root through no symlink ([-1, -1] if it
-        cannot be reached so); None if it binds no ``source`` or does not run. The
-        engine resolves a bind's source path at each start, following symlinks."""
-        attrs = self.inspect(container)
-        place = next((m.get("Destination") for m in attrs.get("Mounts") or []
-                      if m.get("Type") == "bind" and m.get("Source") == source), None)
-        pid = (attrs.get("State") or {}).get("Pid")
-        if not place or not pid:
-            return None
-        try:
-            root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return None  # it ended meanwhile: nothing is bound
-        try:
-            fd = openat2(root, place.lstrip("/") or ".", os.O_PATH | os.O_DIRECTORY,
-                         RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-            if fd < 0:
-                return [-1, -1]
-            try:
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(root)
-        return [st.st_dev, st.st_ino]
+        """``bind_identity_of`` the container as the engine shows it now."""
+        return bind_identity_of(self.inspect(container), source)
 
     def remove(self, container: str) -> None:
         with self.errors():
@@ -387,3 +363,33 @@ class Engine:
     def remove_image(self, image: str) -> None:
         with self.errors():
             self.api.remove_image(image, force=True)
+
+
+def bind_identity_of(attrs: dict, source: str) -> list[int] | None:
+    """(st_dev, st_ino) of what a running container (``attrs``: its inspection) shows
+    at the place its bind mount of ``source`` goes, reached in its root through no
+    symlink ([-1, -1] if it cannot be reached so); None if it binds no ``source`` or
+    does not run. The engine resolves a bind's source path at each start, following
+    symlinks: whoever starts it (a restart policy too) may have it bind another
+    folder than the one the path names now."""
+    place = next((m.get("Destination") for m in attrs.get("Mounts") or []
+                  if m.get("Type") == "bind" and m.get("Source") == source), None)
+    pid = (attrs.get("State") or {}).get("Pid")
+    if not place or not pid:
+        return None
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # it ended meanwhile: nothing is bound
+    try:
+        fd = openat2(root, place.lstrip("/") or ".", os.O_PATH | os.O_DIRECTORY,
+                     RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        if fd < 0:
+            return [-1, -1]
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+    return [st.st_dev, st.st_ino]
