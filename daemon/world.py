@@ -314,8 +314,7 @@ class World:
     def _spec(self, session: Session, layers: list[Layer], container_spec=None) -> str:
         """The session's spec: each layer root's identity, the container's creation spec."""
         spec = json.loads(session.spec or "{}")
-        spec["roots"] = {layer.kind: folder_identity(layer.kind, layer.path)
-                         for layer in layers}
+        spec["roots"] = {layer.kind: _root_identity(layer) for layer in layers}
         if container_spec is not None:
             spec["container"] = container_spec
             spec["workspace"] = session.workspace  # the folder its bind mounts refer to
@@ -1335,6 +1334,17 @@ def folder_identity(kind: str, path: str) -> list[int]:
         st = os.fstat(fd)
     finally:
         os.close(fd)
+    return [st.st_dev, st.st_ino]
+
+
+def _root_identity(layer: Layer) -> list[int]:
+    """The identity a layer's root is checked against: a workspace's through no symlink
+    (the agent may own folders above it); a container layer's as the engine names it
+    (its folders are the engine's, and its data root may be reached through a symlink
+    of the operator's)."""
+    if layer.kind == WORKSPACE:
+        return folder_identity(WORKSPACE, layer.path)
+    st = os.lstat(layer.path)
     return [st.st_dev, st.st_ino]
 
 
