@@ -94,7 +94,7 @@ def _raced(call, swap: str, cwd: Path):
             out["value"] = exc
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.6)
+    time.sleep(1.0)  # the daemon is at its pause point (4 s) well before this
     as_agent(swap, cwd)
     thread.join(30)
     return out["value"]
@@ -111,7 +111,7 @@ def test_2b_a_parent_swapped_while_a_session_or_fork_is_made_is_refused(
     ws = agent_home / "proj" / "ws"
     as_agent("echo mine > a.txt && mkdir forks", agent_home / "proj")
     d = DaemonProcess(tmp_path / "root", env={
-        "WORLDLINE_FAULTS": "session.checked@1.5,fork.checked@1.5"}).start()
+        "WORLDLINE_FAULTS": "session.checked@4,fork.checked@4"}).start()
     try:
         with d.client() as c:
             got = _raced(lambda: c.create_session(str(ws)),
