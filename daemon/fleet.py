@@ -22,7 +22,6 @@ lease runs out another host may *take the session over*.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -34,12 +33,12 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import ids
 from .capture.layers import CONTAINER, WORKSPACE
-from .capture.resolve import make_folder, open_folder
+from .capture.resolve import identity_of, make_folder, open_folder
 from .capture.snapshot import Capture
 from .faults import crash_point
 from .records import AuditEvent, Checkpoint, Session
 from .storage.store import claimable
-from .world import World, remove_folder
+from .world import World, remove_folder, symlink_refused
 
 log = logging.getLogger(__name__)
 
@@ -125,22 +124,20 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     try:
         fd, _ = make_folder(staging)
     except OSError as exc:
-        raise _swapped(path, exc) from None
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    layer = world._layer(WORKSPACE, staging, [st.st_dev, st.st_ino], track=False)
+        raise symlink_refused(WORKSPACE, path, exc) from None
+    layer = world._layer(WORKSPACE, staging, identity_of(fd), track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
     crash_point("takeover.mid")
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError as exc:
-        raise _swapped(path, exc) from None
+        raise symlink_refused(WORKSPACE, path, exc) from None
     try:
         name = os.path.basename(path)
-        if os.path.lexists(f"/proc/self/fd/{parent}/{name}"):  # checked empty
-            os.rmdir(name, dir_fd=parent)
+        try:
+            os.rmdir(name, dir_fd=parent)  # checked empty
+        except FileNotFoundError:
+            pass
         os.rename(os.path.basename(staging), name, src_dir_fd=parent, dst_dir_fd=parent)
     finally:
         os.close(parent)
@@ -166,13 +163,6 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
             "restore", session.id, cp.id, {"target": head.id, "host": world.host}, ids.now())])
     if container:
         world._start_container(container, path)
-
-
-def _swapped(path: str, exc: OSError) -> Exception:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return FailedPrecondition(f"workspace {path}: a folder on the way was swapped for a"
-                                  " symlink during the take-over; nothing was written there")
-    return exc
 
 
 def _remake_container(world: World, session: Session, origin: str, path: str) -> str:

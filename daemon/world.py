@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 from worldline.client.errors import (
     Aborted,
@@ -49,7 +49,7 @@ from .capture.containers import (
 )
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
-from .capture.resolve import make_folder, open_folder
+from .capture.resolve import identity_of, make_folder, open_folder
 from .capture.snapshot import Capture, WorkspaceSnapshotter
 from .capture.tracker import ChangeMonitor
 from .capture.trees import (
@@ -353,25 +353,22 @@ class World:
         if not session.container:
             yield {}
             return
-        want = json.loads(session.spec or "{}").get("roots", {}).get(WORKSPACE)
+        roots = json.loads(session.spec or "{}").get("roots", {})
+        want = roots.get(WORKSPACE)
         with self._engine().frozen(session.container,
                                    mark=self._mark("paused", session.id)) as attrs:
             crash_point("capture.paused")
             seen = bind_identity_of(attrs, session.workspace)
             if want is None or seen is None or seen == want:
-                yield self._mapped(session, attrs)
+                yield self._mapped(session, attrs, roots)
                 return
         # Started by someone else (a restart policy, `docker restart`) after a folder
         # above the workspace was swapped for a symlink: it holds another folder there.
-        self._engine().stop(session.container, timeout=0)
-        raise FailedPrecondition(
-            f"container {session.container} was stopped: its bind mount of"
-            f" {session.workspace} shows another folder than the session's workspace (a"
-            " folder on the way swapped for a symlink, or the container started before"
-            " the workspace was there); start it again once the workspace is as it was")
+        self._stop_bound_elsewhere(session.container, session.workspace)
 
-    def _mapped(self, session: Session, attrs: dict) -> dict[str, frozenset[str]]:
-        roots = json.loads(session.spec or "{}").get("roots", {})
+    def _mapped(self, session: Session, attrs: dict, roots: dict
+                ) -> dict[str, frozenset[str]]:
+        """``roots``: the layers' identities recorded in the session's spec."""
         try:
             dev = (roots[WORKSPACE][0] if WORKSPACE in roots
                    else os.stat(session.workspace).st_dev)
@@ -1009,15 +1006,8 @@ class World:
         try:  # made and opened through no symlink; every write below checks it is still it
             fd, created = make_folder(path)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise FailedPrecondition(f"workspace {path}: a folder on the way was swapped"
-                                         " for a symlink; nothing was written") from None
-            raise
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        roots = {WORKSPACE: [st.st_dev, st.st_ino]}
+            raise symlink_refused(WORKSPACE, path, exc) from None
+        roots = {WORKSPACE: identity_of(fd)}
         container = None
         try:
             if source.container is not None:
@@ -1082,8 +1072,7 @@ class World:
         that path names through no symlink. If a folder above it was swapped for a
         symlink, the container would hold the symlink's target: it is stopped at once
         (FAILED_PRECONDITION), never left running."""
-        engine = self._engine()
-        seen = engine.bind_identity(container, workspace)
+        seen = self._engine().bind_identity(container, workspace)
         if seen is None:
             return
         try:
@@ -1091,10 +1080,16 @@ class World:
         except WorldlineError:
             want = None
         if seen != want:
-            engine.stop(container, timeout=0)
-            raise FailedPrecondition(
-                f"container {container} was stopped: its bind mount of {workspace} does not"
-                " show that folder (a folder on the way swapped for a symlink?)")
+            self._stop_bound_elsewhere(container, workspace)
+
+    def _stop_bound_elsewhere(self, container: str, workspace: str) -> NoReturn:
+        """Stop a container whose bind of ``workspace`` shows another folder, at once."""
+        self._engine().stop(container, timeout=0)
+        raise FailedPrecondition(
+            f"container {container} was stopped: its bind mount of {workspace} shows"
+            " another folder than the session's workspace (a folder on the way swapped for"
+            " a symlink, or the container started before the workspace was there); start"
+            " it again once the workspace is as it was")
 
     def fork_origin(self, session_id: str) -> tuple[str, str] | None:
         """(workspace, tree it was forked from) of a recorded fork; None for a session
@@ -1319,22 +1314,25 @@ def folder_identity(kind: str, path: str) -> list[int]:
     """(st_dev, st_ino) of a layer's root folder, reached through no symlink: the
     identity its session checks it against (``open_layer_root``). A symlink on the way
     is FAILED_PRECONDITION."""
-    what = "workspace" if kind == WORKSPACE else "container layer"
     try:
-        fd = open_folder(path)
+        return identity_of(open_folder(path))
     except FileNotFoundError:
-        raise NotFound(f"{what} {path} does not exist") from None
+        raise NotFound(f"{_what(kind)} {path} does not exist") from None
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise FailedPrecondition(f"{what} {path}: a folder on the way is a symlink"
-                                     " (swapped for one?); nothing was read or written"
-                                     ) from None
-        raise
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    return [st.st_dev, st.st_ino]
+        raise symlink_refused(kind, path, exc) from None
+
+
+def _what(kind: str) -> str:
+    return "workspace" if kind == WORKSPACE else "container layer"
+
+
+def symlink_refused(kind: str, path: str, exc: OSError) -> Exception:
+    """What an OSError met reaching a layer's folder through no symlink means: a symlink
+    (or a file) on the way is FAILED_PRECONDITION; anything else is itself."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return FailedPrecondition(f"{_what(kind)} {path}: a folder on the way is a symlink"
+                                  " (swapped for one?); nothing was read or written")
+    return exc
 
 
 def _root_identity(layer: Layer) -> list[int]:

@@ -37,7 +37,13 @@ from typing import Iterator
 
 from worldline.client.errors import FailedPrecondition, NotFound, Unavailable
 
-from .resolve import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
+from .resolve import (
+    RESOLVE_BENEATH,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    identity_of,
+    openat2,
+)
 from .stopping import ignores_stop_signal
 
 log = logging.getLogger(__name__)
@@ -384,12 +390,6 @@ def bind_identity_of(attrs: dict, source: str) -> list[int] | None:
     try:
         fd = openat2(root, place.lstrip("/") or ".", os.O_PATH | os.O_DIRECTORY,
                      RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-        if fd < 0:
-            return [-1, -1]
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+        return identity_of(fd) if fd >= 0 else [-1, -1]
     finally:
         os.close(root)
-    return [st.st_dev, st.st_ino]

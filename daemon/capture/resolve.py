@@ -46,6 +46,15 @@ def open_folder(path: str, flags: int = os.O_PATH) -> int:
     return fd
 
 
+def identity_of(fd: int) -> list[int]:
+    """(st_dev, st_ino) of the open descriptor ``fd``, which is closed."""
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return [st.st_dev, st.st_ino]
+
+
 def make_folder(path: str, mode: int = 0o755) -> tuple[int, bool]:
     """``os.makedirs(path, exist_ok=True)`` reached through no symlink: each missing
     folder on the way is made in its parent opened so. (An ``O_PATH`` descriptor of

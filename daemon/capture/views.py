@@ -36,7 +36,7 @@ from ..storage.blobs import BlobStore
 from ..storage.durable import fsync_folder
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
-from .resolve import make_folder, open_folder
+from .resolve import identity_of, make_folder, open_folder
 from .snapshot import Capture, WorkspaceSnapshotter
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode, links_of
 
@@ -286,16 +286,13 @@ class Views:
             try:
                 self._make_mount_point(spec["workspace"])
                 self._mount(spec)
-                fd = open_folder(spec["workspace"])  # the mount's root, as sessions see it
-                try:
-                    st = os.fstat(fd)
-                finally:
-                    os.close(fd)
+                # the mount's root, as sessions see it
+                identity = identity_of(open_folder(spec["workspace"]))
             except OSError as exc:
                 report.append(f"cannot mount fork {sid} again: {exc}")
                 continue
             try:
-                remounted(sid, [st.st_dev, st.st_ino])
+                remounted(sid, identity)
             except Exception as exc:  # a start is never stopped by one fork
                 report.append(f"mounted fork {sid} again, but its new identity could not"
                               f" be recorded (its calls are refused until then): {exc}")

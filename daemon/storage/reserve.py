@@ -51,26 +51,33 @@ def settle(root: str) -> str | None:
                 f" {held} bytes was freed so the daemon could start; free space there"
                 " (`worldline gc`, or outside worldline) and the daemon keeps a reserve"
                 " again")
-    if free >= 2 * SIZE and _held(path) < SIZE:
-        _make(path)
+    _keep(root)
     return None
 
 
 def renew(root: str) -> bool:
     """While serving: make the reserve again if it is missing and the file system has
     room for it twice over (a start on a full disk freed it, and space was freed
-    since). True if it was made. A file system that cannot allocate one is asked once."""
-    path = os.path.join(root, NAME)
-    if root in _CANNOT or _held(path) >= SIZE or free_bytes(root) < 2 * SIZE:
-        return False
-    if not _make(path):
-        _CANNOT.add(root)
+    since). True if it was made."""
+    if not _keep(root):
         return False
     log.warning("the data root's reserve of %d bytes is kept again", SIZE)
     return True
 
 
-_CANNOT: set[str] = set()  # data roots whose file system refused a reserve
+_CANNOT: set[str] = set()  # data roots whose file system cannot allocate a reserve
+
+
+def _keep(root: str) -> bool:
+    """Make the reserve if it is missing and there is room for it twice over; True if
+    it was made. A file system that cannot allocate one is asked once per process."""
+    path = os.path.join(root, NAME)
+    if root in _CANNOT or _held(path) >= SIZE or free_bytes(root) < 2 * SIZE:
+        return False
+    refused = _make(path)
+    if refused in (errno.EOPNOTSUPP, errno.EINVAL):
+        _CANNOT.add(root)
+    return refused == 0
 
 
 def _held(path: str) -> int:
@@ -81,9 +88,10 @@ def _held(path: str) -> int:
         return 0
 
 
-def _make(path: str) -> bool:
-    """Allocate the reserve at ``path``; False (and a warning) where the file system
-    refuses: no room after all, or no allocation of a file's blocks at all."""
+def _make(path: str) -> int:
+    """Allocate the reserve at ``path``: 0, or the errno with which the file system
+    refused (and a warning): no room after all (ENOSPC), or no allocation of a file's
+    blocks at all."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.posix_fallocate(fd, 0, SIZE)
@@ -94,6 +102,6 @@ def _make(path: str) -> bool:
         if exc.errno not in (errno.ENOSPC, errno.EOPNOTSUPP, errno.EINVAL):
             raise
         log.warning("no reserve kept in the data root: %s", exc.strerror)
-        return False
+        return exc.errno
     os.close(fd)
-    return True
+    return 0
