@@ -49,6 +49,7 @@ POINTS = (
     "blobs.rewrite_after_put",     # a host's packs rewritten as one in the bucket, unindexed
     "blobs.rewrite_after_index",   # the rewrite indexed, the objects it replaces not deleted
     "blobs.flush_after_put",       # staged objects PUT as one, the rows still staged
+    "takeover.checked",            # a take-over's new workspace checked, nothing claimed
     "takeover.mid",                # a take-over claimed the session, its workspace half made
     "repack.mid",                  # the idle repack rewrote a row, its transaction open
     "repack.step",                 # a repack step committed, the next not begun

@@ -91,7 +91,8 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
                            STAGING + session_id)
     if interrupted:  # what a take-over that died left (its name is ours; never followed)
         remove_folder(staging)
-    real = world._check_workspace(path, must_be_empty=True)
+    real = world._check_workspace(path, must_be_empty=True, moving=session_id)
+    crash_point("takeover.checked")
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
         raise FailedPrecondition(f"the head of session {session_id} was pruned")

@@ -32,7 +32,7 @@ from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .capture import walk
-from .capture.containers import Engine
+from .capture.containers import Engine, StartWatch
 from .capture.limits import Limits
 from .capture.tracker import ChangeMonitor
 from .capture.trees import TreeReader, files_named
@@ -104,6 +104,7 @@ class Daemon:
         self.root = os.path.abspath(root)
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
+        self.watch: StartWatch | None = None
         self._housekeeping: threading.Thread | None = None
         self._next_consolidate = 0.0  # monotonic: when a fleet host next looks (at rest)
         self._next_flush = 0.0  # monotonic: when it may next move its staged blobs
@@ -232,6 +233,10 @@ class Daemon:
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()
+        # A session's container started by anyone else is checked as it starts (its
+        # bind of the workspace), not only at the session's next checkpoint.
+        self.watch = StartWatch(self.engine, self.world.root_id,
+                                self.world.container_started).start()
         log.info("worldline daemon %d serving %s (data root %s; store %s, blobs %s%s)",
                  os.getpid(), self.listen, self.root, self.storage.shown_store,
                  self.storage.blobs, f", host {self.world.host}" if self.world.host else "")
@@ -409,6 +414,8 @@ class Daemon:
             self.monitor.close()
         if self._housekeeping is not None:
             self._housekeeping.join(timeout=5.0)  # its repack step ends before the stores close
+        if self.watch is not None:
+            self.watch.close()
         if self.leases is not None:
             self.leases.stop()
             try:  # this host serves no more: its sessions may be taken over at once

@@ -78,7 +78,7 @@ from .records import (
     tasks_to_json,
 )
 from .storage.blobs import BlobStore, digest_of
-from .storage.durable import fsync_folder
+from .storage.durable import fsync_folder, out_of_space
 from .storage.sqlite_store import flushes_deferred
 from .storage.statcache import StatCache
 from .storage.store import Store, calls_on_path
@@ -383,7 +383,10 @@ class World:
     def _bases(cp: Checkpoint) -> list[str | None]:
         return [cp.tree, cp.container]
 
-    def _check_workspace(self, path: str, *, must_be_empty: bool) -> str:
+    def _check_workspace(self, path: str, *, must_be_empty: bool, moving: str = "") -> str:
+        """The real path of ``path``, a folder a session may have; ``moving``: the session
+        that is to move there (its own workspace, the folder of a take-over it left
+        unfinished, is no overlap)."""
         if not path or not os.path.isabs(path):
             raise InvalidArgument(f"workspace {path!r} must be an absolute path")
         if os.path.lexists(path) and not os.path.isdir(path):
@@ -396,20 +399,20 @@ class World:
         inside_forks = real.startswith(self.fork_root + os.sep)
         if not inside_forks and (_contains(real, self.root) or _contains(self.root, real)):
             raise InvalidArgument(f"workspace {real} overlaps the data root {self.root}")
-        self._check_overlap(real)
+        self._check_overlap(real, moving)
         if must_be_empty and os.path.isdir(real) and os.listdir(real):
             raise FailedPrecondition(f"workspace {real} is not empty")
         if not must_be_empty and not os.path.isdir(real):
             raise NotFound(f"workspace {real} does not exist")
         return real
 
-    def _check_overlap(self, real: str) -> None:
+    def _check_overlap(self, real: str, moving: str = "") -> None:
         """One folder belongs to one session: a workspace may not equal, contain or lie
         inside another session's workspace (one inotify watch has one owner, and two
         sessions restoring one folder would destroy each other's work), nor the engine's
         data root."""
         for other in self.store.list_sessions():
-            if other.deleted_at or other.host not in ("", self.host):
+            if other.deleted_at or other.host not in ("", self.host) or other.id == moving:
                 continue  # its workspace was released, or is another host's folder
             if _contains(other.workspace, real) or _contains(real, other.workspace):
                 raise FailedPrecondition(
@@ -742,7 +745,7 @@ class World:
         log.warning("session %s: %s", session.id, said)
         if isinstance(exc, WorldlineError):
             return type(exc)(said)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if out_of_space(exc):
             return ResourceExhausted(said)
         return FailedPrecondition(said) if exc.errno == errno.EROFS else Internal(said)
 
@@ -1081,6 +1084,28 @@ class World:
             want = None
         if seen != want:
             self._stop_bound_elsewhere(container, workspace)
+
+    def container_started(self, container: str, session_id: str) -> None:
+        """A container of this data root was started, by anyone (containers.StartWatch):
+        if it binds its session's workspace and shows there another folder than the one
+        recorded for the session (a start by a restart policy or an operator after a
+        folder above the workspace was swapped for a symlink), it is stopped now, not at
+        the session's next checkpoint."""
+        try:
+            session = self.store.get_session(session_id)
+        except NotFound:
+            return  # a fork's container before its session is recorded: its start checks
+        if session.deleted_at or not session.container or not self.held_here(session):
+            return
+        want = json.loads(session.spec or "{}").get("roots", {}).get(WORKSPACE)
+        seen = self._engine().bind_identity(container, session.workspace)
+        if want is None or seen is None or seen == want:
+            return
+        self._engine().stop(container, timeout=0)
+        log.warning("stopped container %s of session %s as it started: its bind mount of %s"
+                    " shows another folder than the session's workspace (a folder on the way"
+                    " swapped for a symlink?); start it again once the workspace is as it was",
+                    container[:12], session.id, session.workspace)
 
     def _stop_bound_elsewhere(self, container: str, workspace: str) -> NoReturn:
         """Stop a container whose bind of ``workspace`` shows another folder, at once."""

@@ -265,6 +265,10 @@ def test_engine_unreachable(tmp_path, containers):
             proxy.restore()
             assert wait_health(d, health_pb2.HealthCheckResponse.SERVING)
             s.checkpoint()
+        # The engine's start events, followed throughout, were lost and taken up again
+        # quietly: no traceback, and the daemon stops at once.
+        assert "Traceback" not in d.log.read_text()
+        assert d.stop() == 0
     finally:
         d.stop()
         proxy.close()
@@ -431,7 +435,9 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, ag
     than started with the symlink's target as its /workspace. Before 0.7.23 the
     restore's end started it so: the secret was readable inside, and writable by the
     container's root. A start the daemon did not make (a restart policy, an operator's
-    `docker start`) is found by the next checkpoint, which stops the container."""
+    `docker start`) is stopped as it starts, with no call to the daemon: it watches the
+    engine's start events (0.7.24; before, the container ran until the session's next
+    checkpoint)."""
     from .fidelity import as_agent
     canary = tmp_path / "canary"
     (canary / "ws").mkdir(parents=True)
@@ -450,14 +456,28 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, ag
             with pytest.raises(FailedPrecondition):
                 s.restore(cp.id)
             _not_over(s.container, canary)
-            # Started again by someone else (a restart policy, an operator): the next
-            # checkpoint finds it holding the target, and stops it.
+            # Started again by someone else (a restart policy, an operator): stopped as it
+            # starts.
             docker("start", s.container)
-            assert "root only" in docker("exec", s.container, "cat", "/workspace/secret")
-            with pytest.raises(FailedPrecondition, match="was stopped"):
-                s.checkpoint()
-            assert not json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+            deadline = time.monotonic() + 10
+            while json.loads(docker("inspect", s.container))[0]["State"]["Running"]:
+                assert time.monotonic() < deadline, "left running over the swapped workspace"
+                time.sleep(0.05)
+            assert "shows another folder than the session's workspace" in d.log.read_text()
             _not_over(s.container, canary)
+        # Started while the daemon was down: stopped when it starts again (the watch looks
+        # at every running container of its own when it connects to the engine).
+        d.stop()
+        docker("start", s.container)
+        d.start()
+        deadline = time.monotonic() + 10
+        while json.loads(docker("inspect", s.container))[0]["State"]["Running"]:
+            assert time.monotonic() < deadline, "left running over the swapped workspace"
+            time.sleep(0.05)
+        with d.client() as c:
+            s = c.get_session(s.id)
+            with pytest.raises(FailedPrecondition):
+                s.checkpoint()
             as_agent("rm proj && mv proj.real proj", home)  # put back, the session goes on
             docker("start", s.container)
             s.checkpoint()

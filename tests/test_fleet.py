@@ -691,3 +691,37 @@ def test_a_walk_on_a_fleet_host_killed_at_random_moments_is_taken_over_whole(
             assert differences(kept[cp_id], fingerprint(fork.workspace)) == [], cp_id
         assert cb.fsck()["ok"]
     assert fingerprint(canary) == untouched
+
+
+def test_a_parent_swapped_during_a_take_over_is_refused_and_the_take_over_resumes(
+        fleet, agent_tree, agent_home, canary):
+    """The folders above a take-over's new workspace are the agent's (uid 1000), and it
+    swaps one for a symlink to the canary while the take-over runs: once right after the
+    path was checked (the folder it stages the workspace in is then made through no
+    symlink), once with the workspace staged and not yet renamed into place (the rename
+    goes through the parent, opened through no symlink). Both are FAILED_PRECONDITION,
+    with nothing written through the symlink; with the folder put back, the take-over
+    resumes and ends with the workspace exact."""
+    from .test_hostile import _raced
+    a = fleet.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        _edit(agent_tree, 5)
+        s.checkpoint()
+        want = fingerprint(agent_tree)
+    a.stop()
+    b = fleet.host("b", faults="takeover.checked@4,takeover.mid@4")
+    target = agent_home / "proj" / "taken"
+    swap = f"mv proj proj.real && ln -s {canary} proj"
+    back = "rm proj && mv proj.real proj"
+    with b.client() as cb:
+        for _ in ("checked", "mid"):
+            got = _raced(lambda: cb.move_session(s.id, take_over=True, workspace=str(target)),
+                         swap, agent_home)
+            assert isinstance(got, FailedPrecondition), got
+            as_agent(back, agent_home)
+            assert "take-over" in cb.get_session(s.id).needs_attention
+        taken = cb.move_session(s.id, take_over=True, workspace=str(target))
+        assert taken.needs_attention is None
+        assert differences(want, fingerprint(target)) == []
+    assert sorted(os.listdir(agent_home / "proj")) == ["taken", "ws"]

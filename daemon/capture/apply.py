@@ -34,6 +34,7 @@ from worldline.client.errors import FailedPrecondition, InvalidArgument, Resourc
 from .. import progress
 from ..faults import crash_point
 from ..storage.blobs import BlobStore, DestinationFull
+from ..storage.durable import out_of_space
 from . import sparse
 from .fsmeta import Applier
 from .snapshot import _DIR_FLAGS, _READ_FLAGS, Capture, _remove, link_groups, open_below
@@ -203,8 +204,7 @@ class TreeWriter:
         except BaseException as exc:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)
-            if isinstance(exc, DestinationFull) or (
-                    isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+            if isinstance(exc, DestinationFull) or out_of_space(exc):
                 raise ResourceExhausted(f"no space left to write {path} ({want.size} bytes)"
                                         " in the folder being written") from None
             raise

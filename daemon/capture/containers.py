@@ -106,15 +106,25 @@ class Engine:
     def api(self):
         with self._lock:
             if self._api is None:
-                import docker
-                try:
-                    if self.base_url:
-                        self._api = docker.APIClient(base_url=self.base_url, timeout=self.timeout)
-                    else:
-                        self._api = docker.from_env(timeout=self.timeout).api
-                except docker.errors.DockerException as exc:
-                    raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+                self._api = self._client()
             return self._api
+
+    def _client(self):
+        import docker
+        try:
+            if self.base_url:
+                return docker.APIClient(base_url=self.base_url, timeout=self.timeout)
+            return docker.from_env(timeout=self.timeout).api
+        except docker.errors.DockerException as exc:
+            raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+
+    def starts(self, label: str, value: str):
+        """The engine's stream of ``start`` events of the containers labelled
+        ``label=value``, from now on (decoded dicts; ``close()`` ends it from another
+        thread), on a connection of its own that waits for events as long as it takes."""
+        with self.errors():
+            return self._client().events(decode=True, filters={
+                "type": "container", "event": "start", "label": f"{label}={value}"})
 
     @contextlib.contextmanager
     def errors(self, container: str = "") -> Iterator[None]:
@@ -393,3 +403,69 @@ def bind_identity_of(attrs: dict, source: str) -> list[int] | None:
         return identity_of(fd) if fd >= 0 else [-1, -1]
     finally:
         os.close(root)
+
+
+class StartWatch:
+    """Tells ``on_start(container, session_id)`` of every start of a container this data
+    root made (``root_id``), whoever started it: a restart policy, an operator's
+    ``docker start``. The engine's event stream says so as it happens; at each
+    (re)connection every such container running is told too, since a start while the
+    stream was down is not told again. The engine away: tried again every few seconds,
+    quietly."""
+
+    RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0)
+
+    def __init__(self, engine: Engine, root_id: str, on_start) -> None:
+        self.engine, self.root_id, self.on_start = engine, root_id, on_start
+        self._stopping = threading.Event()
+        self._stream = None
+        self._thread = threading.Thread(target=self._run, name="container-watch", daemon=True)
+
+    def start(self) -> StartWatch:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopping.set()
+        stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                self._stream = self.engine.starts(LABEL_ROOT, self.root_id)
+                if self._stopping.is_set():
+                    break
+                for c in self.engine.containers_labelled(LABEL_ROOT, self.root_id):
+                    if c.get("State") == "running":
+                        self._tell(c.get("Id", ""), (c.get("Labels") or {}))
+                failures = 0
+                for event in self._stream:
+                    self._tell(event.get("id", ""),
+                               (event.get("Actor") or {}).get("Attributes") or {})
+            except (Unavailable, FailedPrecondition, NotFound) as exc:
+                log.debug("container watch: %s", exc)
+            except Exception:  # noqa: BLE001 -- the watch goes on whatever one event does
+                log.exception("container watch failed; it starts again")
+            finally:
+                stream, self._stream = self._stream, None
+                if stream is not None:
+                    with contextlib.suppress(Exception):
+                        stream.close()
+            self._stopping.wait(self.RETRY_SECONDS[min(failures, len(self.RETRY_SECONDS) - 1)])
+            failures += 1
+
+    def _tell(self, container: str, labels: dict) -> None:
+        session = labels.get(LABEL_SESSION)
+        if not container or not session or labels.get(LABEL_ROOT) != self.root_id:
+            return
+        try:
+            self.on_start(container, session)
+        except Exception as exc:  # noqa: BLE001 -- one container's check never ends the watch
+            log.warning("container watch: checking container %s of session %s: %s",
+                        container[:12], session, exc)
+

@@ -9,7 +9,6 @@ its traceback, never shown to the caller).
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 
@@ -23,6 +22,7 @@ from .. import fleet, maintenance
 from ..gates import Gates
 from ..progress import Progress
 from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
+from ..storage.durable import out_of_space
 from ..world import World
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def status_of(exc: Exception, method: str) -> tuple[str, str]:
     if isinstance(exc, WorldlineError):
         return exc.code, exc.message
     if isinstance(exc, OSError):
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if out_of_space(exc):
             return "RESOURCE_EXHAUSTED", f"no space left on device: {exc.filename or ''}".strip()
         log.error("%s failed", method, exc_info=exc)
         return "INTERNAL", f"{method} failed: {exc.strerror}"

@@ -44,7 +44,7 @@ from worldline.client.errors import (
 )
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .durable import fsync_folder
+from .durable import fsync_folder, out_of_space
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class DestinationFull(ResourceExhausted):
 def _disk_full(exc: OSError, kind: type[ResourceExhausted] = ResourceExhausted) -> Exception:
     """The error to raise for an OSError: a full disk becomes ResourceExhausted (for the
     store's own files) or DestinationFull (for the file a blob is copied to)."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if out_of_space(exc):
         where = "where the blob is copied to" if kind is DestinationFull else "for blobs"
         return kind(f"no space left {where}: {exc.strerror}")
     return exc
@@ -413,7 +413,7 @@ class LocalBlobStore:
                     self.failed = f"flushing blob files: {exc.strerror or exc}"
                     log.error("%s: %s; no more syncs until the daemon restarts",
                               self.root, self.failed)
-                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    if not out_of_space(exc):
                         raise self._refusal() from exc
                 raise _disk_full(exc) from exc
             finally:

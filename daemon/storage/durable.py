@@ -5,7 +5,15 @@ fsyncs its folder once."""
 
 from __future__ import annotations
 
+import errno
 import os
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the owner's quota
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says a write found no space left (a full disk or a quota)."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
 
 
 def fsync_folder(path: str) -> None:

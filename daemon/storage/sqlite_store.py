@@ -19,7 +19,6 @@ with PostgreSQL.
 
 from __future__ import annotations
 
-import errno
 import os
 import sqlite3
 import threading
@@ -33,7 +32,7 @@ from ..faults import crash_point
 from ..observe import METADATA_FSYNC
 from . import blob_index, wal
 from .blob_index import BlobIndexSql
-from .durable import fsync_folder
+from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
 from .sql_store import SqlStore, digest_in
 
@@ -324,7 +323,7 @@ class SqliteDatabase:
                 # The pages it could not write may be gone: no later fsync may be taken
                 # for theirs (wal.py), nor any later commit acknowledged.
                 self._wal.fail(f"fsync: {exc.strerror or exc}")
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                if out_of_space(exc):
                     raise ResourceExhausted(f"no space left for metadata: {exc}; the"
                                             f" daemon takes no more writes until it is"
                                             f" restarted") from None
