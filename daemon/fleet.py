@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
-from . import ids
+from . import ids, owners
 from .capture.layers import CONTAINER, WORKSPACE
 from .capture.resolve import identity_of, make_folder, open_folder
 from .capture.snapshot import Capture
@@ -145,7 +145,9 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     container = None
     if session.container and head.container:
         container = _remake_container(world, session, origin, path)
-    moved = replace(session, workspace=path, container=container, spec="{}")
+    # No roots yet (the layers' identities are taken below); still its agent user's.
+    moved = replace(session, workspace=path, container=container,
+                    spec=owners.with_agent("{}", owners.agent_of(session.spec)))
     with world.lock(path):
         layers = world.layers(moved)
         for lay in layers:

@@ -38,6 +38,7 @@ from .capture.tracker import ChangeMonitor
 from .capture.trees import TreeReader, files_named
 from .capture.views import Views
 from .edge.auth import PeerRelay, TokenInterceptor, read_token
+from .edge.callers import Rules
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
 from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
@@ -191,10 +192,11 @@ class Daemon:
         self.gates = Gates(self.world, policy)
         self.graph_store = self.storage.open_graph_store(self.root)
 
+        rules = Rules(self.world, self.gates)  # what an --allow-uid caller may call
         interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=interceptors + [MetricsInterceptor(), ErrorInterceptor()],
+            interceptors=interceptors + [MetricsInterceptor(), ErrorInterceptor(rules)],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0)])
@@ -229,7 +231,8 @@ class Daemon:
         server.start()
         self.server = server
         if socket_path is not None:
-            self.gateway = Gateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids)
+            self.gateway = Gateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids,
+                                   rules)
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()

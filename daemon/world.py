@@ -29,12 +29,13 @@ from worldline.client.errors import (
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     WorldlineError,
 )
 from worldline.client.paths import escape
 
-from . import ids, progress
+from . import ids, owners, progress
 from .capture import mappings, sparse
 from .capture.admission import FairGate
 from .capture.containers import (
@@ -68,6 +69,7 @@ from .capture.trees import (
 )
 from .capture.views import Views
 from .faults import crash_point
+from .owners import Agent
 from .records import (
     AuditEvent,
     Checkpoint,
@@ -425,12 +427,22 @@ class World:
 
     # -- sessions ------------------------------------------------------------------------
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
-                       image: str = "", mount: str = "", *, session_id: str = "") -> Session:
+                       image: str = "", mount: str = "", *, session_id: str = "",
+                       agent: Agent | None = None) -> Session:
+        """``agent``: the allowed user (owners.py) whose session it is, over a folder of
+        its own; None: the daemon owner's."""
         path = self._check_workspace(workspace, must_be_empty=False)
         crash_point("session.checked")
         # The folder as its path names it now, through no symlink: every capture and
         # restore checks it is still that folder, the first capture below included.
         roots = {WORKSPACE: folder_identity(WORKSPACE, path)}
+        if agent is not None:
+            if image or container:
+                raise PermissionDenied(f"an allowed user ({agent}) makes sessions without"
+                                       " containers")
+            owners.check_folder(agent, path)
+            if folder_identity(WORKSPACE, path) != roots[WORKSPACE]:
+                raise FailedPrecondition(f"workspace {path} changed while it was checked")
         check_text("name", name)
         if image and container:
             raise InvalidArgument("give a container to attach or an image to start, not both")
@@ -454,12 +466,14 @@ class World:
                           else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
                           ids.now(), host=self.host, lease_expires=self._lease(),
-                          spec=json.dumps({"roots": roots}))
+                          spec=owners.with_agent(json.dumps({"roots": roots}), agent))
         try:
             with self.lock(path):
                 layers = self.layers(session)
                 with self._paused(session) as mapped:
                     captures = [layer.capture(None, mapped=mapped)[0] for layer in layers]
+                if agent is not None:
+                    owners.check_entries(self.trees, None, captures[0].root, agent)
                 tasks_digest = self.blobs.put_bytes(tasks_to_json([]))
                 self.blobs.sync()
                 first = Checkpoint(ids.new_id(), sid, 0, None, "initial", ids.now(),
@@ -470,7 +484,8 @@ class World:
                                   spec=self._spec(session, layers, container_spec))
                 self.store.create_session(session, first, [], [
                     AuditEvent("session.create", sid, sid,
-                               {"workspace": path, "container": container_name}, ids.now()),
+                               {"workspace": path, "container": container_name}
+                               | ({"agent_uid": agent.uid} if agent else {}), ids.now()),
                     AuditEvent("checkpoint", sid, first.id, {"seq": 0, "tree": first.tree},
                                ids.now())])
                 for layer, capture in zip(layers, captures, strict=True):
@@ -604,6 +619,9 @@ class World:
             for layer, base in zip(layers, self._bases(head), strict=False):
                 capture, changes = layer.capture(base, mapped=mapped)
                 taken.append((layer, capture, changes))
+        agent = owners.agent_of(session.spec)
+        if agent is not None:  # its own files only (owners.py)
+            owners.check_entries(self.trees, head.tree, taken[0][1].root, agent)
         state_digest = (self.blobs.put_bytes(state, base=head.state_digest)
                         if state is not None else head.state_digest)
         tasks = tasks_to_json(task_list)
@@ -775,9 +793,13 @@ class World:
         fails the restore with DATA_LOSS), the current state captured. ``mapped``: of a
         paused container (a dry run); a restore stops the container first."""
         plans = []
+        agent = owners.agent_of(session.spec)
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
             current, seen = layer.capture(base, persist=False, consume=False, mapped=mapped)
+            if agent is not None:  # it writes and removes only its user's own files
+                owners.check_entries(self.trees, base, current.root, agent, current.trees,
+                                     "nothing was restored")
             changes = diff(self.trees, current.root, want, current.trees)
             size = 0
             for path in changes.added + changes.modified:
@@ -987,7 +1009,9 @@ class World:
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, checkpoint_id: str, workspace: str = "", name: str = "",
-             volumes: str = "") -> ForkResult:
+             volumes: str = "", agent: Agent | None = None) -> ForkResult:
+        """``agent``: the allowed user forking its own checkpoint into a new folder in a
+        folder of its own (the fork is its session); None: the daemon owner."""
         source = self.usable(checkpoint_id)
         parent = self.store.get_session(source.session_id)
         check_text("name", name)
@@ -1005,6 +1029,11 @@ class World:
         sid = ids.new_id()
         path = self._check_workspace(workspace or os.path.join(self.fork_root, sid),
                                      must_be_empty=True)
+        if agent is not None:
+            if source.container is not None or not workspace:
+                raise PermissionDenied(f"an allowed user ({agent}) forks a checkpoint with no"
+                                       " container into a folder of its own")
+            owners.check_folder(agent, os.path.dirname(path), "the folder above")
         crash_point("fork.checked")
         try:  # made and opened through no symlink; every write below checks it is still it
             fd, created = make_folder(path)
@@ -1017,7 +1046,8 @@ class World:
                 container = self._fork_container(parent, sid, path, volumes)
             session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
                               source.id, ids.now(), host=self.host,
-                              lease_expires=self._lease(), spec=json.dumps({"roots": roots}))
+                              lease_expires=self._lease(),
+                              spec=owners.with_agent(json.dumps({"roots": roots}), agent))
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled

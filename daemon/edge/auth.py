@@ -22,6 +22,8 @@ import threading
 
 import grpc
 
+from .callers import relay_address
+
 log = logging.getLogger(__name__)
 OPEN_METHODS = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 
@@ -89,16 +91,20 @@ class PeerRelay:
                 return
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                     struct.calcsize("3i"))
-            pid, uid, _gid = struct.unpack("3i", creds)
+            pid, uid, gid = struct.unpack("3i", creds)
             if uid not in self.allowed:
                 log.warning("refused a connection from uid %d (pid %d): not allowed", uid, pid)
                 conn.close()
                 continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
+                # From an address naming the peer: the daemon's calls know who it is
+                # (callers.py); none but the daemon's uid reaches the private socket.
+                upstream.bind(relay_address(uid, gid))
                 upstream.connect(self.private)
             except OSError:
                 conn.close()
+                upstream.close()
                 continue
             threading.Thread(target=_pump_pair, args=(conn, upstream), daemon=True).start()
 

@@ -42,6 +42,9 @@ from worldline.v1 import worldline_pb2 as pb
 
 from .. import ids
 from ..observe import ACTIVITY, REQUEST_ID, RPC_SECONDS
+from ..owners import Agent
+from . import callers
+from .callers import Rules
 from .server import WorldlineServicer, status_of
 
 log = logging.getLogger(__name__)
@@ -68,9 +71,10 @@ class Gateway:
     each serving its calls one after another, as JSON lines or as frames."""
 
     def __init__(self, path: str, servicer: WorldlineServicer,
-                 allowed_uids: set[int] | None = None) -> None:
+                 allowed_uids: set[int] | None = None, rules: Rules | None = None) -> None:
         self.path = path
         self.servicer = servicer
+        self.rules = rules
         self.allowed = None if not allowed_uids else allowed_uids | {0, os.geteuid()}
         if os.path.lexists(path):
             os.unlink(path)  # stale: the caller holds the socket's lock
@@ -96,9 +100,13 @@ class Gateway:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            if self.allowed is not None and _peer_uid(conn) not in self.allowed:
-                conn.close()
-                continue
+            caller = None
+            if self.allowed is not None:
+                uid, gid = _peer_ids(conn)
+                if uid not in self.allowed:
+                    conn.close()
+                    continue
+                caller = callers.agent(uid, gid)
             with self._idle:
                 full = self._connections >= MAX_CONNECTIONS
                 if not full:
@@ -110,10 +118,11 @@ class Gateway:
                     log.warning("gateway: %d connections open; refusing more",
                                 MAX_CONNECTIONS)
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="gateway-call",
+            threading.Thread(target=self._serve, args=(conn, caller), name="gateway-call",
                              daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, caller: Agent | None) -> None:
+        callers.CALLER.set(caller)  # for every call on this connection (its own thread)
         try:
             with conn, conn.makefile("rb") as stream:
                 first = stream.readline(MAX_LINE + 1)
@@ -201,7 +210,11 @@ class Gateway:
         start, token = time.perf_counter(), REQUEST_ID.set(ids.new_id())
         ACTIVITY.begin()
         try:
+            if self.rules is not None:
+                self.rules.check(name, request)
             reply = getattr(self.servicer, name)(request, _Context(timeout))
+            if self.rules is not None:
+                reply = self.rules.shown(name, reply)
         except Exception as exc:  # noqa: BLE001 -- mapped exactly as the gRPC edge maps it
             code, message = status_of(exc, name)
         finally:
@@ -237,6 +250,7 @@ def _error_frame(code: str, message: str) -> bytes:
     return wire.answer_frame(wire.STATUS[code], message.encode("utf-8", "replace"))
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def _peer_ids(conn: socket.socket) -> tuple[int, int]:
+    """The peer's uid and gid (SO_PEERCRED)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return struct.unpack("3i", creds)[1:]

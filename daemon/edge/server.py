@@ -24,6 +24,11 @@ from ..progress import Progress
 from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
 from ..storage.durable import out_of_space
 from ..world import World
+from . import callers
+from .callers import Rules
+
+WORLDLINE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
+HEALTH = "grpc.health.v1.Health"
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +49,31 @@ def status_of(exc: Exception, method: str) -> tuple[str, str]:
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
+    """Every failure becomes a status; with ``rules``, the caller (callers.py) is known
+    for the call, and an agent user's calls are checked and their replies filtered."""
+
+    def __init__(self, rules: Rules | None = None) -> None:
+        self.rules = rules
+
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
         inner, method = handler.unary_unary, handler_call_details.method
+        service, _, name = method.lstrip("/").partition("/")
+        rules = self.rules
 
         def guarded(request, context):
+            token = callers.CALLER.set(callers.agent_of_peer(context.peer()))
             try:
-                return inner(request, context)
+                if rules is not None and service != HEALTH:  # LangGraph's: no rule, owner's
+                    rules.check(name if service == WORLDLINE else method, request)
+                reply = inner(request, context)
+                return reply if rules is None else rules.shown(name, reply)
             except Exception as exc:  # noqa: BLE001 -- every failure becomes a status
                 code, message = status_of(exc, method)
+            finally:
+                callers.CALLER.reset(token)
             context.abort(grpc.StatusCode[code], message)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -135,7 +154,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     # sessions
     def CreateSession(self, r, context):
         return session_pb(self.world.create_session(r.workspace, r.container or None, r.name,
-                                                    r.image, r.mount))
+                                                    r.image, r.mount,
+                                                    agent=callers.CALLER.get()))
 
     def GetSession(self, r, context):
         return session_pb(self.world.session(r.session_id))
@@ -201,7 +221,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     def Fork(self, r, context):
         with self.progress.run(r.operation_id):
-            result = self.world.fork(r.checkpoint_id, r.workspace, r.name, r.volumes)
+            result = self.world.fork(r.checkpoint_id, r.workspace, r.name, r.volumes,
+                                     agent=callers.CALLER.get())
         return pb.ForkResponse(session=session_pb(result.session),
                                side_effects=[side_effect_pb(c) for c in result.side_effects])
 

@@ -1,0 +1,121 @@
+"""Who is calling, and which calls an agent user may make on which sessions.
+
+The daemon's owner (root, or the daemon's own uid: the private socket's peers, a TCP
+caller with the token) may make every call on every session. A caller admitted by
+``--allow-uid`` is an agent user (owners.py): it makes sessions of its own and calls
+only on them; the daemon-wide calls (gc, fsck, the audit log, take-overs, image
+export, LangGraph's service) are the owner's, PERMISSION_DENIED to it.
+
+How the edge knows the caller: the gateway reads each connection's peer credentials
+(SO_PEERCRED); the gRPC relay (auth.PeerRelay) connects to the private socket from
+an abstract address naming the peer's uid and gid, which gRPC shows as the call's
+peer. Only the daemon's own uid can connect to the private socket, so no one else can
+name a caller so. ``CALLER`` holds the agent for the call under way (None: owner).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import secrets
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import Message
+from worldline.client.errors import PermissionDenied
+
+from ..owners import Agent, agent_of
+
+if TYPE_CHECKING:
+    from ..world import World
+
+CALLER: contextvars.ContextVar[Agent | None] = contextvars.ContextVar("caller", default=None)
+
+_RELAY = "worldline-relay-"
+_RELAYED = re.compile(rf"unix-abstract:{_RELAY}(\d+)-(\d+)-[0-9a-f]+")
+
+# The daemon owner's calls. Any call not named below is the owner's too: a call added
+# later is refused to an agent user until it is given a rule.
+_BY_SESSION = {"GetSession", "ResolveSession", "DeleteSession", "CreateCheckpoint",
+               "ListCheckpoints", "RecordToolCall", "ListToolCalls", "SetTask", "ListTasks",
+               "RequestApproval", "Restore"}
+_BY_CHECKPOINT = {"GetCheckpoint": ("checkpoint_id",), "Diff": ("from_id", "to_id"),
+                  "Fork": ("checkpoint_id",), "Restore": ("checkpoint_id",)}
+_BY_APPROVAL = {"GetApproval", "WaitApproval", "DecideApproval", "CancelApproval"}
+_OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "CreateSession"}
+
+
+def agent(uid: int, gid: int) -> Agent | None:
+    """The caller a peer's credentials make: None for root and the daemon's own uid."""
+    return None if uid in (0, os.geteuid()) else Agent(uid, gid)
+
+
+def relay_address(uid: int, gid: int) -> str:
+    """The abstract address the relay connects from for a peer of ``uid``/``gid``."""
+    return f"\0{_RELAY}{uid}-{gid}-{secrets.token_hex(8)}"
+
+
+def agent_of_peer(peer: str) -> Agent | None:
+    """The caller a gRPC call's peer names (a relayed one), else None: the owner."""
+    found = _RELAYED.fullmatch(peer or "")
+    return agent(int(found[1]), int(found[2])) if found else None
+
+
+class Rules:
+    """``check`` before a call, ``shown`` on its reply, for the caller in ``CALLER``."""
+
+    def __init__(self, world: World, gates) -> None:
+        self.world, self.gates = world, gates
+
+    def check(self, method: str, request: Message) -> None:
+        caller = CALLER.get()
+        if caller is None:
+            return
+        known = (method in _BY_SESSION or method in _BY_CHECKPOINT or method in _BY_APPROVAL
+                 or method in _OPEN)
+        if not known:
+            raise PermissionDenied(f"{method} is the daemon owner's to call, not an allowed"
+                                   f" user's ({caller})")
+        if method in _BY_SESSION:
+            self._own_session(caller, request.session_id)
+        for field in _BY_CHECKPOINT.get(method, ()):
+            checkpoint = self.world.store.get_checkpoint(getattr(request, field))
+            self._own_session(caller, checkpoint.session_id)
+            if method == "Fork" and checkpoint.container is not None:
+                raise PermissionDenied("a checkpoint with a container layer is forked by the"
+                                       f" daemon's owner, not by an allowed user ({caller})")
+        if method in _BY_APPROVAL:
+            self._own_session(caller, self.gates.get_approval(request.approval_id).session_id)
+        if method == "ListApprovals" and request.session_id:
+            self._own_session(caller, request.session_id)
+        if method == "CreateSession" and (request.container or request.image):
+            raise PermissionDenied(f"an allowed user ({caller}) makes sessions without"
+                                   " containers: a container is the daemon owner's to make"
+                                   " or attach")
+        if method == "Fork" and not request.workspace:
+            raise PermissionDenied(f"an allowed user ({caller}) forks into a folder of its"
+                                   " own: give the fork's workspace")
+
+    def shown(self, method: str, reply: Message) -> Message:
+        """The reply as the caller may see it: a list of its own sessions' only."""
+        caller = CALLER.get()
+        if caller is None or method not in ("ListSessions", "ListApprovals"):
+            return reply
+        items = reply.sessions if method == "ListSessions" else reply.approvals
+        mine = {s.id for s in self.world.sessions(include_deleted=True)
+                if _belongs(s.spec, caller)}
+        kept = [m for m in items if (m.id if method == "ListSessions" else m.session_id) in mine]
+        del items[:]
+        items.extend(kept)
+        return reply
+
+    def _own_session(self, caller: Agent, session_id: str) -> None:
+        if not _belongs(self.world.session(session_id).spec, caller):
+            raise PermissionDenied(f"session {session_id} is not the caller's ({caller}): an"
+                                   " allowed user calls only on sessions it made")
+
+
+def _belongs(spec: str | None, caller: Agent) -> bool:
+    """Whether a session (its spec) is the caller's: made by its uid (whatever group)."""
+    owner = agent_of(spec)
+    return owner is not None and owner.uid == caller.uid

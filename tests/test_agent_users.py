@@ -1,0 +1,184 @@
+"""A caller admitted with --allow-uid is an agent user: the root daemon does nothing
+for it that its user could not do itself (daemon/owners.py, daemon/edge/callers.py).
+
+The agent's side runs as uid 1000 (a child process), through the gateway's frames and
+through gRPC's relay alike; a canary folder of root's, with a root-only secret, must
+stay unread and untouched whatever it asks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from worldline.client import Client
+
+from .conftest import DaemonProcess
+from .fidelity import AGENT_UID, as_agent, differences, fingerprint, in_child_as
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
+
+
+@pytest.fixture
+def place():
+    """base/ (0711): the daemon's root, the agent's home (uid 1000), root's canary."""
+    base = Path(tempfile.mkdtemp(prefix="wl-agent-"))
+    os.chmod(base, 0o711)
+    home = base / "agent"
+    (home / "ws").mkdir(parents=True)
+    for p in (home, home / "ws"):
+        os.chown(p, AGENT_UID, AGENT_UID)
+    as_agent("echo mine > a.txt && mkdir -p src && echo code > src/m.py", home / "ws")
+    (base / "public").mkdir(mode=0o755)  # root's, open to all: not the agent's to fill
+    canary = base / "canary"
+    canary.mkdir(mode=0o700)
+    (canary / "secret").write_text("root only\n")
+    os.chmod(canary / "secret", 0o600)
+    locked = base / "locked"  # root's, 0700: the agent owns a folder it cannot reach
+    (locked / "mine").mkdir(parents=True)
+    os.chmod(locked, 0o700)
+    os.chown(locked / "mine", AGENT_UID, AGENT_UID)
+    d = DaemonProcess(base / "root", extra=["--allow-uid", str(AGENT_UID)]).start()
+    before = fingerprint(canary)
+    try:
+        yield d, home, canary
+        assert differences(before, fingerprint(canary)) == []
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _outcome(call) -> str:
+    try:
+        call()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 -- the test compares the names
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("transport", ["frames", "grpc"])
+def test_an_allowed_user_gets_nothing_it_could_not_do_itself(place, transport):
+    d, home, canary = place
+    ws = home / "ws"
+    with d.client() as owner:  # the daemon owner's session, over root's canary
+        theirs = owner.create_session(str(canary))
+        theirs_cp = theirs.checkpoint()
+
+    def agent():
+        out: dict = {}
+        try:
+            return steps(out)
+        except Exception as exc:  # noqa: BLE001 -- which step failed, and how
+            return f"after {sorted(out)}: {type(exc).__name__}: {exc}"
+
+    def steps(out: dict) -> dict:
+        # gRPC reaches the daemon through the relay (.shared); frames through the gateway
+        address = d.address + (".shared" if transport == "grpc" else "")
+        with Client(address, transport=transport) as c:
+            out["etc"] = _outcome(lambda: c.create_session("/etc"))
+            out["public"] = _outcome(lambda: c.create_session(str(canary.parent / "public")))
+            out["unreachable"] = _outcome(lambda: c.create_session(
+                str(canary.parent / "locked" / "mine")))
+            out["image"] = _outcome(lambda: c.create_session(str(ws), image="busybox"))
+            s = c.create_session(str(ws))
+            cp = s.checkpoint()
+            out["mine"] = [x.seq for x in c.log(s.id)]
+            out["listed"] = [x.id for x in c.list_sessions()] == [s.id]
+            out["their session"] = _outcome(lambda: c.get_session(theirs.id))
+            out["their log"] = _outcome(lambda: c.log(theirs.id))
+            out["their show"] = _outcome(lambda: c.show(theirs_cp.id))
+            out["their diff"] = _outcome(lambda: c.diff(cp.id, theirs_cp.id, patch=True))
+            out["their fork"] = _outcome(lambda: c.fork(theirs_cp.id, str(home / "stolen")))
+            out["restore theirs"] = _outcome(lambda: c.restore(
+                s.id, theirs_cp.id, from_other_session=True))
+            out["fork into root's"] = _outcome(lambda: c.fork(
+                cp.id, str(canary.parent / "public" / "f")))
+            out["fork anywhere"] = _outcome(lambda: c.fork(cp.id))
+            out["gc"] = _outcome(lambda: c.gc())
+            out["fsck"] = _outcome(lambda: c.fsck())
+            out["audit"] = _outcome(lambda: c.audit())
+            if transport == "grpc":  # LangGraph's service is the owner's
+                import grpc
+                from worldline.v1 import worldline_pb2 as pb
+                from worldline.v1 import worldline_pb2_grpc as pb_grpc
+                with grpc.insecure_channel(address) as channel:
+                    try:
+                        pb_grpc.GraphsStub(channel).ListGraphCheckpoints(
+                            pb.ListGraphCheckpointsRequest(any_thread=True), timeout=10)
+                        out["graphs"] = "ok"
+                    except grpc.RpcError as exc:
+                        out["graphs"] = exc.code().name
+            fork = c.fork(cp.id, str(home / "f1"))
+            out["fork"] = fork.workspace
+            out["listed after"] = sorted(x.id for x in c.list_sessions()) == sorted(
+                [s.id, fork.id])
+            out["session id"] = s.id
+        return out
+
+    got = in_child_as(AGENT_UID, agent)
+    assert isinstance(got, dict), got  # else: what the agent's side raised
+    refused = "PermissionDenied"
+    assert got["etc"] == got["public"] == refused, got
+    assert got["unreachable"] == refused, got
+    assert got["image"] == refused, got
+    assert got["mine"] == [0, 1] and got["listed"] and got["listed after"], got
+    for what in ("their session", "their log", "their show", "their diff", "their fork",
+                 "restore theirs", "fork into root's", "fork anywhere", "gc", "fsck",
+                 "audit"):
+        assert got[what] == refused, (what, got)
+    if transport == "grpc":
+        assert got["graphs"] == "PERMISSION_DENIED", got
+    assert got["fork"] == str(home / "f1")
+    assert os.stat(home / "f1").st_uid == AGENT_UID
+    assert (home / "f1" / "a.txt").read_text() == "mine\n"
+    assert not (home / "stolen").exists()
+    assert not (canary.parent / "public" / "f").exists()
+    with d.client() as owner:  # the owner sees and may do everything
+        assert {s.id for s in owner.list_sessions()} >= {theirs.id, got["session id"]}
+        assert len(owner.log(got["session id"])) == 2
+
+
+def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place):
+    """Root puts a root-only file into the agent's folder: the agent's checkpoint is
+    PERMISSION_DENIED, naming it, and records nothing, so no show, diff or restore of
+    the agent's can read it or write it back; a restore, which would remove it, is
+    refused too; once it is gone, checkpoints go on."""
+    d, home, canary = place
+    ws = home / "ws"
+
+    def create():
+        with Client(d.address) as c:
+            return c.create_session(str(ws)).id
+    sid = in_child_as(AGENT_UID, create)
+    (ws / "src" / "secret").write_text("root only\n")
+    os.chmod(ws / "src" / "secret", 0o600)
+
+    def checkpoint():
+        with Client(d.address) as c:
+            try:
+                c.checkpoint(sid)
+                return "ok"
+            except Exception as exc:  # noqa: BLE001 -- the message is compared
+                return f"{type(exc).__name__}: {exc}"
+    got = in_child_as(AGENT_UID, checkpoint)
+    assert got.startswith("PermissionDenied") and "src/secret" in got, got
+
+    def restore():  # to the first checkpoint, which has no such file: nor removed
+        with Client(d.address) as c:
+            try:
+                c.restore(sid, c.log(sid)[0].id)
+                return "ok"
+            except Exception as exc:  # noqa: BLE001 -- the message is compared
+                return f"{type(exc).__name__}: {exc}"
+    got = in_child_as(AGENT_UID, restore)
+    assert got.startswith("PermissionDenied") and "nothing was restored" in got, got
+    assert (ws / "src" / "secret").read_text() == "root only\n"
+    with d.client() as owner:
+        assert len(owner.log(sid)) == 1  # nothing recorded
+        os.unlink(ws / "src" / "secret")
+        as_agent("echo more >> a.txt", ws)
+        assert in_child_as(AGENT_UID, checkpoint) == "ok"
+        log = owner.log(sid)
+        assert len(log) == 2 and owner.diff(log[0].id, log[1].id).modified == ["a.txt"]
