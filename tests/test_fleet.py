@@ -293,15 +293,22 @@ def test_killed_between_the_pack_put_and_the_commit_loses_nothing(fleet, agent_t
     assert _indexed_objects(fleet.url) <= {k.removeprefix("fleet/") for k in left}
 
 
-def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree, tmp_path,
-                                                              canary):
+def _left_by_a(fleet, ws, n: int):
+    """A session over ``ws`` on host a, edited and checkpointed, then a stopped: the
+    session and the workspace's fingerprint, for a take-over elsewhere."""
     a = fleet.host("a")
     with a.client() as ca:
-        s = ca.create_session(str(agent_tree))
-        _edit(agent_tree, 3)
+        s = ca.create_session(str(ws))
+        _edit(ws, n)
         s.checkpoint()
-        want = fingerprint(agent_tree)
+        want = fingerprint(ws)
     a.stop()
+    return s, want
+
+
+def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree, tmp_path,
+                                                              canary):
+    s, want = _left_by_a(fleet, agent_tree, 3)
     b = fleet.host("b", faults="takeover.mid")
     target = tmp_path / "half"
     with b.client() as cb:
@@ -703,13 +710,7 @@ def test_a_parent_swapped_during_a_take_over_is_refused_and_the_take_over_resume
     with nothing written through the symlink; with the folder put back, the take-over
     resumes and ends with the workspace exact."""
     from .test_hostile import _raced
-    a = fleet.host("a")
-    with a.client() as ca:
-        s = ca.create_session(str(agent_tree))
-        _edit(agent_tree, 5)
-        s.checkpoint()
-        want = fingerprint(agent_tree)
-    a.stop()
+    s, want = _left_by_a(fleet, agent_tree, 5)
     b = fleet.host("b", faults="takeover.checked@4,takeover.mid@4")
     target = agent_home / "proj" / "taken"
     swap = f"mv proj proj.real && ln -s {canary} proj"
