@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from worldline.client import Client
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, unmount_below
 from .fidelity import AGENT_UID, as_agent, differences, fingerprint, in_child_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
@@ -47,6 +47,7 @@ def place():
         assert differences(before, fingerprint(canary)) == []
     finally:
         d.stop()
+        unmount_below(base)  # the agent's overlay fork
         shutil.rmtree(base, ignore_errors=True)
 
 
