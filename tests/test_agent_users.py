@@ -7,8 +7,12 @@ stay unread and untouched whatever it asks."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import random
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -183,3 +187,112 @@ def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place)
         assert in_child_as(AGENT_UID, checkpoint) == "ok"
         log = owner.log(sid)
         assert len(log) == 2 and owner.diff(log[0].id, log[1].id).modified == ["a.txt"]
+
+
+class AgentClient:
+    """A forked child running as uid 1000 with a Python client of its own: the agent
+    user's calls, one at a time over a pipe (its answer: the result, or the error)."""
+
+    def __init__(self, address: str) -> None:
+        to_child, self._to = os.pipe()
+        self._from, from_child = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self._to)
+            os.close(self._from)
+            try:
+                os.setgroups([])
+                os.setgid(AGENT_UID)
+                os.setuid(AGENT_UID)
+                clients: list[Client] = []  # made at the first call: the daemon is up
+                with os.fdopen(to_child) as calls, os.fdopen(from_child, "w") as answers:
+                    for line in calls:
+                        name, *args = json.loads(line)
+                        try:
+                            if not clients:
+                                clients.append(Client(address))
+                            answer = {"ok": _CALLS[name](clients[0], *args)}
+                        except Exception as exc:  # noqa: BLE001 -- sent to the parent
+                            answer = {"error": f"{type(exc).__name__}: {exc}"}
+                        answers.write(json.dumps(answer) + "\n")
+                        answers.flush()
+            finally:
+                os._exit(0)
+        os.close(to_child)
+        os.close(from_child)
+        self._send = os.fdopen(self._to, "w")
+        self._recv = os.fdopen(self._from)
+
+    def __call__(self, name: str, *args):
+        self._send.write(json.dumps([name, *args]) + "\n")
+        self._send.flush()
+        answer = json.loads(self._recv.readline() or '{"error": "the agent client died"}')
+        if "error" in answer:
+            raise AssertionError(f"{name}{args}: {answer['error']}")
+        return answer["ok"]
+
+    def close(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        self._send.close()
+        self._recv.close()
+
+
+_CALLS = {
+    "create": lambda c, ws: c.create_session(ws).id,
+    "checkpoint": lambda c, sid: c.checkpoint(sid).id,
+    "restore": lambda c, sid, cp: c.restore(sid, cp).checkpoint.id,
+    "fork": lambda c, cp, path: c.fork(cp, path).workspace,
+}
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_an_agent_users_random_walk_restores_exactly_through_its_own_client(seed):
+    """The random walk of test_agent_walk (setuid bits, xattrs, hard links, sparse
+    files, symlinks into a canary, folders swapped for symlinks: all of uid 1000's
+    making), checkpointed, restored and forked by the agent user itself: what an agent
+    user may do is every bit of its own work, exactly."""
+    from .test_agent_walk import Agent, _pick
+    base = Path(tempfile.mkdtemp(prefix="wl-agent-walk-"))
+    os.chmod(base, 0o711)
+    ws, forks, canary = base / "ws", base / "forks", base / "canary"
+    for p in (ws, forks):
+        p.mkdir()
+        os.chown(p, AGENT_UID, AGENT_UID)
+    canary.mkdir()
+    (canary / "keep.txt").write_text("keep\n")
+    os.chmod(canary, 0o777)
+    untouched = fingerprint(canary)
+    # The children are forked before the daemon's start checks its health over gRPC: a
+    # fork right after a channel closes can hang in gRPC's fork handlers.
+    d = DaemonProcess(base / "root", extra=["--allow-uid", str(AGENT_UID)])
+    agent, client = Agent(ws), AgentClient(d.address)
+    d.start()
+    rng = random.Random(seed)
+    try:
+        sid = client("create", str(ws))
+        kept: dict[str, dict] = {}
+        numbers = itertools.count()
+        done = 0
+        for i in range(40):
+            for _ in range(rng.randrange(1, 6)):
+                done += agent.do(*_pick(rng, ws, next(numbers), canary)) == 0
+            kept[client("checkpoint", sid)] = fingerprint(ws)
+            if i % 7 == 6:
+                target = rng.choice(list(kept))
+                client("restore", sid, target)
+                assert differences(kept[target], fingerprint(ws)) == [], f"round {i}"
+        for cp in rng.sample(list(kept), 8):
+            client("restore", sid, cp)
+            assert differences(kept[cp], fingerprint(ws)) == [], f"at the end: {cp}"
+        for n, cp in enumerate(rng.sample(list(kept), 2)):
+            path = client("fork", cp, str(forks / f"f{n}"))
+            assert differences(kept[cp], fingerprint(path)) == [], f"fork of {cp}"
+        assert done > 40  # the walk changed the world, not only tried to
+        assert fingerprint(canary) == untouched
+    finally:
+        agent.close()
+        client.close()
+        d.stop()
+        unmount_below(base)
+        shutil.rmtree(base, ignore_errors=True)
