@@ -20,6 +20,7 @@ Which calls it may make, and on whose sessions, is the edge's (edge/callers.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from worldline.client.errors import PermissionDenied
+from worldline.client.errors import FailedPrecondition, PermissionDenied
 
 from .capture.resolve import open_folder
 from .capture.trees import TreeReader
@@ -63,10 +64,13 @@ def with_agent(spec: str, agent: Agent | None) -> str:
                       sort_keys=True)
 
 
-def check_folder(agent: Agent, path: str, what: str = "workspace") -> None:
+def check_folder(agent: Agent, path: str, what: str = "workspace",
+                 identity: list[int] | None = None) -> None:
     """``path`` is a folder ``agent`` owns, and that its user reaches by that path and
     may enter, read and write: PERMISSION_DENIED otherwise. The folder is opened
-    through no symlink (a symlink on the way is refused by the caller's own check)."""
+    through no symlink (a symlink on the way is refused by the caller's own check);
+    ``identity``: the (st_dev, st_ino) the caller took of it, which it must still be
+    (FAILED_PRECONDITION if it changed meanwhile)."""
     try:
         fd = open_folder(path)
     except OSError:
@@ -75,6 +79,8 @@ def check_folder(agent: Agent, path: str, what: str = "workspace") -> None:
         st = os.fstat(fd)
     finally:
         os.close(fd)
+    if identity is not None and [st.st_dev, st.st_ino] != list(identity):
+        raise FailedPrecondition(f"{what} {path} changed while it was checked")
     if st.st_uid != agent.uid:
         raise PermissionDenied(f"{what} {path} belongs to uid {st.st_uid}, not to the caller"
                                f" ({agent}): an allowed user's sessions are over folders of"
@@ -146,13 +152,9 @@ def check_entries(reader: TreeReader, old: str | None, new: str, agent: Agent,
                   pending: Mapping | None = None, doing: str = "nothing was recorded") -> None:
     """PERMISSION_DENIED, naming them, if a capture of ``agent``'s session holds entries
     of another user's (compared with the tree ``old`` it started from)."""
-    found = []
-    for path in foreign(reader, old, new, agent.uid, pending):
-        found.append(path)
-        if len(found) == 5:
-            break
+    found = list(itertools.islice(foreign(reader, old, new, agent.uid, pending), 6))
     if found:
         raise PermissionDenied(
-            f"the workspace holds {', '.join(found)}{' and more' if len(found) == 5 else ''}"
+            f"the workspace holds {', '.join(found[:5])}{' and more' if len(found) > 5 else ''}"
             f" of another user's: a session of an allowed user ({agent}) holds only its"
             f" own files; {doing}")

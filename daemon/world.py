@@ -360,8 +360,7 @@ class World:
         with self._engine().frozen(session.container,
                                    mark=self._mark("paused", session.id)) as attrs:
             crash_point("capture.paused")
-            seen = bind_identity_of(attrs, session.workspace)
-            if want is None or seen is None or seen == want:
+            if not _shows_another(want, bind_identity_of(attrs, session.workspace)):
                 yield self._mapped(session, attrs, roots)
                 return
         # Started by someone else (a restart policy, `docker restart`) after a folder
@@ -439,10 +438,9 @@ class World:
         if agent is not None:
             if image or container:
                 raise PermissionDenied(f"an allowed user ({agent}) makes sessions without"
-                                       " containers")
-            owners.check_folder(agent, path)
-            if folder_identity(WORKSPACE, path) != roots[WORKSPACE]:
-                raise FailedPrecondition(f"workspace {path} changed while it was checked")
+                                       " containers: a container is the daemon owner's to"
+                                       " make or attach")
+            owners.check_folder(agent, path, identity=roots[WORKSPACE])
         check_text("name", name)
         if image and container:
             raise InvalidArgument("give a container to attach or an image to start, not both")
@@ -1013,6 +1011,12 @@ class World:
         """``agent``: the allowed user forking its own checkpoint into a new folder in a
         folder of its own (the fork is its session); None: the daemon owner."""
         source = self.usable(checkpoint_id)
+        if agent is not None and source.container is not None:
+            raise PermissionDenied("a checkpoint with a container layer is forked by the"
+                                   f" daemon's owner, not by an allowed user ({agent})")
+        if agent is not None and not workspace:
+            raise PermissionDenied(f"an allowed user ({agent}) forks into a folder of its"
+                                   " own: give the fork's workspace")
         parent = self.store.get_session(source.session_id)
         check_text("name", name)
         if volumes not in ("", "share", "empty"):
@@ -1030,9 +1034,6 @@ class World:
         path = self._check_workspace(workspace or os.path.join(self.fork_root, sid),
                                      must_be_empty=True)
         if agent is not None:
-            if source.container is not None or not workspace:
-                raise PermissionDenied(f"an allowed user ({agent}) forks a checkpoint with no"
-                                       " container into a folder of its own")
             owners.check_folder(agent, os.path.dirname(path), "the folder above")
         crash_point("fork.checked")
         try:  # made and opened through no symlink; every write below checks it is still it
@@ -1128,14 +1129,12 @@ class World:
         if session.deleted_at or not session.container or not self.held_here(session):
             return
         want = json.loads(session.spec or "{}").get("roots", {}).get(WORKSPACE)
-        seen = self._engine().bind_identity(container, session.workspace)
-        if want is None or seen is None or seen == want:
+        if not _shows_another(want, self._engine().bind_identity(container, session.workspace)):
             return
-        self._engine().stop(container, timeout=0)
-        log.warning("stopped container %s of session %s as it started: its bind mount of %s"
-                    " shows another folder than the session's workspace (a folder on the way"
-                    " swapped for a symlink?); start it again once the workspace is as it was",
-                    container[:12], session.id, session.workspace)
+        try:
+            self._stop_bound_elsewhere(container, session.workspace)
+        except FailedPrecondition as exc:  # no caller to answer: the log says it
+            log.warning("session %s, as its container started: %s", session.id, exc.message)
 
     def _stop_bound_elsewhere(self, container: str, workspace: str) -> NoReturn:
         """Stop a container whose bind of ``workspace`` shows another folder, at once."""
@@ -1375,6 +1374,13 @@ def folder_identity(kind: str, path: str) -> list[int]:
         raise NotFound(f"{_what(kind)} {path} does not exist") from None
     except OSError as exc:
         raise symlink_refused(kind, path, exc) from None
+
+
+def _shows_another(want: list[int] | None, seen: list[int] | None) -> bool:
+    """Whether a container's bind of the workspace (``seen``: bind_identity_of) shows
+    another folder than the one recorded for the session (``want``); not when either
+    is unknown (nothing recorded yet, or no bind, or not running)."""
+    return want is not None and seen is not None and seen != want
 
 
 def _what(kind: str) -> str:
