@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 from collections.abc import Callable
@@ -147,6 +148,50 @@ def in_child_as(uid: int, work: Callable[[], object]) -> object:
     os.waitpid(pid, 0)
     with os.fdopen(r, "rb") as f:
         return json.loads(f.read())
+
+
+class AgentProcess:
+    """A forked child running as uid and gid ``AGENT_UID`` with no supplementary groups,
+    in ``cwd``, for as long as a test needs the agent: ``ask(request)`` sends it a
+    JSON-able request and returns ``answer(request)`` as the child computed it. The
+    child imports nothing (it may not be able to read this checkout)."""
+
+    def __init__(self, answer: Callable[[object], object], cwd: Path | str = "/") -> None:
+        to_child, self._to = os.pipe()
+        self._from, from_child = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self._to)
+            os.close(self._from)
+            try:
+                os.chdir(cwd)
+                os.setgroups([])
+                os.setgid(AGENT_UID)
+                os.setuid(AGENT_UID)
+                with os.fdopen(to_child) as requests, os.fdopen(from_child, "w") as answers:
+                    for line in requests:
+                        answers.write(json.dumps(answer(json.loads(line))) + "\n")
+                        answers.flush()
+            finally:
+                os._exit(0)
+        os.close(to_child)
+        os.close(from_child)
+        self._send = os.fdopen(self._to, "w")
+        self._recv = os.fdopen(self._from)
+
+    def ask(self, request: object) -> object:
+        self._send.write(json.dumps(request) + "\n")
+        self._send.flush()
+        line = self._recv.readline()
+        if not line:
+            raise AssertionError(f"the agent died on {request}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)  # done, or stuck on a test that failed
+        os.waitpid(self.pid, 0)
+        self._send.close()
+        self._recv.close()
 
 
 # The agent's part of a host workspace: its own files with every kind of metadata an

@@ -8,11 +8,9 @@ stay unread and untouched whatever it asks."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 
@@ -20,7 +18,14 @@ import pytest
 from worldline.client import Client
 
 from .conftest import DaemonProcess, unmount_below
-from .fidelity import AGENT_UID, as_agent, differences, fingerprint, in_child_as
+from .fidelity import (
+    AGENT_UID,
+    AgentProcess,
+    as_agent,
+    differences,
+    fingerprint,
+    in_child_as,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 
@@ -189,53 +194,29 @@ def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place)
         assert len(log) == 2 and owner.diff(log[0].id, log[1].id).modified == ["a.txt"]
 
 
-class AgentClient:
-    """A forked child running as uid 1000 with a Python client of its own: the agent
-    user's calls, one at a time over a pipe (its answer: the result, or the error)."""
+class AgentClient(AgentProcess):
+    """The agent user's calls, made by a Python client of its own in the agent's child
+    (made at the first call: the daemon is up by then), one at a time: the result, or
+    the error raised here as an AssertionError."""
 
     def __init__(self, address: str) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            os.close(self._to)
-            os.close(self._from)
+        clients: list[Client] = []
+
+        def answer(request: list) -> dict:
+            name, *args = request
             try:
-                os.setgroups([])
-                os.setgid(AGENT_UID)
-                os.setuid(AGENT_UID)
-                clients: list[Client] = []  # made at the first call: the daemon is up
-                with os.fdopen(to_child) as calls, os.fdopen(from_child, "w") as answers:
-                    for line in calls:
-                        name, *args = json.loads(line)
-                        try:
-                            if not clients:
-                                clients.append(Client(address))
-                            answer = {"ok": _CALLS[name](clients[0], *args)}
-                        except Exception as exc:  # noqa: BLE001 -- sent to the parent
-                            answer = {"error": f"{type(exc).__name__}: {exc}"}
-                        answers.write(json.dumps(answer) + "\n")
-                        answers.flush()
-            finally:
-                os._exit(0)
-        os.close(to_child)
-        os.close(from_child)
-        self._send = os.fdopen(self._to, "w")
-        self._recv = os.fdopen(self._from)
+                if not clients:
+                    clients.append(Client(address))
+                return {"ok": _CALLS[name](clients[0], *args)}
+            except Exception as exc:  # noqa: BLE001 -- sent to the parent
+                return {"error": f"{type(exc).__name__}: {exc}"}
+        super().__init__(answer)
 
     def __call__(self, name: str, *args):
-        self._send.write(json.dumps([name, *args]) + "\n")
-        self._send.flush()
-        answer = json.loads(self._recv.readline() or '{"error": "the agent client died"}')
+        answer = self.ask([name, *args])
         if "error" in answer:
             raise AssertionError(f"{name}{args}: {answer['error']}")
         return answer["ok"]
-
-    def close(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        self._send.close()
-        self._recv.close()
 
 
 _CALLS = {

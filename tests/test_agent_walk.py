@@ -23,10 +23,8 @@ instead of completed at the next start.)
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -35,65 +33,32 @@ import pytest
 from worldline.client.errors import FailedPrecondition, Unavailable
 
 from .conftest import DaemonProcess
-from .fidelity import AGENT_UID, differences, fingerprint
+from .fidelity import AgentProcess, differences, fingerprint
 
 ROUNDS = 300
 RESTORE_EVERY = 37
 KILL_ROUNDS = 90
 
 
-class Agent:
-    """A forked child, uid and gid ``AGENT_UID`` with no supplementary groups, working
-    in ``root``: ``do(op, args)`` runs one change there and returns its errno (0: done).
-    A change the agent may not make (EACCES, EEXIST...) is a change not made."""
+class Agent(AgentProcess):
+    """The agent working in ``root``: ``do(op, args)`` runs one change there and returns
+    its errno (0: done). A change the agent may not make (EACCES, EEXIST...) is a
+    change not made."""
 
     def __init__(self, root: Path) -> None:
-        to_child, self._to = os.pipe()
-        self._from, from_child = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            os.close(self._to)
-            os.close(self._from)
-            code = 1
-            try:
-                os.chdir(root)
-                os.setgroups([])
-                os.setgid(AGENT_UID)
-                os.setuid(AGENT_UID)
-                _serve(to_child, from_child)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(to_child)
-        os.close(from_child)
-        self._send = os.fdopen(self._to, "w")
-        self._recv = os.fdopen(self._from)
+        super().__init__(_answer, root)
 
     def do(self, op: str, args: dict) -> int:
-        self._send.write(json.dumps([op, args]) + "\n")
-        self._send.flush()
-        answer = self._recv.readline()
-        if not answer:
-            raise AssertionError(f"the agent died doing {op} {args}")
-        return int(answer)
-
-    def close(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)  # done, or stuck on a test that failed
-        os.waitpid(self.pid, 0)
-        self._send.close()
-        self._recv.close()
+        return self.ask([op, args])
 
 
-def _serve(rfd: int, wfd: int) -> None:
-    with os.fdopen(rfd) as requests, os.fdopen(wfd, "w") as answers:
-        for line in requests:
-            op, args = json.loads(line)
-            try:
-                _change(op, args)
-                answers.write("0\n")
-            except OSError as exc:
-                answers.write(f"{exc.errno}\n")
-            answers.flush()
+def _answer(request: list) -> int:
+    op, args = request
+    try:
+        _change(op, args)
+        return 0
+    except OSError as exc:
+        return exc.errno
 
 
 def _change(op: str, a: dict) -> None:
