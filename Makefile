@@ -1,5 +1,14 @@
 # worldline: the two set-up commands are `make run` and `make test`.
-PYTHON ?= python3
+# The interpreter the venv is made with: the system's python3 when it is 3.11 or newer and
+# can make a venv that builds C extensions (Debian's is built with profile-guided and
+# link-time optimization and a static libpython), else the first python3 on PATH. A
+# default pyenv or python-build interpreter has neither optimization, and the daemon's
+# checkpoints cost about a fifth more CPU on it (README, "The interpreter"). Overriding:
+# `make install PYTHON=/path/to/python3` on a fresh clone (an existing .venv is kept).
+PYTHON ?= $(or $(shell for p in /usr/bin/python3; do \
+  $$p -c 'import ensurepip, os, sys, sysconfig; sys.exit(sys.version_info < (3, 11) or not \
+  os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null && { echo $$p; break; }; done),python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp

@@ -22,6 +22,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -427,6 +428,8 @@ def machine() -> dict:
     except OSError:
         pass
     return {"platform": platform.platform(), "python": platform.python_version(),
+            "python_executable": os.path.realpath(sys.executable),
+            "python_shared_libpython": bool(sysconfig.get_config_var("Py_ENABLE_SHARED")),
             "cpus": os.cpu_count(), "cpu": cpu, "memory_bytes": mem}
 
 
