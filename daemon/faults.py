@@ -51,6 +51,7 @@ POINTS = (
     "blobs.flush_after_put",       # staged objects PUT as one, the rows still staged
     "takeover.checked",            # a take-over's new workspace checked, nothing claimed
     "takeover.mid",                # a take-over claimed the session, its workspace half made
+    "takeover.placed",             # a take-over's workspace renamed into place, not yet recorded
     "repack.mid",                  # the idle repack rewrote a row, its transaction open
     "repack.step",                 # a repack step committed, the next not begun
     "metadata.fsync",              # a commit in meta.db's log, its fsync about to be taken

@@ -12,8 +12,10 @@ lease runs out another host may *take the session over*.
 - **Take-over** (``take_over``): a host claims a session whose lease ran out or that
   was released to it (a compare-and-set in the store: of two hosts, one wins), marks
   it ``needs_attention`` while it works, rebuilds the workspace from the head in a
-  folder of its own beside the target and renames it into place (a crash leaves only
-  that folder, which the next take-over removes), makes the container again from the
+  folder of its own beside the target and renames it into place (a crash before the
+  rename leaves only that folder, which the next take-over removes; one after it leaves
+  the workspace in place, recorded by identity just before, and the next take-over goes
+  on from it), makes the container again from the
   recorded spec with the head's layer (other mounts become fresh empty volumes), and
   appends a checkpoint equal to the head. That append moves the head, so a former
   holder still working on the session is fenced: its next checkpoint fails the head's
@@ -89,19 +91,23 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     path = workspace or session.workspace
     staging = os.path.join(os.path.dirname(path.rstrip("/")) or "/",
                            STAGING + session_id)
-    if interrupted:  # what a take-over that died left (its name is ours; never followed)
-        remove_folder(staging)
-    real = world._check_workspace(path, must_be_empty=True, moving=session_id)
-    crash_point("takeover.checked")
-    head = world.store.get_checkpoint(session.head)
-    if head.pruned:
-        raise FailedPrecondition(f"the head of session {session_id} was pruned")
     # The folder the recorded container spec binds as the workspace: where the session
     # was before its first claim. The claim names the new place, so it also writes this
     # folder into the spec (a spec recorded before 0.7.2 lacks it), where a take-over
     # that died after the claim and is resumed finds it.
     spec = json.loads(session.spec or "{}")
     origin = spec.get("workspace") or session.workspace
+    # A take-over that died after putting the workspace in place left it there: the
+    # folder at the path is the one it recorded (by identity), and the take-over goes
+    # on from it, keeping whatever was written in it since (the next checkpoint has it).
+    placed = interrupted and _is_placed(path, spec.get("placed"))
+    if interrupted:  # what a take-over that died left (its name is ours; never followed)
+        remove_folder(staging)
+    real = world._check_workspace(path, must_be_empty=not placed, moving=session_id)
+    crash_point("takeover.checked")
+    head = world.store.get_checkpoint(session.head)
+    if head.pruned:
+        raise FailedPrecondition(f"the head of session {session_id} was pruned")
     now = time.time()
     claimed = session if unfinished else world.store.claim_session(
         session_id, world.host, session.host, now + world.lease_seconds, now,
@@ -110,25 +116,40 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
                                          {"from": session.host, "host": world.host,
                                           "workspace": real}, ids.now())])
-    _rebuild(world, claimed, head, real, staging, origin)
+    if not placed:
+        _make_workspace(world, claimed, head, real, staging, {**spec, "workspace": origin})
+    _rebuild(world, claimed, head, real, origin)
     return world.session(session_id)
 
 
-def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
-             staging: str, origin: str) -> None:
-    """The workspace and container of ``session`` made here from its head, then a
-    checkpoint equal to the head appended (which fences the former holder). The
-    container's bind of ``origin`` (its workspace on the former host) becomes one of
-    ``path``."""
+def _is_placed(path: str, placed: list[int] | None) -> bool:
+    """Whether the folder at ``path``, reached through no symlink, is the one a
+    take-over recorded as put in place."""
+    if not placed:
+        return False
+    try:
+        return identity_of(open_folder(path)) == list(placed)
+    except OSError:
+        return False
+
+
+def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
+                    staging: str, spec: dict) -> None:
+    """The workspace at ``path`` (an empty folder, or none) made from the head: written
+    in ``staging`` beside it, recorded in the session's ``spec`` by identity, renamed
+    into place."""
     # Made, written and renamed through no symlink: the folders above the workspace may
     # be the agent's, and swapped for symlinks while this runs.
     try:
         fd, _ = make_folder(staging)
     except OSError as exc:
         raise symlink_refused(WORKSPACE, path, exc) from None
-    layer = world._layer(WORKSPACE, staging, identity_of(fd), track=False)
+    staged = identity_of(fd)
+    layer = world._layer(WORKSPACE, staging, staged, track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
     crash_point("takeover.mid")
+    world.store.update_session(session.id,
+                               spec=json.dumps({**spec, "placed": staged}, sort_keys=True))
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError as exc:
@@ -142,6 +163,15 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
         os.rename(os.path.basename(staging), name, src_dir_fd=parent, dst_dir_fd=parent)
     finally:
         os.close(parent)
+    crash_point("takeover.placed")
+
+
+def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
+             origin: str) -> None:
+    """The container of ``session`` made here from its head beside the workspace at
+    ``path``, then a checkpoint equal to the head appended (which fences the former
+    holder). The container's bind of ``origin`` (its workspace on the former host)
+    becomes one of ``path``."""
     container = None
     if session.container and head.container:
         container = _remake_container(world, session, origin, path)

@@ -327,6 +327,47 @@ def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree,
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
 
 
+@pytest.mark.parametrize("swapped", [False, True], ids=["finished", "another-folder"])
+def test_a_take_over_killed_after_its_rename_is_finished_from_the_folder_in_place(
+        fleet, agent_tree, tmp_path, canary, swapped):
+    """A take-over that died with the workspace renamed into place, not yet recorded:
+    the host that finishes it goes on from that folder (known by its identity), keeping
+    what the agent wrote in it since; another folder put there instead is refused as
+    not empty and left as it is."""
+    s, want = _left_by_a(fleet, agent_tree, 3)
+    b = fleet.host("b", faults="takeover.placed")
+    target = tmp_path / "placed"
+    with b.client() as cb:
+        with pytest.raises(Unavailable):  # the daemon died mid-call
+            cb.move_session(s.id, take_over=True, workspace=str(target))
+    b.proc.wait(20)
+    b.proc = None
+    assert differences(want, fingerprint(target)) == []  # in place, the session not told
+    if swapped:
+        os.rename(target, tmp_path / "aside")
+        target.mkdir()
+        (target / "theirs.txt").write_text("not the session's")
+    else:
+        as_agent("printf 'later' > later.txt", target)  # written after the rename
+    there = fingerprint(target)
+    time.sleep(2.5)  # b's lease runs out: any host may finish the take-over
+    c = fleet.host("c")
+    with c.client() as cc:
+        if swapped:
+            with pytest.raises(FailedPrecondition, match="not empty"):
+                cc.move_session(s.id, take_over=True, workspace=str(target))
+            assert differences(there, fingerprint(target)) == []
+            assert "take-over" in cc.get_session(s.id).needs_attention
+            return
+        taken = cc.move_session(s.id, take_over=True, workspace=str(target))
+        assert taken.host == "c" and taken.needs_attention is None
+        assert differences(there, fingerprint(target)) == []  # nothing written over
+        took = taken.head  # the checkpoint equal to the head, which the take-over appended
+        cp = taken.checkpoint(label="after the take-over")
+        assert cc.diff(took, cp.id).added == ["later.txt"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
+
+
 @pytest.mark.docker
 def test_a_container_take_over_killed_midway_binds_the_workspace_when_resumed(
         fleet, agent_tree, tmp_path, containers, canary):
