@@ -500,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gc never removes a blob stored or reused more recently (default 600)")
     d.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect, through <socket>.shared (repeatable)")
+    d.add_argument("--approvals-by", choices=["anyone", "owner"], default="anyone",
+                   help="who may approve: anyone allowed on the session (default; the hooks'"
+                        " --approval ask needs it), or only the daemon's owner")
     d.add_argument("--max-file-bytes", type=_size, default="8G", metavar="SIZE",
                    help="largest file captured, in data bytes (default 8G)")
     d.add_argument("--max-file-size", type=_size, default="1T", metavar="SIZE",
@@ -816,7 +819,7 @@ def _main(argv: list[str] | None = None) -> int:
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                    set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
-                   limits, storage)
+                   limits, storage, approvals_by_owner=args.approvals_by == "owner")
     out = Output(as_json)
     try:
         from ._client import Client

@@ -101,8 +101,10 @@ class Daemon:
                  tls_key: str | None = None, token_file: str | None = None,
                  allow_uids: set[int] | None = None, gc_grace: float = 600.0,
                  metrics_listen: str | None = None, limits: Limits | None = None,
-                 storage: StorageConfig | None = None) -> None:
+                 storage: StorageConfig | None = None, *,
+                 approvals_by_owner: bool = False) -> None:
         self.root = os.path.abspath(root)
+        self.approvals_by_owner = approvals_by_owner
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
         self.watch: StartWatch | None = None
@@ -192,7 +194,8 @@ class Daemon:
         self.gates = Gates(self.world, policy)
         self.graph_store = self.storage.open_graph_store(self.root)
 
-        rules = Rules(self.world, self.gates)  # what an --allow-uid caller may call
+        # what an --allow-uid caller may call
+        rules = Rules(self.world, self.gates, self.approvals_by_owner)
         interceptors = [TokenInterceptor(self.token)] if self.token else []
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
@@ -459,7 +462,8 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         tls_cert: str | None = None, tls_key: str | None = None, token_file: str | None = None,
         allow_uids: set[int] | None = None, gc_grace: float = 600.0,
         metrics_listen: str | None = None, log_format: str = "text",
-        limits: Limits | None = None, storage: StorageConfig | None = None) -> int:
+        limits: Limits | None = None, storage: StorageConfig | None = None, *,
+        approvals_by_owner: bool = False) -> int:
     _configure_logging(log_format == "json")
     # A fatal signal (a crash in a C extension, SIGABRT from a supervisor or a test that
     # gave up waiting) prints every thread's Python stack to stderr, for the operator.
@@ -468,7 +472,8 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     listen = listen or os.environ.get("WORLDLINE_ADDRESS") or default_address(root)
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
-                    tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage)
+                    tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage,
+                    approvals_by_owner=approvals_by_owner)
     # A stop signal wakes the main thread through a pipe it reads, written by the
     # interpreter's C-level handler (set_wakeup_fd) on whichever thread the kernel
     # delivered the signal to. Not by a Python handler: those run on the main thread

@@ -8,6 +8,7 @@ stay unread and untouched whatever it asks."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import shutil
@@ -31,8 +32,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs 
 
 
 @pytest.fixture
-def place():
-    """base/ (0711): the daemon's root, the agent's home (uid 1000), root's canary."""
+def place(request):
+    """base/ (0711): the daemon's root, the agent's home (uid 1000), root's canary. The
+    daemon's options beyond --allow-uid: the test's indirect parameter, if any."""
     base = Path(tempfile.mkdtemp(prefix="wl-agent-"))
     os.chmod(base, 0o711)
     home = base / "agent"
@@ -49,7 +51,8 @@ def place():
     (locked / "mine").mkdir(parents=True)
     os.chmod(locked, 0o700)
     os.chown(locked / "mine", AGENT_UID, AGENT_UID)
-    d = DaemonProcess(base / "root", extra=["--allow-uid", str(AGENT_UID)]).start()
+    d = DaemonProcess(base / "root", extra=["--allow-uid", str(AGENT_UID),
+                                            *getattr(request, "param", ())]).start()
     before = fingerprint(canary)
     try:
         yield d, home, canary
@@ -148,6 +151,41 @@ def test_an_allowed_user_gets_nothing_it_could_not_do_itself(place, transport):
     with d.client() as owner:  # the owner sees and may do everything
         assert {s.id for s in owner.list_sessions()} >= {theirs.id, got["session id"]}
         assert len(owner.log(got["session id"])) == 2
+
+
+@pytest.mark.parametrize("place", [(), ("--approvals-by", "owner")], indirect=True,
+                         ids=["approvals-by-anyone", "approvals-by-owner"])
+@pytest.mark.parametrize("transport", ["frames", "grpc"])
+def test_an_agent_user_approves_its_own_requests_only_where_the_daemon_lets_it(place,
+                                                                                transport):
+    """By default an agent user decides its own sessions' approvals (the hooks' ask mode
+    records the person's yes so). With --approvals-by owner its approval is
+    PERMISSION_DENIED and changes nothing; it may still deny or cancel its own, and the
+    owner's approval goes through."""
+    d, home, canary = place
+    by_owner = "--approvals-by" in d.extra
+
+    def agent():
+        address = d.address + (".shared" if transport == "grpc" else "")
+        with Client(address, transport=transport) as c:
+            s = c.create_session(str(home / "ws"))
+            a, b, e = (c.request_approval(s.id, f"deploy-{i}").id for i in range(3))
+            return {"approve": _outcome(lambda: c.decide_approval(a, approve=True)),
+                    "status": c.get_approval(a).status,
+                    "deny": _outcome(lambda: c.decide_approval(b, approve=False, reason="no")),
+                    "cancel": _outcome(lambda: c.cancel_approval(e)),
+                    "ids": [a, b, e]}
+
+    got = in_child_as(AGENT_UID, agent)
+    assert isinstance(got, dict), got
+    assert got["approve"] == ("PermissionDenied" if by_owner else "ok"), got
+    assert got["status"] == ("pending" if by_owner else "approved"), got
+    assert got["deny"] == got["cancel"] == "ok", got
+    with d.client() as owner:
+        a, b, _ = got["ids"]
+        assert owner.get_approval(b).status == "denied"
+        if by_owner:
+            assert owner.decide_approval(a, approve=True).status == "approved"
 
 
 def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place):
@@ -277,3 +315,51 @@ def test_an_agent_users_random_walk_restores_exactly_through_its_own_client(seed
         d.stop()
         unmount_below(base)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("place", [("--approvals-by", "owner")], indirect=True,
+                         ids=["approvals-by-owner"])
+def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(place):
+    """Claude Code's hooks run as the agent user in ask mode: the gated call gets its
+    approval request and the agent's ask; once it ran, the person's yes at the agent is
+    no approval here: the hook says so, the approval stays pending for the owner, the
+    call is not recorded as approved, and the world is checkpointed all the same."""
+    import contextlib
+    import io
+    import sys
+
+    import worldline.client.hooks.state  # noqa: F401 -- the child imports nothing
+    import worldline.client.lite  # noqa: F401
+    from worldline.client.hooks import run as hook_run
+
+    from .test_hooks import Agent, decision
+    d, home, _ = place
+    ws = home / "ws"
+    agent = Agent("claude-code", d, ws, home)
+    state = str(home / "hook-state")
+
+    def hook(event: str) -> dict:
+        payload = agent.payload(event)
+
+        def work():
+            os.environ["WORLDLINE_HOOK_STATE"] = state
+            sys.stdin = io.StringIO(payload)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                hook_run.main(["claude-code", "--address", d.address])
+            return {"out": out.getvalue(), "err": err.getvalue()}
+        return in_child_as(AGENT_UID, work)
+
+    assert "err" in hook("start")
+    with d.client() as owner:
+        sid = next(s.id for s in owner.list_sessions() if s.workspace == str(ws))
+        got = hook("pre_push")
+        assert decision("claude-code", json.loads(got["out"])) == "ask", got
+        pending = owner.list_approvals(sid, "pending")
+        assert len(pending) == 1
+        before = len(owner.log(sid))
+        got = hook("post_push")
+        assert "not an approval here" in got["err"] and "--approval wait" in got["err"], got
+        assert owner.get_approval(pending[0].id).status == "pending"
+        assert not [c for c in owner.tool_calls(sid) if c.approval_id]
+        assert len(owner.log(sid)) == before + 1  # checkpointed all the same

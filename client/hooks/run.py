@@ -21,7 +21,13 @@ import sys
 import time
 
 from .. import _json as json
-from ..errors import FailedPrecondition, NotFound, Unavailable, WorldlineError
+from ..errors import (
+    FailedPrecondition,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    WorldlineError,
+)
 from . import agents, state, transcripts
 from .agents import ALLOW, ASK, DENY, PASS, POST, PRE, PROMPT, START, STOP, Event
 
@@ -171,9 +177,15 @@ class Hook:
         if approval_id:
             approval = self.client.call("GetApproval", {"approval_id": approval_id})
             if approval["status"] == "pending":  # the person at the agent said yes
-                self.client.call("DecideApproval", {
-                    "approval_id": approval_id, "approve": True,
-                    "reason": f"allowed by the person at {event.agent}"})
+                try:
+                    self.client.call("DecideApproval", {
+                        "approval_id": approval_id, "approve": True,
+                        "reason": f"allowed by the person at {event.agent}"})
+                except PermissionDenied as exc:  # the daemon's owner alone approves
+                    print(f"worldline hook: the person's yes is not an approval here"
+                          f" ({exc.message}); run the hooks with --approval wait",
+                          file=sys.stderr)
+                    approval_id = ""
             elif approval["status"] != "approved":
                 approval_id = ""
         result = json.dumps(event.tool_response)

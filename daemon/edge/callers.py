@@ -4,7 +4,10 @@ The daemon's owner (root, or the daemon's own uid: the private socket's peers, a
 caller with the token) may make every call on every session. A caller admitted by
 ``--allow-uid`` is an agent user (owners.py): it makes sessions of its own and calls
 only on them; the daemon-wide calls (gc, fsck, the audit log, take-overs, image
-export, LangGraph's service) are the owner's, PERMISSION_DENIED to it.
+export, LangGraph's service) are the owner's, PERMISSION_DENIED to it. It may decide
+its own sessions' approvals (the hooks' ``--approval ask`` records the person's yes
+so), unless the daemon runs with ``--approvals-by owner``: then only a denial, never
+an approval, is its to give.
 
 How the edge knows the caller: the gateway reads each connection's peer credentials
 (SO_PEERCRED); the gRPC relay (auth.PeerRelay) connects to the private socket from
@@ -64,8 +67,9 @@ def agent_of_peer(peer: str) -> Agent | None:
 class Rules:
     """``check`` before a call, ``shown`` on its reply, for the caller in ``CALLER``."""
 
-    def __init__(self, world: World, gates) -> None:
+    def __init__(self, world: World, gates, approvals_by_owner: bool = False) -> None:
         self.world, self.gates = world, gates
+        self.approvals_by_owner = approvals_by_owner
 
     def check(self, method: str, request: Message) -> None:
         caller = CALLER.get()
@@ -83,6 +87,10 @@ class Rules:
             self._own_session(caller, checkpoint.session_id)
         if method in _BY_APPROVAL:
             self._own_session(caller, self.gates.get_approval(request.approval_id).session_id)
+        if method == "DecideApproval" and request.approve and self.approvals_by_owner:
+            raise PermissionDenied(
+                f"approvals are the daemon owner's to give (--approvals-by owner), not an"
+                f" allowed user's ({caller}); it may deny or cancel its own")
         if method == "ListApprovals" and request.session_id:
             self._own_session(caller, request.session_id)
         # What it may create (no container, a folder of its own) is the World's to check:
