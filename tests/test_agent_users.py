@@ -323,7 +323,7 @@ def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(pla
     """Claude Code's hooks run as the agent user in ask mode: the gated call gets its
     approval request and the agent's ask; once it ran, the person's yes at the agent is
     no approval here: the hook says so, the approval stays pending for the owner, the
-    call is not recorded as approved, and the world is checkpointed all the same."""
+    call is recorded citing no approval, and the world is checkpointed all the same."""
     import contextlib
     import io
     import sys
@@ -361,5 +361,6 @@ def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(pla
         got = hook("post_push")
         assert "not an approval here" in got["err"] and "--approval wait" in got["err"], got
         assert owner.get_approval(pending[0].id).status == "pending"
-        assert not [c for c in owner.tool_calls(sid) if c.approval_id]
+        calls = [c for c in owner.tool_calls(sid) if c.effect == "external_non_idempotent"]
+        assert len(calls) == 1 and calls[0].approval_id is None, calls
         assert len(owner.log(sid)) == before + 1  # checkpointed all the same

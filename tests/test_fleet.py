@@ -306,16 +306,21 @@ def _left_by_a(fleet, ws, n: int):
     return s, want
 
 
+def _killed_taking_over(fleet, session_id: str, target, fault: str) -> None:
+    """Host b takes the session over into ``target`` and dies at crash point ``fault``."""
+    b = fleet.host("b", faults=fault)
+    with b.client() as cb:
+        with pytest.raises(Unavailable):  # the daemon died mid-call
+            cb.move_session(session_id, take_over=True, workspace=str(target))
+    b.proc.wait(20)
+    b.proc = None
+
+
 def test_killed_during_a_take_over_it_can_be_taken_over_again(fleet, agent_tree, tmp_path,
                                                               canary):
     s, want = _left_by_a(fleet, agent_tree, 3)
-    b = fleet.host("b", faults="takeover.mid")
     target = tmp_path / "half"
-    with b.client() as cb:
-        with pytest.raises(Unavailable):  # the daemon died mid-call
-            cb.move_session(s.id, take_over=True, workspace=str(target))
-    b.proc.wait(20)
-    b.proc = None
+    _killed_taking_over(fleet, s.id, target, "takeover.mid")
     assert not target.exists()  # the half-made workspace is beside it, not in its place
     time.sleep(2.5)  # b's lease runs out: any host may finish the take-over
     c = fleet.host("c")
@@ -335,13 +340,8 @@ def test_a_take_over_killed_after_its_rename_is_finished_from_the_folder_in_plac
     what the agent wrote in it since; another folder put there instead is refused as
     not empty and left as it is."""
     s, want = _left_by_a(fleet, agent_tree, 3)
-    b = fleet.host("b", faults="takeover.placed")
     target = tmp_path / "placed"
-    with b.client() as cb:
-        with pytest.raises(Unavailable):  # the daemon died mid-call
-            cb.move_session(s.id, take_over=True, workspace=str(target))
-    b.proc.wait(20)
-    b.proc = None
+    _killed_taking_over(fleet, s.id, target, "takeover.placed")
     assert differences(want, fingerprint(target)) == []  # in place, the session not told
     if swapped:
         os.rename(target, tmp_path / "aside")
