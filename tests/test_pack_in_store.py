@@ -5,8 +5,10 @@ keeps its pack in blobs/pack.db and works as it did."""
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import stat
+import subprocess
 import threading
 import time
 
@@ -93,6 +95,33 @@ def test_a_data_root_made_before_0_7_7_keeps_its_pack_in_blobs(tmp_path):
             blobs.close()
             store.close()
     assert "objects" not in _tables(tmp_path / "meta.db")
+
+
+def test_a_pack_made_before_0_7_on_a_full_disk_opens_as_it_is(tmp_path, tmpfs):
+    """A pack made before 0.7 (no incremental vacuum) is converted at its first open by
+    a VACUUM, which writes the file again beside it. On a disk with no room for that,
+    the pack opens as it is, every blob readable: a daemon always starts."""
+    old = LocalBlobStore(str(tmp_path / "made" / "blobs"))  # 0.7.6's layout
+    rng = random.Random(3)
+    blobs = {old.put_bytes(data): data for data in (rng.randbytes(4096) for _ in range(400))}
+    old.sync()
+    old.close()
+    db = sqlite3.connect(tmp_path / "made" / "blobs" / "pack.db")
+    db.execute("PRAGMA auto_vacuum=NONE")  # as a pack before 0.7 was made
+    db.execute("VACUUM")
+    db.close()
+    small = tmpfs(tmp_path / "small", "3m")
+    subprocess.run(["cp", "-a", str(tmp_path / "made" / "blobs"), str(small)], check=True)
+    assert os.path.getsize(small / "blobs" / "pack.db") > 1.5 * 2**20  # no room twice
+    reopened = LocalBlobStore(str(small / "blobs"))
+    try:
+        assert all(reopened.read_bytes(d) == data for d, data in blobs.items())
+        assert reopened.pack._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+        after = reopened.put_bytes(b"stored after the open")
+        reopened.sync()
+        assert reopened.read_bytes(after) == b"stored after the open"
+    finally:
+        reopened.close()
 
 
 def test_a_checkpoint_commit_takes_one_fsync_for_its_blobs_and_its_record(

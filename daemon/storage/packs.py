@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import re
+import sqlite3
 import struct
 import threading
 import time
@@ -573,7 +574,11 @@ class Pack(SqliteDatabase):
         log.info("converting %s (%d MB) to give freed space back, once", self.path,
                  size >> 20)
         self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        self._db.execute("VACUUM")
+        try:
+            self._db.execute("VACUUM")  # a rewrite of the file beside it
+        except sqlite3.OperationalError as exc:  # no room for it: open as it is, start
+            log.warning("%s keeps its freed pages until a start with room to convert it:"
+                        " %s", self.path, exc)
 
     def _load_bloom(self) -> _Bloom:
         rows = self._all("SELECT digest FROM objects")
