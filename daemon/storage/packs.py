@@ -51,7 +51,6 @@ import logging
 import math
 import os
 import re
-import sqlite3
 import struct
 import threading
 import time
@@ -64,7 +63,7 @@ import zstandard
 from worldline.client.errors import DataLoss, NotFound
 
 from ..faults import crash_point
-from .sqlite_store import SqliteDatabase
+from .sqlite_store import SqliteDatabase, to_incremental_vacuum
 
 log = logging.getLogger("worldline.pack")
 
@@ -573,12 +572,7 @@ class Pack(SqliteDatabase):
             return
         log.info("converting %s (%d MB) to give freed space back, once", self.path,
                  size >> 20)
-        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        try:
-            self._db.execute("VACUUM")  # a rewrite of the file beside it
-        except sqlite3.OperationalError as exc:  # no room for it: open as it is, start
-            log.warning("%s keeps its freed pages until a start with room to convert it:"
-                        " %s", self.path, exc)
+        to_incremental_vacuum(self._db, self.path)
 
     def _load_bloom(self) -> _Bloom:
         rows = self._all("SELECT digest FROM objects")

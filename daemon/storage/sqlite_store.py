@@ -19,6 +19,7 @@ with PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -35,6 +36,8 @@ from .blob_index import BlobIndexSql
 from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
 from .sql_store import SqlStore, digest_in
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -180,6 +183,18 @@ def damaged(exc: sqlite3.DatabaseError) -> bool:
     """Whether SQLite says the file is damaged, or not a database at all (not busy, full,
     unreadable or the like, which say nothing of what the file holds)."""
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (11, 26)  # CORRUPT, NOTADB
+
+
+def to_incremental_vacuum(db: sqlite3.Connection, path: str | None) -> None:
+    """Convert a file made without ``auto_vacuum=INCREMENTAL`` to it: a ``VACUUM``, which
+    writes the file again beside it. A disk with no room for that leaves the file as it
+    is until a later open (logged): what a start opens never stops it."""
+    db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    try:
+        db.execute("VACUUM")
+    except sqlite3.OperationalError as exc:
+        log.warning("%s keeps its freed pages until an open with room to convert it: %s",
+                    path, exc)
 
 
 def left_open() -> list[str]:

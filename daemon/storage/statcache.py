@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterator
 
 from ..capture.walk import SIG, signature
-from .sqlite_store import damaged
+from .sqlite_store import damaged, to_incremental_vacuum
 
 log = logging.getLogger(__name__)
 
@@ -253,11 +253,7 @@ def _open(db_path: str | None) -> sqlite3.Connection:
     db = sqlite3.connect(db_path or ":memory:", check_same_thread=False, isolation_level=None)
     try:
         if db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
-            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            try:
-                db.execute("VACUUM")  # how a file made before 0.7.21 takes the mode
-            except sqlite3.OperationalError as exc:  # a full disk: keep what is, start
-                log.warning("the stat cache %s keeps its freed pages: %s", db_path, exc)
+            to_incremental_vacuum(db, db_path)  # a file made before 0.7.21
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once
