@@ -23,7 +23,7 @@ from pathlib import Path
 
 from worldline.daemon.main import Daemon
 
-from .run import REPO
+from .run import REPO, machine
 from .trees import copy_tree, django_tree, edit, pick_files
 
 
@@ -48,8 +48,8 @@ def measure(checkpoints: int, work: Path) -> dict:
             world.checkpoint(session.id)
             cpu.append(time.thread_time() - c)
             wall.append(time.perf_counter() - t)
-        return {"python": sys.version.split()[0], "executable": os.path.realpath(sys.executable),
-                "checkpoints": checkpoints,
+        interpreter = {k: v for k, v in machine().items() if k.startswith("python")}
+        return {**interpreter, "checkpoints": checkpoints,
                 "wall_ms": round(statistics.median(wall) * 1e3, 3),
                 "thread_cpu_ms": round(statistics.median(cpu) * 1e3, 3)}
     finally:

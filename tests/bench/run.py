@@ -414,6 +414,17 @@ class Bench:
         unmount_below(self.work)
 
 
+def _runs_on_shared_libpython() -> bool:
+    """Whether this interpreter runs on a shared libpython (mapped into the process), as
+    a default pyenv build does. Debian's links it into the executable, though its
+    sysconfig says Py_ENABLE_SHARED (it ships the shared library too)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("/libpython" in line for line in f)
+    except OSError:
+        return bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
+
+
 def machine() -> dict:
     mem = 0
     try:
@@ -429,7 +440,7 @@ def machine() -> dict:
         pass
     return {"platform": platform.platform(), "python": platform.python_version(),
             "python_executable": os.path.realpath(sys.executable),
-            "python_shared_libpython": bool(sysconfig.get_config_var("Py_ENABLE_SHARED")),
+            "python_shared_libpython": _runs_on_shared_libpython(),
             "cpus": os.cpu_count(), "cpu": cpu, "memory_bytes": mem}
 
 
