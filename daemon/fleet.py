@@ -108,16 +108,17 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
         raise FailedPrecondition(f"the head of session {session_id} was pruned")
+    recorded = {**spec, "workspace": origin}
     now = time.time()
     claimed = session if unfinished else world.store.claim_session(
         session_id, world.host, session.host, now + world.lease_seconds, now,
         workspace=real, needs_attention=f"take-over by {world.host} under way",
-        **({"spec": json.dumps({**spec, "workspace": origin}, sort_keys=True)} if spec else {}))
+        **({"spec": json.dumps(recorded, sort_keys=True)} if spec else {}))
     world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
                                          {"from": session.host, "host": world.host,
                                           "workspace": real}, ids.now())])
     if not placed:
-        _make_workspace(world, claimed, head, real, staging, {**spec, "workspace": origin})
+        _make_workspace(world, claimed, head, real, staging, recorded)
     _rebuild(world, claimed, head, real, origin)
     return world.session(session_id)
 
