@@ -21,6 +21,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,16 +126,31 @@ def as_agent(script: str, cwd: Path | str, uid: int = AGENT_UID, check: bool = T
     return res
 
 
+def _no_grpc_in_a_forked_child() -> None:
+    """Make a forked child's gRPC channel an error rather than a hang: gRPC's threads in
+    the test process (any earlier test's channel starts them, and they outlive it) may
+    hold a lock at the fork, and the child's channel then waits on it for good. A child
+    that needs gRPC is ``in_fresh_child_as``'s."""
+    grpc = sys.modules.get("grpc")
+    if grpc is None:
+        return
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("gRPC in a forked child can hang: use in_fresh_child_as")
+    grpc.insecure_channel = grpc.secure_channel = refused
+
+
 def in_child_as(uid: int, work: Callable[[], object]) -> object:
     """``work()`` in a child forked to run as uid and gid ``uid`` with no supplementary
     groups; what it returned (JSON-able), or the name of the exception it raised. The
     child imports nothing (it may not be able to read this checkout): whatever
-    ``work`` needs is loaded here first."""
+    ``work`` needs is loaded here first. No gRPC in it (``in_fresh_child_as``)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             try:
+                _no_grpc_in_a_forked_child()
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
@@ -148,6 +164,53 @@ def in_child_as(uid: int, work: Callable[[], object]) -> object:
     os.waitpid(pid, 0)
     with os.fdopen(r, "rb") as f:
         return json.loads(f.read())
+
+
+# A fresh interpreter, run as root in the checkout: it imports the work's module (and
+# the client's gRPC path, whose modules gRPC imports lazily at the first channel, so
+# that nothing is read from the checkout once it is the agent), drops to the uid, and
+# writes what the work returned, or its exception's name, to the inherited pipe.
+_FRESH_CHILD = r"""
+import importlib, json, os, sys
+spec = json.loads(sys.argv[1])
+work = importlib.import_module(spec["module"])
+for part in spec["name"].split("."):
+    work = getattr(work, part)
+import grpc
+import worldline.client.channel, worldline.v1.worldline_pb2_grpc
+grpc.insecure_channel("unix:/nonexistent-worldline-warm-up").close()
+os.setgroups([])
+os.setgid(spec["uid"])
+os.setuid(spec["uid"])
+try:
+    out = work(*spec["args"])
+except Exception as exc:
+    out = type(exc).__name__
+with os.fdopen(spec["fd"], "w") as f:
+    f.write(json.dumps(out))
+"""
+
+
+def in_fresh_child_as(uid: int, work: Callable[..., object], *args: object) -> object:
+    """``work(*args)`` as ``in_child_as`` runs it, in a fresh interpreter rather than a
+    fork of this one: for work that uses gRPC, which a forked child cannot
+    (``_no_grpc_in_a_forked_child``). ``work`` is a module-level function, ``args``
+    JSON-able."""
+    name = work.__qualname__
+    assert "<locals>" not in name, f"{name}: a fresh interpreter finds module-level work"
+    r, w = os.pipe()
+    spec = {"module": work.__module__, "name": name, "args": list(args), "uid": uid,
+            "fd": w}
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen([sys.executable, "-c", _FRESH_CHILD, json.dumps(spec)],
+                             cwd=root, pass_fds=(w,), stderr=subprocess.PIPE)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    err = child.communicate(timeout=120)[1]
+    if not out:
+        raise AssertionError(f"the fresh child of uid {uid} said nothing: {err.decode()}")
+    return json.loads(out)
 
 
 class AgentProcess:
@@ -164,6 +227,7 @@ class AgentProcess:
             os.close(self._to)
             os.close(self._from)
             try:
+                _no_grpc_in_a_forked_child()
                 os.chdir(cwd)
                 os.setgroups([])
                 os.setgid(AGENT_UID)

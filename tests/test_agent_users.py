@@ -15,8 +15,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import grpc
 import pytest
 from worldline.client import Client
+from worldline.v1 import worldline_pb2 as pb
+from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .conftest import DaemonProcess, unmount_below
 from .fidelity import (
@@ -26,6 +29,7 @@ from .fidelity import (
     differences,
     fingerprint,
     in_child_as,
+    in_fresh_child_as,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
@@ -71,66 +75,71 @@ def _outcome(call) -> str:
         return type(exc).__name__
 
 
+def _agent_asks_for_everything(address: str, transport: str, home: str, canary: str,
+                               theirs: str, theirs_cp: str) -> dict | str:
+    """The agent's side of test_an_allowed_user_gets_nothing_it_could_not_do_itself:
+    what each call came to, or the step that failed."""
+    out: dict = {}
+    try:
+        return _everything(out, address, transport, Path(home), Path(canary), theirs,
+                           theirs_cp)
+    except Exception as exc:  # noqa: BLE001 -- which step failed, and how
+        return f"after {sorted(out)}: {type(exc).__name__}: {exc}"
+
+
+def _everything(out: dict, address: str, transport: str, home: Path, canary: Path,
+                theirs: str, theirs_cp: str) -> dict:
+    # gRPC reaches the daemon through the relay (.shared); frames through the gateway
+    address = address + (".shared" if transport == "grpc" else "")
+    ws = home / "ws"
+    with Client(address, transport=transport) as c:
+        out["etc"] = _outcome(lambda: c.create_session("/etc"))
+        out["public"] = _outcome(lambda: c.create_session(str(canary.parent / "public")))
+        out["unreachable"] = _outcome(lambda: c.create_session(
+            str(canary.parent / "locked" / "mine")))
+        out["image"] = _outcome(lambda: c.create_session(str(ws), image="busybox"))
+        s = c.create_session(str(ws))
+        cp = s.checkpoint()
+        out["mine"] = [x.seq for x in c.log(s.id)]
+        out["listed"] = [x.id for x in c.list_sessions()] == [s.id]
+        out["their session"] = _outcome(lambda: c.get_session(theirs))
+        out["their log"] = _outcome(lambda: c.log(theirs))
+        out["their show"] = _outcome(lambda: c.show(theirs_cp))
+        out["their diff"] = _outcome(lambda: c.diff(cp.id, theirs_cp, patch=True))
+        out["their fork"] = _outcome(lambda: c.fork(theirs_cp, str(home / "stolen")))
+        out["restore theirs"] = _outcome(lambda: c.restore(
+            s.id, theirs_cp, from_other_session=True))
+        out["fork into root's"] = _outcome(lambda: c.fork(
+            cp.id, str(canary.parent / "public" / "f")))
+        out["fork anywhere"] = _outcome(lambda: c.fork(cp.id))
+        out["gc"] = _outcome(lambda: c.gc())
+        out["fsck"] = _outcome(lambda: c.fsck())
+        out["audit"] = _outcome(lambda: c.audit())
+        if transport == "grpc":  # LangGraph's service is the owner's
+            with grpc.insecure_channel(address) as channel:
+                try:
+                    pb_grpc.GraphsStub(channel).ListGraphCheckpoints(
+                        pb.ListGraphCheckpointsRequest(any_thread=True), timeout=10)
+                    out["graphs"] = "ok"
+                except grpc.RpcError as exc:
+                    out["graphs"] = exc.code().name
+        fork = c.fork(cp.id, str(home / "f1"))
+        out["fork"] = fork.workspace
+        out["listed after"] = sorted(x.id for x in c.list_sessions()) == sorted(
+            [s.id, fork.id])
+        out["session id"] = s.id
+    return out
+
+
 @pytest.mark.parametrize("transport", ["frames", "grpc"])
 def test_an_allowed_user_gets_nothing_it_could_not_do_itself(place, transport):
     d, home, canary = place
-    ws = home / "ws"
     with d.client() as owner:  # the daemon owner's session, over root's canary
         theirs = owner.create_session(str(canary))
         theirs_cp = theirs.checkpoint()
 
-    def agent():
-        out: dict = {}
-        try:
-            return steps(out)
-        except Exception as exc:  # noqa: BLE001 -- which step failed, and how
-            return f"after {sorted(out)}: {type(exc).__name__}: {exc}"
-
-    def steps(out: dict) -> dict:
-        # gRPC reaches the daemon through the relay (.shared); frames through the gateway
-        address = d.address + (".shared" if transport == "grpc" else "")
-        with Client(address, transport=transport) as c:
-            out["etc"] = _outcome(lambda: c.create_session("/etc"))
-            out["public"] = _outcome(lambda: c.create_session(str(canary.parent / "public")))
-            out["unreachable"] = _outcome(lambda: c.create_session(
-                str(canary.parent / "locked" / "mine")))
-            out["image"] = _outcome(lambda: c.create_session(str(ws), image="busybox"))
-            s = c.create_session(str(ws))
-            cp = s.checkpoint()
-            out["mine"] = [x.seq for x in c.log(s.id)]
-            out["listed"] = [x.id for x in c.list_sessions()] == [s.id]
-            out["their session"] = _outcome(lambda: c.get_session(theirs.id))
-            out["their log"] = _outcome(lambda: c.log(theirs.id))
-            out["their show"] = _outcome(lambda: c.show(theirs_cp.id))
-            out["their diff"] = _outcome(lambda: c.diff(cp.id, theirs_cp.id, patch=True))
-            out["their fork"] = _outcome(lambda: c.fork(theirs_cp.id, str(home / "stolen")))
-            out["restore theirs"] = _outcome(lambda: c.restore(
-                s.id, theirs_cp.id, from_other_session=True))
-            out["fork into root's"] = _outcome(lambda: c.fork(
-                cp.id, str(canary.parent / "public" / "f")))
-            out["fork anywhere"] = _outcome(lambda: c.fork(cp.id))
-            out["gc"] = _outcome(lambda: c.gc())
-            out["fsck"] = _outcome(lambda: c.fsck())
-            out["audit"] = _outcome(lambda: c.audit())
-            if transport == "grpc":  # LangGraph's service is the owner's
-                import grpc
-                from worldline.v1 import worldline_pb2 as pb
-                from worldline.v1 import worldline_pb2_grpc as pb_grpc
-                with grpc.insecure_channel(address) as channel:
-                    try:
-                        pb_grpc.GraphsStub(channel).ListGraphCheckpoints(
-                            pb.ListGraphCheckpointsRequest(any_thread=True), timeout=10)
-                        out["graphs"] = "ok"
-                    except grpc.RpcError as exc:
-                        out["graphs"] = exc.code().name
-            fork = c.fork(cp.id, str(home / "f1"))
-            out["fork"] = fork.workspace
-            out["listed after"] = sorted(x.id for x in c.list_sessions()) == sorted(
-                [s.id, fork.id])
-            out["session id"] = s.id
-        return out
-
-    got = in_child_as(AGENT_UID, agent)
+    got = in_fresh_child_as(AGENT_UID, _agent_asks_for_everything, d.address, transport,
+                            str(home), str(canary), theirs.id, theirs_cp.id)
     assert isinstance(got, dict), got  # else: what the agent's side raised
     refused = "PermissionDenied"
     assert got["etc"] == got["public"] == refused, got
@@ -153,6 +162,20 @@ def test_an_allowed_user_gets_nothing_it_could_not_do_itself(place, transport):
         assert len(owner.log(got["session id"])) == 2
 
 
+def _agent_decides_its_own_approvals(address: str, transport: str, ws: str) -> dict:
+    """Three approval requests of the agent's own session: its approval of the first,
+    that request's status after it, its denial of the second, its cancel of the third."""
+    address = address + (".shared" if transport == "grpc" else "")
+    with Client(address, transport=transport) as c:
+        s = c.create_session(ws)
+        a, b, e = (c.request_approval(s.id, f"deploy-{i}").id for i in range(3))
+        return {"approve": _outcome(lambda: c.decide_approval(a, approve=True)),
+                "status": c.get_approval(a).status,
+                "deny": _outcome(lambda: c.decide_approval(b, approve=False, reason="no")),
+                "cancel": _outcome(lambda: c.cancel_approval(e)),
+                "ids": [a, b, e]}
+
+
 @pytest.mark.parametrize("place", [(), ("--approvals-by", "owner")], indirect=True,
                          ids=["approvals-by-anyone", "approvals-by-owner"])
 @pytest.mark.parametrize("transport", ["frames", "grpc"])
@@ -164,19 +187,8 @@ def test_an_agent_user_approves_its_own_requests_only_where_the_daemon_lets_it(p
     owner's approval goes through."""
     d, home, canary = place
     by_owner = "--approvals-by" in d.extra
-
-    def agent():
-        address = d.address + (".shared" if transport == "grpc" else "")
-        with Client(address, transport=transport) as c:
-            s = c.create_session(str(home / "ws"))
-            a, b, e = (c.request_approval(s.id, f"deploy-{i}").id for i in range(3))
-            return {"approve": _outcome(lambda: c.decide_approval(a, approve=True)),
-                    "status": c.get_approval(a).status,
-                    "deny": _outcome(lambda: c.decide_approval(b, approve=False, reason="no")),
-                    "cancel": _outcome(lambda: c.cancel_approval(e)),
-                    "ids": [a, b, e]}
-
-    got = in_child_as(AGENT_UID, agent)
+    got = in_fresh_child_as(AGENT_UID, _agent_decides_its_own_approvals, d.address,
+                            transport, str(home / "ws"))
     assert isinstance(got, dict), got
     assert got["approve"] == ("PermissionDenied" if by_owner else "ok"), got
     assert got["status"] == ("pending" if by_owner else "approved"), got
@@ -282,8 +294,8 @@ def test_an_agent_users_random_walk_restores_exactly_through_its_own_client(seed
     (canary / "keep.txt").write_text("keep\n")
     os.chmod(canary, 0o777)
     untouched = fingerprint(canary)
-    # The children are forked before the daemon's start checks its health over gRPC: a
-    # fork right after a channel closes can hang in gRPC's fork handlers.
+    # The children are forked before this test's daemon is up; the client's child speaks
+    # frames, never gRPC, which a forked child cannot use (fidelity.in_fresh_child_as).
     d = DaemonProcess(base / "root", extra=["--allow-uid", str(AGENT_UID)])
     agent, client = Agent(ws), AgentClient(d.address)
     d.start()

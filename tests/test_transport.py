@@ -18,7 +18,7 @@ from worldline.client.transport import FrameTransport, GrpcTransport
 from worldline.v1 import worldline_pb2 as pb
 
 from .conftest import DaemonProcess
-from .fidelity import in_child_as
+from .fidelity import in_fresh_child_as
 
 KINDS = ("grpc", "frames")
 
@@ -304,6 +304,14 @@ def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
         gw.close()
 
 
+def _checkpoint_over(address: str, kind: str, ws: str) -> list:
+    """A session of ``ws`` and its checkpoint, by a client on transport ``kind``: the
+    checkpoint's seq, and whether the client went without gRPC."""
+    with Client(address, transport=kind) as c:
+        s = c.create_session(ws)
+        return [s.checkpoint().seq, c._transport._grpc is None]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_path):
     """With --allow-uid 1000, a Python client running as uid 1000 reaches the daemon
@@ -319,16 +327,12 @@ def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_
         ws.mkdir()
         os.chown(ws, 1000, 1000)
 
-        def checkpoint(kind):
-            def work():
-                with Client(d.address, transport=kind) as c:
-                    s = c.create_session(str(ws))
-                    return [s.checkpoint().seq, c._transport._grpc is None]  # no gRPC
-            return work
+        def checkpoint(uid, kind):
+            return in_fresh_child_as(uid, _checkpoint_over, d.address, kind, str(ws))
 
-        assert in_child_as(1000, checkpoint("auto")) == [1, True]
-        assert in_child_as(65534, checkpoint("frames")) == "Unavailable"
-        assert in_child_as(65534, checkpoint("grpc")) == "Unavailable"
+        assert checkpoint(1000, "auto") == [1, True]
+        assert checkpoint(65534, "frames") == "Unavailable"
+        assert checkpoint(65534, "grpc") == "Unavailable"
         with d.client() as c:
             assert [s.workspace for s in c.list_sessions()] == [str(ws)]
     finally:
