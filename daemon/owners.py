@@ -8,10 +8,13 @@ for it that its user could not do itself.
   over a folder it owns and can itself enter, read and write, reached by its path as
   the daemon reaches it (the same folder, checked by identity as that user).
 - It forks only its own checkpoints, into a new folder made in a folder it owns.
-- Every entry a checkpoint of its session records is its own: a file or folder of
-  another user's in the workspace (root's, put there by someone else) is
-  PERMISSION_DENIED, named, with nothing recorded. So what the daemon reads for it
-  (show, diff) and writes for it (restore, fork) is the user's own.
+- Every entry a checkpoint of its session records is one its user could have made: a
+  file or folder of another user's in the workspace (root's, put there by someone
+  else), a file setgid to a group not the user's, or an entry with file capabilities
+  (``security.capability``) or a ``trusted.`` xattr is PERMISSION_DENIED, named, with nothing
+  recorded; a restore or fork of a tree holding one (recorded before 0.7.26) is
+  refused too. So what the daemon reads for it (show, diff) and writes for it
+  (restore, fork) is the user's own, and grants it nothing.
 - Containers are the daemon owner's: an agent user makes, attaches or forks none (a
   container's root writes the bind-mounted folder as root).
 
@@ -25,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from worldline.client.errors import FailedPrecondition, PermissionDenied
 
 from .capture.resolve import open_folder
-from .capture.trees import TreeReader
+from .capture.trees import Entry, TreeReader
 
 log = logging.getLogger(__name__)
 
@@ -123,38 +127,61 @@ def _reached_by(agent: Agent, path: str) -> tuple[int, int] | None:
         return None
 
 
-def foreign(reader: TreeReader, old: str | None, new: str, uid: int,
-            pending: Mapping | None = None, prefix: str = "") -> Iterator[str]:
-    """Paths of the entries below the tree ``new`` owned by another uid than ``uid``
-    (``.`` for the root folder itself), looking only into the folders that differ from
-    the tree ``old`` (None: every folder). ``pending``: trees of a capture that stored
-    nothing (a restore's look at the layer)."""
+# xattrs only a privileged process writes, and whose restore grants something: file
+# capabilities, and the trusted namespace (overlayfs's markers among them). Not every
+# security.* name: SELinux labels every file its user makes.
+PRIVILEGED_XATTRS = ("security.capability", "trusted.")
+
+
+def beyond(entry: Entry, agent: Agent) -> str | None:
+    """Why ``agent``'s user could not have made ``entry`` itself (None: it could): it
+    is another user's; or a file setgid to a group not the user's (``chmod g+s`` by a
+    non-member is cleared, and a restore as root would grant the group); or it holds an
+    xattr only a privileged process writes (``PRIVILEGED_XATTRS``)."""
+    if entry.uid != agent.uid:
+        return f"uid {entry.uid}"
+    if entry.has_content and entry.mode & stat.S_ISGID and entry.gid != agent.gid:
+        return f"setgid to gid {entry.gid}"
+    if entry.extra and '"x"' in entry.extra:
+        for name in entry.xattrs():
+            if name.startswith(PRIVILEGED_XATTRS):
+                return f"xattr {name}"
+    return None
+
+
+def foreign(reader: TreeReader, old: str | None, new: str, agent: Agent,
+            pending: Mapping | None = None, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(path, why) of the entries below the tree ``new`` that ``agent``'s user could not
+    have made (``beyond``; ``.`` for the root folder itself), looking only into the
+    folders that differ from the tree ``old`` (None: every folder). ``pending``: trees of
+    a capture that stored nothing (a restore's look at the layer)."""
     if old == new:
         return
     before = reader.read(old, pending) if old else {}
     tree = reader.read(new, pending)
     own = getattr(tree, "own", None)
-    if not prefix and own is not None and own.uid != uid:
-        yield "."
+    if not prefix and own is not None and (why := beyond(own, agent)):
+        yield ".", why
     for name, entry in tree.items():
         was = before.get(name)
         if was == entry:
             continue
         path = prefix + name
-        if entry.uid != uid:
-            yield path
+        if why := beyond(entry, agent):
+            yield path, why
         if entry.is_folder:
             yield from foreign(reader, was.ref if was is not None and was.is_folder else None,
-                               entry.ref, uid, pending, path + "/")
+                               entry.ref, agent, pending, path + "/")
 
 
 def check_entries(reader: TreeReader, old: str | None, new: str, agent: Agent,
                   pending: Mapping | None = None, doing: str = "nothing was recorded") -> None:
-    """PERMISSION_DENIED, naming them, if a capture of ``agent``'s session holds entries
-    of another user's (compared with the tree ``old`` it started from)."""
-    found = list(itertools.islice(foreign(reader, old, new, agent.uid, pending), 6))
+    """PERMISSION_DENIED, naming them, if the tree ``new`` of ``agent``'s session holds
+    entries its user could not have made (``beyond``; compared with the tree ``old``)."""
+    found = list(itertools.islice(foreign(reader, old, new, agent, pending), 6))
     if found:
+        named = ", ".join(f"{path} ({why})" for path, why in found[:5])
         raise PermissionDenied(
-            f"the workspace holds {', '.join(found[:5])}{' and more' if len(found) > 5 else ''}"
-            f" of another user's: a session of an allowed user ({agent}) holds only its"
-            f" own files; {doing}")
+            f"the workspace holds {named}{' and more' if len(found) > 5 else ''}"
+            f" of another user's making: a session of an allowed user ({agent}) holds only"
+            f" what its user could make itself; {doing}")

@@ -795,9 +795,14 @@ class World:
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
             current, seen = layer.capture(base, persist=False, consume=False, mapped=mapped)
-            if agent is not None:  # it writes and removes only its user's own files
+            if agent is not None:  # it writes and removes only its user's own files,
+                # and writes back none its user could not make (a tree recorded before
+                # 0.7.26 may hold one)
                 owners.check_entries(self.trees, base, current.root, agent, current.trees,
                                      "nothing was restored")
+                if want is not None:
+                    owners.check_entries(self.trees, current.root, want, agent,
+                                         current.trees, "nothing was restored")
             changes = diff(self.trees, current.root, want, current.trees)
             size = 0
             for path in changes.added + changes.modified:
@@ -1035,6 +1040,8 @@ class World:
                                      must_be_empty=True)
         if agent is not None:
             owners.check_folder(agent, os.path.dirname(path), "the folder above")
+            owners.check_entries(self.trees, None, source.tree, agent,
+                                 doing="nothing was forked")
         crash_point("fork.checked")
         try:  # made and opened through no symlink; every write below checks it is still it
             fd, created = make_folder(path)

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -198,6 +199,106 @@ def test_an_agent_user_approves_its_own_requests_only_where_the_daemon_lets_it(p
         assert owner.get_approval(b).status == "denied"
         if by_owner:
             assert owner.decide_approval(a, approve=True).status == "approved"
+
+
+def _beyond_the_agent(ws: Path) -> None:
+    """Root's additions to the agent's workspace, each of the agent's uid but beyond
+    what uid 1000 could make itself: a file setgid to root's group, a file capability,
+    a trusted xattr."""
+    for name in ("sg", "cap", "mark"):
+        (ws / name).write_bytes(Path("/bin/true").read_bytes())
+        os.chown(ws / name, AGENT_UID, AGENT_UID)
+        os.chmod(ws / name, 0o755)
+    os.chown(ws / "sg", AGENT_UID, 0)
+    os.chmod(ws / "sg", 0o2755)
+    subprocess.run(["setcap", "cap_net_raw+ep", str(ws / "cap")], check=True)
+    os.setxattr(ws / "mark", "trusted.mark", b"1")
+
+
+def _checkpoint_of(address: str, sid: str) -> str:
+    with Client(address) as c:
+        try:
+            c.checkpoint(sid)
+            return "ok"
+        except Exception as exc:  # noqa: BLE001 -- the message is compared
+            return f"{type(exc).__name__}: {exc}"
+
+
+def test_what_an_agent_could_not_make_itself_is_never_recorded(place):
+    """Files of the agent's own uid that its user could not have made (setgid to a
+    group not its own, a file capability, a trusted xattr; root's doing): the agent's
+    checkpoint is PERMISSION_DENIED naming each and why, and records nothing, so no
+    restore of the agent's could grant them; its own setgid file of its own group is
+    recorded, once they are gone."""
+    d, home, _ = place
+    ws = home / "ws"
+    as_agent("cp /bin/true own && chmod 2755 own", ws)
+
+    def create():
+        with Client(d.address) as c:
+            return c.create_session(str(ws)).id
+    sid = in_child_as(AGENT_UID, create)
+    _beyond_the_agent(ws)
+    got = in_child_as(AGENT_UID, lambda: _checkpoint_of(d.address, sid))
+    assert got.startswith("PermissionDenied"), got
+    for named in ("sg (setgid to gid 0)", "cap (xattr security.capability)",
+                  "mark (xattr trusted.mark)"):
+        assert named in got, (named, got)
+    assert "own (" not in got, got  # its own setgid file, of its own group
+    with d.client() as owner:
+        assert len(owner.log(sid)) == 1  # nothing recorded
+        for name in ("sg", "cap", "mark"):
+            os.unlink(ws / name)
+        assert in_child_as(AGENT_UID, lambda: _checkpoint_of(d.address, sid)) == "ok"
+        log = owner.log(sid)
+        assert len(log) == 2 and owner.diff(log[0].id, log[1].id).modified == []
+
+
+def test_a_tree_recorded_before_0_7_26_with_what_an_agent_could_not_make_is_not_written_back(
+        monkeypatch):
+    """A checkpoint of an agent's session recorded under 0.7.25's rule (another uid's
+    entries refused, nothing more) may hold a setgid-root file or a file capability: a
+    restore to it and a fork of it are PERMISSION_DENIED, naming them, and write
+    nothing."""
+    from worldline.client.errors import PermissionDenied
+    from worldline.daemon import owners
+    from worldline.daemon.main import Daemon
+
+    base = Path(tempfile.mkdtemp(prefix="wl-agent-old-"))  # uid 1000 reaches it
+    os.chmod(base, 0o711)
+    home = base / "agent"
+    (home / "ws").mkdir(parents=True)
+    for p in (home, home / "ws"):
+        os.chown(p, AGENT_UID, AGENT_UID)
+    ws = home / "ws"
+    as_agent("echo mine > a.txt", ws)
+    daemon = Daemon(str(base / "root"), f"unix://{base}/root/wl.sock")
+    daemon.start()
+    try:
+        world, agent = daemon.world, owners.Agent(AGENT_UID, AGENT_UID)
+        sid = world.create_session(str(ws), agent=agent).id
+        _beyond_the_agent(ws)
+        with monkeypatch.context() as old_rule:  # 0.7.25's: the uid alone
+            old_rule.setattr(owners, "beyond", lambda entry, agent: (
+                f"uid {entry.uid}" if entry.uid != agent.uid else None))
+            recorded = world.checkpoint(sid).id
+        for name in ("sg", "cap", "mark"):
+            os.unlink(ws / name)
+        world.checkpoint(sid)
+        before = fingerprint(ws)
+        with pytest.raises(PermissionDenied) as refused:
+            world.restore(sid, recorded)
+        assert "sg (setgid to gid 0)" in str(refused.value), refused.value
+        assert "cap (xattr security.capability)" in str(refused.value), refused.value
+        assert "nothing was restored" in str(refused.value), refused.value
+        assert differences(before, fingerprint(ws)) == []
+        with pytest.raises(PermissionDenied, match="nothing was forked"):
+            world.fork(recorded, str(home / "f"), agent=agent)
+        assert not (home / "f").exists()
+    finally:
+        daemon.stop()
+        unmount_below(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place):
