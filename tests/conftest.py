@@ -171,6 +171,18 @@ def _detach_forks(tmp_path):
     unmount_below(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A test that changes the process's umask (a daemon started in this process sets
+    0o077: start one in a fresh interpreter, ``run_python``) fails here, and the umask
+    is put back, rather than later tests failing on the modes they make."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the test left the umask {after:#o} (was {before:#o})"
+
+
 @pytest.fixture(scope="session")
 def daemon(base_tmp):
     d = DaemonProcess(base_tmp / "shared-root").start()

@@ -22,7 +22,7 @@ from worldline.client import Client
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .conftest import DaemonProcess, unmount_below
+from .conftest import DaemonProcess, run_python, unmount_below
 from .fidelity import (
     AGENT_UID,
     AgentProcess,
@@ -254,49 +254,68 @@ def test_what_an_agent_could_not_make_itself_is_never_recorded(place):
         assert len(log) == 2 and owner.diff(log[0].id, log[1].id).modified == []
 
 
-def test_a_tree_recorded_before_0_7_26_with_what_an_agent_could_not_make_is_not_written_back(
-        monkeypatch):
+_RECORDED_BEFORE_0_7_26 = """
+import json, os, sys
+sys.path.insert(0, {checkout!r})
+from tests.test_agent_users import _beyond_the_agent
+from pathlib import Path
+from worldline.client.errors import PermissionDenied
+from worldline.daemon import owners
+from worldline.daemon.main import Daemon
+
+base, ws = {base!r}, Path({ws!r})
+daemon = Daemon(base + "/root", "unix://" + base + "/root/wl.sock")
+daemon.start()
+out = {{}}
+try:
+    world, agent = daemon.world, owners.Agent({uid}, {uid})
+    sid = world.create_session(str(ws), agent=agent).id
+    _beyond_the_agent(ws)
+    rule, owners.beyond = owners.beyond, lambda entry, agent: (  # 0.7.25's: the uid alone
+        f"uid {{entry.uid}}" if entry.uid != agent.uid else None)
+    recorded = world.checkpoint(sid).id
+    owners.beyond = rule
+    for name in ("sg", "cap", "mark"):
+        os.unlink(ws / name)
+    world.checkpoint(sid)
+    for what, call in (("restore", lambda: world.restore(sid, recorded)),
+                       ("fork", lambda: world.fork(recorded, {fork!r}, agent=agent))):
+        try:
+            call()
+            out[what] = "ok"
+        except PermissionDenied as exc:
+            out[what] = str(exc)
+finally:
+    daemon.stop()
+print(json.dumps(out))
+"""
+
+
+def test_a_tree_recorded_before_0_7_26_with_what_an_agent_could_not_make_is_not_written_back():
     """A checkpoint of an agent's session recorded under 0.7.25's rule (another uid's
     entries refused, nothing more) may hold a setgid-root file or a file capability: a
     restore to it and a fork of it are PERMISSION_DENIED, naming them, and write
-    nothing."""
-    from worldline.client.errors import PermissionDenied
-    from worldline.daemon import owners
-    from worldline.daemon.main import Daemon
-
+    nothing. (An in-process daemon, in a fresh interpreter, records it so.)"""
     base = Path(tempfile.mkdtemp(prefix="wl-agent-old-"))  # uid 1000 reaches it
     os.chmod(base, 0o711)
     home = base / "agent"
-    (home / "ws").mkdir(parents=True)
-    for p in (home, home / "ws"):
-        os.chown(p, AGENT_UID, AGENT_UID)
     ws = home / "ws"
+    ws.mkdir(parents=True)
+    for p in (home, ws):
+        os.chown(p, AGENT_UID, AGENT_UID)
     as_agent("echo mine > a.txt", ws)
-    daemon = Daemon(str(base / "root"), f"unix://{base}/root/wl.sock")
-    daemon.start()
     try:
-        world, agent = daemon.world, owners.Agent(AGENT_UID, AGENT_UID)
-        sid = world.create_session(str(ws), agent=agent).id
-        _beyond_the_agent(ws)
-        with monkeypatch.context() as old_rule:  # 0.7.25's: the uid alone
-            old_rule.setattr(owners, "beyond", lambda entry, agent: (
-                f"uid {entry.uid}" if entry.uid != agent.uid else None))
-            recorded = world.checkpoint(sid).id
-        for name in ("sg", "cap", "mark"):
-            os.unlink(ws / name)
-        world.checkpoint(sid)
-        before = fingerprint(ws)
-        with pytest.raises(PermissionDenied) as refused:
-            world.restore(sid, recorded)
-        assert "sg (setgid to gid 0)" in str(refused.value), refused.value
-        assert "cap (xattr security.capability)" in str(refused.value), refused.value
-        assert "nothing was restored" in str(refused.value), refused.value
-        assert differences(before, fingerprint(ws)) == []
-        with pytest.raises(PermissionDenied, match="nothing was forked"):
-            world.fork(recorded, str(home / "f"), agent=agent)
+        got = json.loads(run_python(_RECORDED_BEFORE_0_7_26.format(
+            checkout=str(Path(__file__).resolve().parents[1]), base=str(base), ws=str(ws),
+            fork=str(home / "f"), uid=AGENT_UID), timeout=120))
+        restore, fork = got["restore"], got["fork"]
+        assert "sg (setgid to gid 0)" in restore, restore
+        assert "cap (xattr security.capability)" in restore, restore
+        assert "nothing was restored" in restore, restore
+        assert "nothing was forked" in fork and "sg (setgid to gid 0)" in fork, fork
+        assert sorted(os.listdir(ws)) == ["a.txt"]  # nothing written back
         assert not (home / "f").exists()
     finally:
-        daemon.stop()
         unmount_below(base)
         shutil.rmtree(base, ignore_errors=True)
 
