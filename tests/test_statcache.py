@@ -6,6 +6,7 @@ import marshal
 import os
 import sqlite3
 import subprocess
+import time
 
 from worldline.daemon.storage.statcache import StatCache
 
@@ -17,12 +18,12 @@ def _entry(i: int) -> tuple:
 
 
 def test_a_compaction_takes_the_pages_it_frees_and_an_idle_one_empties_the_log(tmp_path):
-    """The first capture of a workspace logs every file; the compaction that folds the
-    log into a snapshot writes the snapshot into the pages the log leaves, not into
-    new ones at the end of the file (until 0.7.21 the file held both, and `make
-    bench`'s storage-100 counted a snapshot's worth in the round whose write-ahead
-    log was copied into it). An idle compaction gives back the pages it freed and
-    leaves no write-ahead log behind: at rest the file is the size of what it holds."""
+    """A compaction that folds the log into a snapshot writes the snapshot into the
+    pages the log and the old snapshot leave, not into new ones at the end of the file
+    (until 0.7.21 the file held both, and `make bench`'s storage-100 counted a
+    snapshot's worth in the round whose write-ahead log was copied into it). An idle
+    compaction gives back the pages it freed and leaves no write-ahead log behind: at
+    rest the file is the size of what it holds."""
     path = str(tmp_path / "index.db")
     cache = StatCache(path)
     files = {f"src/pkg{i // 50}/module{i}.py": _entry(i) for i in range(6000)}
@@ -43,6 +44,63 @@ def test_a_compaction_takes_the_pages_it_frees_and_an_idle_one_empties_the_log(t
     again = StatCache(path)
     assert again.entries("/ws").keys() == files.keys()
     again.close()
+
+
+def _rows(path: str) -> tuple[int, int]:
+    db = sqlite3.connect(path)
+    try:
+        return tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                     for t in ("snapshot", "log"))
+    finally:
+        db.close()
+
+
+def test_a_first_capture_is_written_as_the_snapshot_leaving_an_idle_daemon_nothing_to_fold(
+        tmp_path):
+    """A change as large as the maps it changes (a workspace's first capture) is
+    written as the workspace's snapshot, no log row: the idle compaction that used to
+    rewrite it a second later (about 20 ms a Django-sized workspace, eight of them at
+    once after eight sessions were made, every call to the cache waiting) has nothing
+    to do. A small change after it is logged, and folded when idle."""
+    path = str(tmp_path / "index.db")
+    cache = StatCache(path)
+    files = {f"src/pkg{i // 50}/module{i}.py": _entry(i) for i in range(6000)}
+    cache.update("/ws", files, set(), {"src": (os.urandom(56), "d" * 64, 1, "dir", "")})
+    assert _rows(path) == (1, 0)
+    assert cache.compact() == 0
+    cache.update("/ws", {"src/pkg0/module0.py": _entry(0)}, set())
+    assert _rows(path) == (1, 1)
+    assert cache.compact() == 1 and _rows(path) == (1, 0)
+    cache.close()
+    again = StatCache(path)
+    assert again.entries("/ws") == {**files, "src/pkg0/module0.py": again.entries("/ws")[
+        "src/pkg0/module0.py"]}
+    assert again.folders("/ws").keys() == {"src"}
+    again.close()
+
+
+def test_an_idle_compaction_goes_one_workspace_at_a_time_and_stops_at_a_write(tmp_path):
+    """Each workspace is folded under the lock on its own, and the daemon's idleness is
+    asked again before each: a write that comes in while one is folded (here: made to
+    come then) leaves the others for the next idle moment, so the write waited for one
+    workspace's compaction at most, not for all of them."""
+    path = str(tmp_path / "index.db")
+    cache = StatCache(path)
+    for ws in ("/a", "/b", "/c"):
+        cache.update(ws, {f"f{i}": _entry(i) for i in range(100)}, set())  # snapshots
+        cache.update(ws, {"f0": _entry(0)}, set())  # a log row each
+    fold = cache._compact
+
+    def fold_then_a_write(workspace, ws):
+        fold(workspace, ws)
+        cache._last_write = time.monotonic()  # an update, come in meanwhile
+    cache._compact = fold_then_a_write
+    cache._last_write = time.monotonic() - 10
+    assert cache.compact(idle_seconds=1.0) == 1
+    assert _rows(path) == (3, 2)
+    cache._compact = fold
+    assert cache.compact() == 2 and _rows(path) == (3, 0)
+    cache.close()
 
 
 def _made_before_0721(path: str, count: int) -> dict:

@@ -21,8 +21,10 @@ tree from a tracker's changes.
 
 Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
 marshalled) and a log of the changes made since; loading reads the snapshot and
-replays the log. ``compact`` folds the log into the snapshot: when a workspace's log
-grows past ``COMPACT_AT`` entries, when the daemon is idle, and when it stops. A
+replays the log. A change as large as the maps it changes (a first capture) is
+written as the snapshot itself, not logged. ``compact`` folds the log into the
+snapshot: when a workspace's log grows past ``COMPACT_AT`` entries, when the daemon is
+idle (one workspace at a time, until a write comes in), and when it stops. A
 compaction deletes the old snapshot and the log before it writes the new snapshot, so
 the new one takes their pages instead of new ones at the end of the file. An idle
 compaction also gives the pages it freed back to the filesystem (the file is in
@@ -164,13 +166,20 @@ class StatCache:
         change = (dict(changed), sorted(removed),
                   {p: m for p, m in folders.items() if m is not None or p in ws.folders})
         with self._lock, self._renewed_if_damaged():
-            self._db.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
-                             (workspace, marshal.dumps(change)))
-            ws.logged += _apply(ws.files, ws.folders, change)
+            if _size(change) >= len(ws.files) + len(ws.folders):
+                # As large as the maps it changes (a first capture, a full scan that
+                # found most things new): the snapshot costs what its log row would,
+                # and leaves an idle daemon nothing to fold.
+                _apply(ws.files, ws.folders, change)
+                self._compact(workspace, ws)
+            else:
+                self._db.execute("INSERT INTO log (workspace, data) VALUES (?, ?)",
+                                 (workspace, marshal.dumps(change)))
+                ws.logged += _apply(ws.files, ws.folders, change)
+                if ws.logged >= COMPACT_AT:
+                    self._compact(workspace, ws)
             self._last_write = time.monotonic()
             self._wal_written = True
-            if ws.logged >= COMPACT_AT:
-                self._compact(workspace, ws)
 
     @contextlib.contextmanager
     def _renewed_if_damaged(self) -> Iterator[None]:
@@ -186,15 +195,20 @@ class StatCache:
     def compact(self, idle_seconds: float = 0.0) -> int:
         """Fold every loaded workspace's log into its snapshot once nothing was written
         for ``idle_seconds``, then empty the write-ahead log; returns how many
-        workspaces were compacted."""
-        with self._lock, self._renewed_if_damaged():
-            if time.monotonic() - self._last_write < idle_seconds:
-                return 0
-            done = 0
-            for workspace, ws in self._loaded.items():
-                if ws.logged:
+        workspaces were compacted. One workspace at a time: an update that comes in
+        the meantime waits for one workspace's compaction at most, and stops the rest."""
+        done = 0
+        for workspace in self._logged():
+            with self._lock, self._renewed_if_damaged():
+                if time.monotonic() - self._last_write < idle_seconds:
+                    return done
+                ws = self._loaded.get(workspace)
+                if ws is not None and ws.logged:
                     self._compact(workspace, ws)
                     done += 1
+        with self._lock, self._renewed_if_damaged():
+            if time.monotonic() - self._last_write < idle_seconds:
+                return done
             if self._wal_written:
                 try:
                     # executescript steps it to the end (execute frees one page a call)
@@ -203,8 +217,12 @@ class StatCache:
                     self._wal_written = busy != 0
                 except sqlite3.OperationalError:  # a read of digests() in its way: next time
                     pass
-            return done
-        return 0  # the file was found damaged, and renewed
+        return done
+
+    def _logged(self) -> list[str]:
+        """The loaded workspaces with a log to fold."""
+        with self._lock:
+            return [workspace for workspace, ws in self._loaded.items() if ws.logged]
 
     def _compact(self, workspace: str, ws: _Workspace) -> None:
         data = marshal.dumps((ws.files, ws.folders))
@@ -288,6 +306,12 @@ def _open_anew(db_path: str, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
     return _open(db_path)
 
 
+def _size(change: tuple) -> int:
+    """How many entries one change holds."""
+    changed, removed, memos = change
+    return len(changed) + len(removed) + len(memos)
+
+
 def _apply(files: dict, folders: dict, change: tuple) -> int:
     """Apply one logged change; returns how many entries it holds."""
     changed, removed, memos = change
@@ -299,4 +323,4 @@ def _apply(files: dict, folders: dict, change: tuple) -> int:
             folders.pop(p, None)
         else:
             folders[p] = m
-    return len(changed) + len(removed) + len(memos)
+    return _size(change)
