@@ -215,7 +215,14 @@ def _beyond_the_agent(ws: Path) -> None:
     os.setxattr(ws / "mark", "trusted.mark", b"1")
 
 
+def _session_of(address: str, ws: Path) -> str:
+    """The agent's new session over ``ws``: its id."""
+    with Client(address) as c:
+        return c.create_session(str(ws)).id
+
+
 def _checkpoint_of(address: str, sid: str) -> str:
+    """The agent's checkpoint of ``sid``: "ok", or the error it met, with its message."""
     with Client(address) as c:
         try:
             c.checkpoint(sid)
@@ -233,11 +240,7 @@ def test_what_an_agent_could_not_make_itself_is_never_recorded(place):
     d, home, _ = place
     ws = home / "ws"
     as_agent("cp /bin/true own && chmod 2755 own", ws)
-
-    def create():
-        with Client(d.address) as c:
-            return c.create_session(str(ws)).id
-    sid = in_child_as(AGENT_UID, create)
+    sid = in_child_as(AGENT_UID, lambda: _session_of(d.address, ws))
     _beyond_the_agent(ws)
     got = in_child_as(AGENT_UID, lambda: _checkpoint_of(d.address, sid))
     assert got.startswith("PermissionDenied"), got
@@ -327,21 +330,12 @@ def test_a_file_of_another_users_in_an_agents_workspace_is_never_recorded(place)
     refused too; once it is gone, checkpoints go on."""
     d, home, canary = place
     ws = home / "ws"
-
-    def create():
-        with Client(d.address) as c:
-            return c.create_session(str(ws)).id
-    sid = in_child_as(AGENT_UID, create)
+    sid = in_child_as(AGENT_UID, lambda: _session_of(d.address, ws))
     (ws / "src" / "secret").write_text("root only\n")
     os.chmod(ws / "src" / "secret", 0o600)
 
     def checkpoint():
-        with Client(d.address) as c:
-            try:
-                c.checkpoint(sid)
-                return "ok"
-            except Exception as exc:  # noqa: BLE001 -- the message is compared
-                return f"{type(exc).__name__}: {exc}"
+        return _checkpoint_of(d.address, sid)
     got = in_child_as(AGENT_UID, checkpoint)
     assert got.startswith("PermissionDenied") and "src/secret" in got, got
 
