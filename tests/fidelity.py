@@ -195,7 +195,8 @@ def in_fresh_child_as(uid: int, work: Callable[..., object], *args: object) -> o
     """``work(*args)`` as ``in_child_as`` runs it, in a fresh interpreter rather than a
     fork of this one: for work that uses gRPC, which a forked child cannot
     (``_no_grpc_in_a_forked_child``). ``work`` is a module-level function, ``args``
-    JSON-able."""
+    JSON-able. The child's stderr is the test's (pytest shows it with a failure): not a
+    pipe this side would have to drain while it waits on the result's."""
     name = work.__qualname__
     assert "<locals>" not in name, f"{name}: a fresh interpreter finds module-level work"
     r, w = os.pipe()
@@ -203,13 +204,14 @@ def in_fresh_child_as(uid: int, work: Callable[..., object], *args: object) -> o
             "fd": w}
     root = Path(__file__).resolve().parents[1]
     child = subprocess.Popen([sys.executable, "-c", _FRESH_CHILD, json.dumps(spec)],
-                             cwd=root, pass_fds=(w,), stderr=subprocess.PIPE)
+                             cwd=root, pass_fds=(w,))
     os.close(w)
     with os.fdopen(r, "rb") as f:
         out = f.read()
-    err = child.communicate(timeout=120)[1]
+    code = child.wait(timeout=120)
     if not out:
-        raise AssertionError(f"the fresh child of uid {uid} said nothing: {err.decode()}")
+        raise AssertionError(f"the fresh child of uid {uid} said nothing (exit {code}; its"
+                             " stderr is in the test's captured output)")
     return json.loads(out)
 
 
