@@ -303,18 +303,47 @@ def test_a_daemon_killed_during_the_repack_loses_nothing(tmp_path):
 
 def test_a_repack_step_stops_between_rows_when_a_call_arrives(tmp_path):
     """The step asks ``idle()`` between rows: a call that arrives waits for one row's
-    work at most, and the mark covers only the rows looked at."""
+    work at most, and the mark covers only the rows encoded."""
     blobs = LocalBlobStore(str(tmp_path / "b"))
     for i in range(10):
         blobs.put_bytes(_text(300, f"file {i}"))
     blobs.sync()
-    answers = iter([True] * 3 + [False] * 100)
+    answers = iter([True] * (10 + 3) + [False] * 100)  # all 10 read, 3 encoded
     assert Repacker(blobs).step(lambda: next(answers)) is False
     assert blobs.pack.mark("repacked") == 3
     repacker = Repacker(blobs)
     while repacker.step():
         pass
     assert blobs.pack.mark("repacked") == 10
+
+
+def test_a_repack_step_reads_no_row_once_a_call_has_arrived(tmp_path, monkeypatch):
+    """A row's read rebuilds and verifies a blob, which may be large: the step asks
+    ``idle()`` before each read too, not only before each encoding (0.7.26 read its
+    whole batch of 32 rows first, while a call waited)."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    for i in range(12):
+        blobs.put_bytes(_text(300, f"file {i}"))
+    blobs.sync()
+    reads: list[str] = []
+    read = blobs.pack.read
+    monkeypatch.setattr(blobs.pack, "read", lambda digest: reads.append(digest) or read(digest))
+    at_the_call: list[int] = []
+
+    def idle() -> bool:  # a call arrives once two rows have been read
+        if len(reads) < 2:
+            return True
+        at_the_call.append(len(reads))
+        return False
+
+    assert Repacker(blobs).step(idle) is False
+    assert at_the_call and len(reads) == at_the_call[0] == 2
+    assert blobs.pack.mark("repacked") == 0  # nothing encoded: the next idle moment goes on
+    monkeypatch.undo()
+    repacker = Repacker(blobs)
+    while repacker.step():
+        pass
+    assert blobs.pack.mark("repacked") == 12
 
 
 def test_a_delta_base_is_read_with_one_question_per_stored_version(tmp_path, monkeypatch):

@@ -83,8 +83,9 @@ class Repacker:
 
     def step(self, idle: Callable[[], bool] = lambda: True) -> bool:
         """Repack the next few rows, or give a few free pages back; False when there
-        was nothing left to do, or ``idle()`` stopped holding (asked between rows: a
-        call that arrives waits for one row's work at most)."""
+        was nothing left to do, or ``idle()`` stopped holding. It is asked before each
+        row is read and before each is encoded: a call that arrives waits for one row's
+        work at most (a read rebuilds and verifies a blob that may be large)."""
         through = self.pack.mark("repacked")
         rows = self.pack._all(
             "SELECT id, digest, kind, base, depth, length(data) FROM objects WHERE id > ?"
@@ -92,7 +93,11 @@ class Repacker:
         if not rows:
             return self.pack.vacuum_step(VACUUM_PAGES)
         looked = []
-        for row_id, raw, kind, base_id, depth, stored in rows:  # reads: quick
+        # Every row is read before any is encoded: a tree names the files of its
+        # commit, which were stored before it (renames find their old versions so).
+        for row_id, raw, kind, base_id, depth, stored in rows:
+            if not idle():
+                break
             digest = bytes(raw).hex()
             data = self._verified(digest)
             if data is not None:  # damaged or gone: verify and gc deal with it
