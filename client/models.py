@@ -204,6 +204,7 @@ class PolicyDecision(_Record):
     effect: str
     rule: str
     requires_approval: bool
+    approver: str = "caller"  # whose approval counts for the caller: "caller" or "owner"
 
 
 @dataclass

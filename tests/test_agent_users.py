@@ -164,13 +164,15 @@ def test_an_allowed_user_gets_nothing_it_could_not_do_itself(place, transport):
 
 
 def _agent_decides_its_own_approvals(address: str, transport: str, ws: str) -> dict:
-    """Three approval requests of the agent's own session: its approval of the first,
-    that request's status after it, its denial of the second, its cancel of the third."""
+    """Whose approval the policy's decision says counts for it; three approval requests
+    of the agent's own session: its approval of the first, that request's status after
+    it, its denial of the second, its cancel of the third."""
     address = address + (".shared" if transport == "grpc" else "")
     with Client(address, transport=transport) as c:
         s = c.create_session(ws)
         a, b, e = (c.request_approval(s.id, f"deploy-{i}").id for i in range(3))
-        return {"approve": _outcome(lambda: c.decide_approval(a, approve=True)),
+        return {"approver": c.explain_policy("Bash", '{"command": "git push"}').approver,
+                "approve": _outcome(lambda: c.decide_approval(a, approve=True)),
                 "status": c.get_approval(a).status,
                 "deny": _outcome(lambda: c.decide_approval(b, approve=False, reason="no")),
                 "cancel": _outcome(lambda: c.cancel_approval(e)),
@@ -185,12 +187,16 @@ def test_an_agent_user_approves_its_own_requests_only_where_the_daemon_lets_it(p
     """By default an agent user decides its own sessions' approvals (the hooks' ask mode
     records the person's yes so). With --approvals-by owner its approval is
     PERMISSION_DENIED and changes nothing; it may still deny or cancel its own, and the
-    owner's approval goes through."""
+    owner's approval goes through. The policy's decision tells each caller whose
+    approval counts for it."""
     d, home, canary = place
     by_owner = "--approvals-by" in d.extra
     got = in_fresh_child_as(AGENT_UID, _agent_decides_its_own_approvals, d.address,
                             transport, str(home / "ws"))
     assert isinstance(got, dict), got
+    assert got["approver"] == ("owner" if by_owner else "caller"), got
+    with d.client() as owner:
+        assert owner.explain_policy("Bash", '{"command": "git push"}').approver == "caller"
     assert got["approve"] == ("PermissionDenied" if by_owner else "ok"), got
     assert got["status"] == ("pending" if by_owner else "approved"), got
     assert got["deny"] == got["cancel"] == "ok", got
@@ -445,11 +451,13 @@ def test_an_agent_users_random_walk_restores_exactly_through_its_own_client(seed
 
 @pytest.mark.parametrize("place", [("--approvals-by", "owner")], indirect=True,
                          ids=["approvals-by-owner"])
-def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(place):
-    """Claude Code's hooks run as the agent user in ask mode: the gated call gets its
-    approval request and the agent's ask; once it ran, the person's yes at the agent is
-    no approval here: the hook says so, the approval stays pending for the owner, the
-    call is recorded citing no approval, and the world is checkpointed all the same."""
+def test_the_hooks_ask_mode_refuses_where_the_owner_alone_approves(place):
+    """Claude Code's hooks run as the agent user in ask mode, on a daemon that leaves
+    approvals to its owner: the person's yes at the agent could not count, so the
+    gated call is refused (not asked), citing its approval request and the command
+    that approves it; the request stays pending for the owner. Once the owner has
+    approved, the retry goes through and the call is recorded citing that approval.
+    (0.7.26 asked, let the call run on the person's yes and recorded it with none.)"""
     import contextlib
     import io
     import sys
@@ -458,7 +466,7 @@ def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(pla
     import worldline.client.lite  # noqa: F401
     from worldline.client.hooks import run as hook_run
 
-    from .test_hooks import Agent, decision
+    from .test_hooks import Agent, decision, reason
     d, home, _ = place
     ws = home / "ws"
     agent = Agent("claude-code", d, ws, home)
@@ -480,13 +488,21 @@ def test_the_hooks_ask_mode_gives_no_approval_where_the_owner_alone_approves(pla
     with d.client() as owner:
         sid = next(s.id for s in owner.list_sessions() if s.workspace == str(ws))
         got = hook("pre_push")
-        assert decision("claude-code", json.loads(got["out"])) == "ask", got
+        out = json.loads(got["out"])
+        assert decision("claude-code", out) == "deny", got
         pending = owner.list_approvals(sid, "pending")
         assert len(pending) == 1
-        before = len(owner.log(sid))
+        approval = pending[0]
+        assert f"worldline approve {approval.id}" in reason("claude-code", out), got
+        assert "--approvals-by owner" in reason("claude-code", out), got
+        assert owner.log(sid)[-1].id == approval.checkpoint_id  # checkpointed first
+        got = hook("pre_push")  # asked again: the same request, refused again
+        assert decision("claude-code", json.loads(got["out"])) == "deny", got
+        assert len(owner.list_approvals(sid)) == 1
+        assert owner.decide_approval(approval.id, approve=True).status == "approved"
+        got = hook("pre_push")  # the retry after the owner's approval goes through
+        assert decision("claude-code", json.loads(got["out"])) == "allow", got
         got = hook("post_push")
-        assert "not an approval here" in got["err"] and "--approval wait" in got["err"], got
-        assert owner.get_approval(pending[0].id).status == "pending"
+        assert got["err"] == "", got
         calls = [c for c in owner.tool_calls(sid) if c.effect == "external_non_idempotent"]
-        assert len(calls) == 1 and calls[0].approval_id is None, calls
-        assert len(owner.log(sid)) == before + 1  # checkpointed all the same
+        assert len(calls) == 1 and calls[0].approval_id == approval.id, calls

@@ -7,7 +7,9 @@
   a policy rule that requires approval) gets an approval request, which checkpoints
   the world first; then, as configured, the person at the agent is asked, or the
   hook waits for an operator's decision, or the call is refused with the approval's
-  id and the command that approves it (a retry after approval goes through).
+  id and the command that approves it (a retry after approval goes through). Where
+  the person's yes could not count (an agent user of a daemon that leaves approvals
+  to its owner, ``approver`` "owner" in the policy's decision), ask is refuse.
 - after a tool call: record it (name, input, response; the agent's tool-use id as
   the idempotency key; the approval it was allowed by), then checkpoint with the
   transcript entries appended since the last checkpoint and where they end.
@@ -133,7 +135,14 @@ class Hook:
             return agents.answer(event, ALLOW, f"{what}; approved ({approval['id']})")
         approve = f"`worldline approve {approval['id']}`"
         taken = f"checkpoint {approval['checkpoint_id']} taken before it"
-        if self.config.approval == "wait":
+        mode = self.config.approval
+        if mode == ASK and decision.get("approver") == "owner":
+            # The person's yes at the agent would be no approval here: the call is
+            # refused until the daemon's owner approves it, as in deny mode.
+            return agents.answer(event, DENY, f"{what}; {taken}. Approvals here are the"
+                                              f" daemon owner's (--approvals-by owner):"
+                                              f" retry once the owner has run {approve}.")
+        if mode == "wait":
             approval = self.client.call("WaitApproval", {
                 "approval_id": approval["id"], "timeout_seconds": self.config.wait},
                 timeout=self.config.wait + 30)
@@ -145,7 +154,7 @@ class Hook:
             return agents.answer(event, DENY, f"{what}; approval {approval['id']} is"
                                               f" {approval['status']}: retry once an operator"
                                               f" has run {approve}")
-        if self.config.approval == ASK:
+        if mode == ASK:
             return agents.answer(event, ASK, f"{what}; {taken}. An operator may also run"
                                              f" {approve}.")
         return agents.answer(event, DENY, f"{what}; {taken}. It needs approval: retry once"

@@ -97,9 +97,16 @@ class Rules:
         # it is given the caller (owners.py).
 
     def shown(self, method: str, reply: Message) -> Message:
-        """The reply as the caller may see it: a list of its own sessions' only."""
+        """The reply as the caller may see it: a list of its own sessions' only; a
+        policy decision naming whose approval counts for it (the hooks' ask mode
+        turns the person's yes into an approval only where the caller's counts)."""
         caller = CALLER.get()
-        if caller is None or method not in ("ListSessions", "ListApprovals"):
+        if caller is None:
+            return reply
+        if method == "ExplainPolicy":
+            reply.approver = "owner" if self.approvals_by_owner else "caller"
+            return reply
+        if method not in ("ListSessions", "ListApprovals"):
             return reply
         items = reply.sessions if method == "ListSessions" else reply.approvals
         mine = {s.id for s in self.world.sessions(include_deleted=True)

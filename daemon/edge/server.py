@@ -244,7 +244,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def ExplainPolicy(self, r, context):
         d = self.gates.explain(r.tool, r.args_json)
         return pb.PolicyDecision(effect=d.effect, rule=d.rule,
-                                 requires_approval=d.requires_approval)
+                                 requires_approval=d.requires_approval,
+                                 approver="caller")  # an agent user's: Rules.shown
 
     # tasks
     def SetTask(self, r, context):

@@ -377,14 +377,16 @@ class ExplainPolicyRequest(_message.Message):
     def __init__(self, tool: _Optional[str] = ..., args_json: _Optional[str] = ...) -> None: ...
 
 class PolicyDecision(_message.Message):
-    __slots__ = ("effect", "rule", "requires_approval")
+    __slots__ = ("effect", "rule", "requires_approval", "approver")
     EFFECT_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     REQUIRES_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    APPROVER_FIELD_NUMBER: _ClassVar[int]
     effect: str
     rule: str
     requires_approval: bool
-    def __init__(self, effect: _Optional[str] = ..., rule: _Optional[str] = ..., requires_approval: _Optional[bool] = ...) -> None: ...
+    approver: str
+    def __init__(self, effect: _Optional[str] = ..., rule: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., approver: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("id", "title", "parent", "status", "note", "updated_at")
