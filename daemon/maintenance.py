@@ -72,15 +72,18 @@ class GcReport:
     views_removed: int = 0
 
 
-def reachable(world: World, problems: list[str] | None = None) -> set[str]:
-    """Every digest that some kept checkpoint needs (trees, files, states, task lists)."""
+def reachable(world: World, problems: list[str] | None = None,
+              without: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Every digest that some kept checkpoint needs (trees, files, states, task lists);
+    ``without``: checkpoints counted as pruned already (a dry run's, of what the sweep
+    would free once they are)."""
     seen: set[str] = {world.empty_tree, world.empty_state}
     checkpoints = world.store.list_checkpoints()
     progress.begin("marking what checkpoints need", len(checkpoints), "checkpoints")
     for cp in checkpoints:
         progress.advance()
         seen.update((cp.state_digest, cp.tasks_digest))
-        if cp.pruned:
+        if cp.pruned or cp.id in without:
             continue
         for root in (cp.tree, cp.container):
             if root:
@@ -214,24 +217,24 @@ def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> 
         world.store.prune_checkpoints([cp.id for cp in pruned], [AuditEvent(
             "retention.prune", None, "gc", {"checkpoints": [cp.id for cp in pruned]},
             ids.now())])
-    prune_ids = {cp.id for cp in pruned}
-    needed = reachable(world) | world.stat_cache.digests()
-    if dry_run and prune_ids:  # what the sweep would free once they are pruned
-        needed = _reachable_without(world, prune_ids) | world.stat_cache.digests()
+    # a dry run's: what the sweep would free once they are pruned (one walk, not two)
+    without = {cp.id for cp in pruned} if dry_run else set()
+    needed = reachable(world, without=without) | world.stat_cache.digests()
     cutoff = time.time() - grace
     digests = list(world.blobs.digests())
     progress.begin("sweeping blobs", len(digests), "blobs")
+    gone: set[str] = set()  # a dry run's: what the sweep would have deleted so far
     for digest in digests:
         progress.advance()
         if digest in needed:
             continue
         try:
-            if dry_run:
-                if world.blobs.stored_at(digest) < cutoff:
-                    report.blobs_removed += 1
-                    report.bytes_freed += world.blobs.size(digest)
-                continue
-            freed = world.blobs.delete(digest, older_than=cutoff)
+            if dry_run:  # as the sweep would: a base of a blob kept is kept
+                freed = world.blobs.freeable(digest, cutoff, gone)
+                if freed:
+                    gone.add(digest)
+            else:
+                freed = world.blobs.delete(digest, older_than=cutoff)
         except NotFound:
             continue
         if freed:
@@ -303,18 +306,6 @@ def base_hints(world: World) -> dict[str, str]:
                             hints.setdefault(entry.ref, earlier)
                         last[file_key] = entry.ref
     return hints
-
-
-def _reachable_without(world: World, prune_ids: set[str]) -> set[str]:
-    seen: set[str] = {world.empty_tree, world.empty_state}
-    for cp in world.store.list_checkpoints():
-        seen.update((cp.state_digest, cp.tasks_digest))
-        if cp.pruned or cp.id in prune_ids:
-            continue
-        for root in (cp.tree, cp.container):
-            if root:
-                _mark_tree(world, root, seen, None, cp.id)
-    return seen
 
 
 def _gc_images(world: World, dry_run: bool) -> int:

@@ -246,6 +246,42 @@ def test_concurrent_puts_and_syncs_lose_nothing(blobs):
         assert os.listdir(blobs.tmp) == []
 
 
+def test_freeable_says_what_delete_would_free_and_removes_nothing(blobs):
+    """gc's dry run asks ``freeable`` where the sweep deletes, in ``digests()`` order:
+    for every blob, a chain of versions each a delta of the last among them, the bytes
+    it names are those the delete then frees, asking removes nothing, and the blob
+    kept (a needed one, skipped as the sweep does) still reads whole."""
+    import time
+    chain = [b"line\n" * 2000]
+    for i in range(4):
+        chain.append(chain[-1] + b"appended %d\n" % i)
+    digests = [blobs.put_bytes(chain[0])]
+    for data in chain[1:]:
+        digests.append(blobs.put_bytes(data, base=digests[-1]))
+    digests.append(blobs.put_bytes(os.urandom(BIG)))
+    young = blobs.put_bytes(b"put after the cutoff")
+    blobs.sync()
+    kept = digests[2]  # the middle of the chain stays: what it is built on stays too
+    order = list(blobs.digests())
+    assert set(order) >= {*digests, young}
+    cutoff = time.time()
+    time.sleep(0.02)
+    blobs.put_bytes(b"put after the cutoff")  # reused since: kept
+    blobs.sync()
+    gone: set[str] = set()
+    for digest in order:
+        if digest == kept:
+            continue
+        would = blobs.freeable(digest, cutoff, gone)
+        assert blobs.has(digest)  # asking removed nothing
+        assert blobs.delete(digest, older_than=cutoff) == would, digest
+        if would:
+            gone.add(digest)
+    assert young not in gone and blobs.has(young)
+    assert gone >= {*digests[3:]}  # the versions after the kept one, and the file
+    assert blobs.read_bytes(kept) == chain[2]  # whatever else went, it reads whole
+
+
 def test_delete_older_than_spares_a_blob_reused_meanwhile(blobs):
     import time
     d = blobs.put_bytes(b"old but about to be reused")

@@ -126,3 +126,58 @@ def test_gc_never_removes_a_blob_a_checkpoint_is_reusing(tmp_path):
             assert c.fsck()["ok"]
     finally:
         d.stop()
+
+
+_DRY_RUN = """
+import json, os
+from collections import Counter
+from pathlib import Path
+from worldline.daemon import maintenance
+from worldline.daemon.main import Daemon
+
+base = Path({base!r})
+ws = base / "ws"
+ws.mkdir()
+daemon = Daemon(str(base / "root"), "unix://" + str(base / "root" / "wl.sock"))
+daemon.start()
+try:
+    world = daemon.world
+    sid = world.create_session(str(ws)).id
+    f, g = os.urandom(20_000).hex(), os.urandom(20_000).hex()
+    for i in range(6):  # f edited each time, g edited, then removed at the fourth
+        (ws / "f").write_text(f + f"f's edit {{i}}\\n")
+        if i < 3:
+            (ws / "g").write_text(g + f"g's edit {{i}}\\n")
+        elif i == 3:
+            (ws / "g").unlink()
+        world.checkpoint(sid)
+    reads, read = Counter(), world.trees.read
+    world.trees.read = lambda digest, *a, **k: reads.update([digest]) or read(digest, *a, **k)
+    keep = maintenance.Retention(keep_last=2)
+    dry = maintenance.gc(world, dry_run=True, policy=keep, grace=0)
+    dry_reads = dict(reads)
+    real = maintenance.gc(world, policy=keep, grace=0)
+    again = maintenance.gc(world, policy=keep, grace=0)
+finally:
+    daemon.stop()
+print(json.dumps({{"reads": dry_reads, "dry": dry.__dict__, "real": real.__dict__,
+                  "again": again.__dict__}}))
+"""
+
+
+def test_a_dry_run_reports_what_the_sweep_then_frees_walking_once(tmp_path):
+    """A dry run with retention reports the blobs and bytes the real run then frees: a
+    blob a kept one is a delta of stays, as the sweep keeps it, and a whole unneeded
+    chain goes (0.7.26 counted every unneeded blob, by its size before compression);
+    it reads each tree once (0.7.26 walked them all twice). An in-process daemon, in
+    a fresh interpreter, counts its tree reads."""
+    import json
+
+    from .conftest import run_python
+    got = json.loads(run_python(_DRY_RUN.format(base=str(tmp_path)), timeout=120))
+    assert got["reads"] and max(got["reads"].values()) == 1, got["reads"]
+    dry, real, again = got["dry"], got["real"], got["again"]
+    assert dry["checkpoints_pruned"] == real["checkpoints_pruned"] == 5  # 7 kept 2
+    assert dry["blobs_removed"] == real["blobs_removed"] >= 3, (dry, real)  # g's chain
+    assert dry["bytes_freed"] == real["bytes_freed"] > 0, (dry, real)
+    assert again["blobs_removed"] == 0, again  # the real run left no garbage behind

@@ -105,6 +105,11 @@ class BlobStore(Protocol):
         reused by a put, before then: checked and removed atomically with respect to
         puts, so a checkpoint reusing the blob at that moment never loses it."""
 
+    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
+        """The bytes ``delete(digest, older_than)`` would free now, removing nothing,
+        were the blobs in ``gone`` deleted already (0: it would keep the blob). A dry
+        run's sweep, asked in ``digests()`` order, so its figures are the real one's."""
+
     def digests(self) -> Iterator[str]: ...
 
     def sync(self) -> None:
@@ -523,6 +528,27 @@ class LocalBlobStore:
         row = self.pack.row(check_digest(digest))
         return max(row.stored_at if row is not None else self._stat(digest).st_mtime, reused)
 
+    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
+        with self._lock:
+            if digest in self._pins:
+                return 0
+            reused = self._reused.get(digest, 0.0)
+            row = self.pack.row(digest)
+            if row is not None:
+                if digest in self.pack.pending or digest in self.pack.committing:
+                    return 0
+                if (older_than is not None and max(row.stored_at, reused) >= older_than) \
+                        or not self.pack.dependents_within(digest, gone):
+                    return 0
+                return len(row.data)
+        try:
+            st = os.stat(self._path(digest))
+        except FileNotFoundError:
+            return 0
+        if older_than is not None and max(st.st_mtime, reused) >= older_than:
+            return 0
+        return st.st_size
+
     def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
         with self._lock:
@@ -711,6 +737,13 @@ class MemoryBlobStore:
     def stored_at(self, digest: str) -> float:
         self.read_bytes(digest)
         return self._stored_at[digest]
+
+    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
+        with self._lock:
+            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
+                return 0
+            data = self._blobs.get(digest)
+        return len(data) if data is not None else 0
 
     def delete(self, digest: str, older_than: float | None = None) -> int:
         with self._lock:

@@ -687,6 +687,15 @@ class S3BlobStore:
         return iter(indexed + sorted(pending - set(indexed)))
 
     # -- garbage collection ------------------------------------------------------------------
+    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
+        with self._lock:
+            if digest in self._upload or digest in self._uploading:
+                return 0
+        loc = self.index.locate_blobs([check_digest(digest)]).get(digest)
+        if loc is None or (older_than is not None and loc.stored_at >= older_than):
+            return 0
+        return loc.len
+
     def delete(self, digest: str, older_than: float | None = None) -> int:
         check_digest(digest)
         with self._lock:
