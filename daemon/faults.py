@@ -37,6 +37,7 @@ POINTS = (
     "checkpoint.after_commit",     # committed, the reply not yet sent
     "capture.paused",              # a container paused for its world to be read
     "restore.stopped",             # the container stopped, the journal not written
+    "restore.planned",             # the target checked and the plan made, no journal
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all
     "restore.before_rename",       # a file written aside, not yet renamed into place

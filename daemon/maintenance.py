@@ -73,17 +73,18 @@ class GcReport:
 
 
 def reachable(world: World, problems: list[str] | None = None,
-              without: set[str] | frozenset[str] = frozenset()) -> set[str]:
+              without: set[str] | frozenset[str] = frozenset(),
+              held: set[str] | frozenset[str] = frozenset()) -> set[str]:
     """Every digest that some kept checkpoint needs (trees, files, states, task lists);
     ``without``: checkpoints counted as pruned already (a dry run's, of what the sweep
-    would free once they are)."""
+    would free once they are); ``held``: pruned ones whose trees still count."""
     seen: set[str] = {world.empty_tree, world.empty_state}
     checkpoints = world.store.list_checkpoints()
     progress.begin("marking what checkpoints need", len(checkpoints), "checkpoints")
     for cp in checkpoints:
         progress.advance()
         seen.update((cp.state_digest, cp.tasks_digest))
-        if cp.pruned or cp.id in without:
+        if (cp.pruned and cp.id not in held) or cp.id in without:
             continue
         for root in (cp.tree, cp.container):
             if root:
@@ -173,13 +174,15 @@ def verify_audit(world: World) -> tuple[int, list[str]]:
     return len(events), problems
 
 
-def to_prune(world: World, policy: Retention, now: float | None = None) -> list[Checkpoint]:
-    """The checkpoints the policy lets go of; never one something live needs."""
+def to_prune(world: World, policy: Retention, now: float | None = None,
+             in_use: set[str] | frozenset[str] = frozenset()) -> list[Checkpoint]:
+    """The checkpoints the policy lets go of; never one something live needs (``in_use``:
+    the targets of the restores and forks under way, in_use.py)."""
     if not policy.active:
         return []
     now = time.time() if now is None else now
     store = world.store
-    needed = {s.head for s in store.list_sessions()}
+    needed = {s.head for s in store.list_sessions()} | set(in_use)
     needed |= {s.forked_from for s in store.list_sessions() if s.forked_from}
     needed |= {a.checkpoint_id for a in store.list_approvals(status="pending")}
     by_session: dict[str, list[Checkpoint]] = {}
@@ -201,6 +204,19 @@ def to_prune(world: World, policy: Retention, now: float | None = None) -> list[
     return out
 
 
+def recently_pruned(world: World, grace: float) -> set[str]:
+    """The checkpoints retention pruned within the grace period. On a fleet a restore to
+    one, or a fork of it, begun on another host before the prune (in_use.py holds only
+    this daemon's) may still commit a checkpoint naming its trees: those stay until the
+    grace period is over, as a blob stored or reused within it does."""
+    since = time.time() - grace
+    found: set[str] = set()
+    for event in world.store.list_audit(kind="retention.prune"):
+        if ids.parse_time(event.created_at).timestamp() >= since:
+            found.update(event.detail.get("checkpoints", ()))
+    return found
+
+
 def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
        grace: float = GC_GRACE_SECONDS) -> GcReport:
     """Retention, then a sweep of the blobs no kept checkpoint needs. One host of a fleet
@@ -211,15 +227,20 @@ def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
 
 def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> GcReport:
     report = GcReport()
-    pruned = to_prune(world, policy or Retention())
-    report.checkpoints_pruned = len(pruned)
-    if pruned and not dry_run:
-        world.store.prune_checkpoints([cp.id for cp in pruned], [AuditEvent(
-            "retention.prune", None, "gc", {"checkpoints": [cp.id for cp in pruned]},
-            ids.now())])
+    # No restore or fork begins on a checkpoint while it is pruned (in_use.py)
+    with world.in_use.frozen() as held:
+        pruned = to_prune(world, policy or Retention(),
+                          in_use=held | world.journal.targets())
+        report.checkpoints_pruned = len(pruned)
+        if pruned and not dry_run:
+            world.store.prune_checkpoints([cp.id for cp in pruned], [AuditEvent(
+                "retention.prune", None, "gc", {"checkpoints": [cp.id for cp in pruned]},
+                ids.now())])
     # a dry run's: what the sweep would free once they are pruned (one walk, not two)
     without = {cp.id for cp in pruned} if dry_run else set()
-    needed = reachable(world, without=without) | world.stat_cache.digests()
+    needed = reachable(world, without=without,
+                       held=set() if world.store.local else recently_pruned(world, grace)
+                       ) | world.stat_cache.digests()
     cutoff = time.time() - grace
     digests = list(world.blobs.digests())
     progress.begin("sweeping blobs", len(digests), "blobs")

@@ -69,6 +69,7 @@ from .capture.trees import (
 )
 from .capture.views import Views
 from .faults import crash_point
+from .in_use import InUse
 from .owners import Agent
 from .records import (
     AuditEvent,
@@ -172,6 +173,7 @@ class World:
         self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
+        self.in_use = InUse()  # restores' and forks' targets, kept from gc (in_use.py)
         # containers paused (Engine.frozen) or stopped (Engine.stop) while the daemon
         # reads or restores them, by session: what a killed daemon left so is undone at
         # its next start (recover)
@@ -674,6 +676,13 @@ class World:
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
                 dry_run: bool = False, expected_head: str = "",
                 from_other_session: bool = False) -> RestoreResult:
+        with self.in_use.holding(checkpoint_id):  # kept from gc until it is committed
+            return self._restore(session_id, checkpoint_id, acknowledge, dry_run,
+                                 expected_head, from_other_session)
+
+    def _restore(self, session_id: str, checkpoint_id: str, acknowledge: bool,
+                 dry_run: bool, expected_head: str, from_other_session: bool
+                 ) -> RestoreResult:
         target = self.usable(checkpoint_id)
         with self._session_locked(session_id, expected_head) as (session, _):
             self._check_lineage(session, target, from_other_session)
@@ -829,6 +838,7 @@ class World:
         try:
             crash_point("restore.stopped")
             plans = self._plan(session, head, target)
+            crash_point("restore.planned")
             self.journal.write(entry | {"layers": [p.journal() for p in plans]})
             crash_point("restore.after_journal")
             warnings: list[str] = []
@@ -1015,6 +1025,11 @@ class World:
              volumes: str = "", agent: Agent | None = None) -> ForkResult:
         """``agent``: the allowed user forking its own checkpoint into a new folder in a
         folder of its own (the fork is its session); None: the daemon owner."""
+        with self.in_use.holding(checkpoint_id):  # kept from gc until it is recorded
+            return self._fork(checkpoint_id, workspace, name, volumes, agent)
+
+    def _fork(self, checkpoint_id: str, workspace: str, name: str, volumes: str,
+              agent: Agent | None) -> ForkResult:
         source = self.usable(checkpoint_id)
         if agent is not None and source.container is not None:
             raise PermissionDenied("a checkpoint with a container layer is forked by the"

@@ -767,3 +767,46 @@ def test_a_parent_swapped_during_a_take_over_is_refused_and_the_take_over_resume
         assert taken.needs_attention is None
         assert differences(want, fingerprint(target)) == []
     assert sorted(os.listdir(agent_home / "proj")) == ["taken", "ws"]
+
+
+def test_a_restore_on_one_host_keeps_its_target_from_gc_on_another(fleet, tmp_path):
+    """gc on host b cannot see a restore under way on host a (in_use.py holds a's only):
+    b's retention prunes the target, but a checkpoint pruned within the grace period
+    keeps its files, so the restore, begun before the prune and committed after b's
+    sweep, names blobs that are all there, and stay there once the grace is over.
+    (0.7.26's sweep took them: the restore's checkpoint named blobs gone from the
+    index.)"""
+    a = fleet.host("a", faults="restore.planned@3")
+    b = fleet.host("b")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    old = "only the first checkpoint holds this\n" * 50
+    with a.client() as ca, b.client() as cb:
+        s = ca.create_session(str(ws))
+        (ws / "f.txt").write_text(old)
+        first = s.checkpoint()
+        for i in range(2):
+            (ws / "f.txt").write_text(f"version {i}\n")
+            s.checkpoint()
+        time.sleep(GRACE + 0.5)  # the first one's blob is older than the grace period
+        result: dict = {}
+
+        def restore() -> None:
+            try:
+                result["done"] = ca.restore(s.id, first.id, acknowledge_side_effects=True)
+            except Exception as exc:  # noqa: BLE001 -- compared below
+                result["error"] = exc
+        worker = threading.Thread(target=restore)
+        worker.start()
+        time.sleep(1.0)  # a's restore waits at the fault point meanwhile
+        cb.gc(keep_last=1)
+        worker.join(60)
+        assert "error" not in result, result
+        assert first.id in {cp.id for cp in cb.log(s.id) if cp.pruned}  # b could not tell
+        assert cb.fsck()["ok"], cb.fsck()
+        time.sleep(GRACE + 0.5)
+        cb.gc()  # the grace over: the restore's checkpoint names what it needs
+        assert cb.fsck()["ok"], cb.fsck()
+        (ws / "f.txt").write_text("changed\n")
+        ca.restore(s.id, result["done"].checkpoint.id, acknowledge_side_effects=True)
+        assert (ws / "f.txt").read_text() == old

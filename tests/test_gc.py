@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from worldline.client import FailedPrecondition
+from worldline.client import FailedPrecondition, Unavailable
 
 from .conftest import DaemonProcess, tree_state
 
@@ -181,3 +181,105 @@ def test_a_dry_run_reports_what_the_sweep_then_frees_walking_once(tmp_path):
     assert dry["blobs_removed"] == real["blobs_removed"] >= 3, (dry, real)  # g's chain
     assert dry["bytes_freed"] == real["bytes_freed"] > 0, (dry, real)
     assert again["blobs_removed"] == 0, again  # the real run left no garbage behind
+
+
+@pytest.mark.parametrize("pause", ["restore.planned", "restore.before_commit", "fork.mid"])
+def test_a_checkpoint_being_restored_or_forked_is_not_pruned_under_it(tmp_path, pause):
+    """Regression, found by `make soak`: a restore to a checkpoint (held before its
+    journal, then after its files are written) or a fork of it (its files written),
+    while gc prunes by retention a checkpoint that only it names a blob of, stored
+    before the grace period. The prune waits for it (in_use.py): the restore or fork
+    commits, every checkpoint it names is whole, fsck finds nothing. (0.7.26 pruned
+    it and swept the blob, and the checkpoint then committed named a blob that was
+    gone, as did every later one through the stat cache.)"""
+    d = DaemonProcess(tmp_path / "root", extra=["--gc-grace", "0.5"],
+                      env={"WORLDLINE_FAULTS": f"{pause}@2.0"}).start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    old = "only the first checkpoint holds this\n" * 50
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            (ws / "f.txt").write_text(old)
+            first = s.checkpoint()
+            for i in range(2):
+                (ws / "f.txt").write_text(f"version {i}\n")
+                s.checkpoint()
+            time.sleep(0.7)  # the first one's blob is older than the grace period
+            result: dict = {}
+
+            def bring_back() -> None:
+                try:
+                    if pause.startswith("fork"):
+                        result["done"] = c.fork(first.id, workspace=str(tmp_path / "fork"))
+                    else:
+                        result["done"] = c.restore(s.id, first.id, acknowledge_side_effects=True)
+                except Exception as exc:  # noqa: BLE001 -- compared below
+                    result["error"] = exc
+            worker = threading.Thread(target=bring_back)
+            worker.start()
+            time.sleep(0.8)  # it waits at the fault point meanwhile
+            c.gc(keep_last=1)
+            worker.join(30)
+            assert "error" not in result, result
+            assert first.id not in {cp.id for cp in c.log(s.id) if cp.pruned}
+            assert c.fsck()["ok"], c.fsck()
+            if pause.startswith("fork"):
+                fork = result["done"]
+                assert (tmp_path / "fork" / "f.txt").read_text() == old
+                (tmp_path / "fork" / "f.txt").write_text("changed\n")
+                c.restore(fork.id, fork.head, acknowledge_side_effects=True)
+                assert (tmp_path / "fork" / "f.txt").read_text() == old
+            else:
+                assert (ws / "f.txt").read_text() == old
+                brought = result["done"].checkpoint.id
+                (ws / "f.txt").write_text("changed\n")
+                s.checkpoint()
+                time.sleep(0.7)
+                c.gc(keep_last=2)  # the first one pruned now: the restore's names it all
+                assert first.id in {cp.id for cp in c.log(s.id) if cp.pruned}
+                s.restore(brought, acknowledge_side_effects=True)
+                assert (ws / "f.txt").read_text() == old
+                assert c.fsck()["ok"], c.fsck()
+    finally:
+        d.stop()
+
+
+def test_a_restore_set_aside_for_an_operator_keeps_its_target_from_gc(tmp_path):
+    """A restore killed part-way whose workspace was written to before the daemon came
+    back is set aside for an operator, who may complete it (``session resolve
+    --complete``): until then its target is kept from retention, so gc run first
+    neither prunes it nor sweeps what only it names, and the completion brings the
+    target back whole."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(6):
+        (ws / f"f{i}.txt").write_text(f"only the first checkpoint holds {i}\n" * 50)
+    d = DaemonProcess(tmp_path / "root", extra=["--gc-grace", "0.5"],
+                      env={"WORLDLINE_FAULTS": "restore.between_files:2"}).start()
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        first = s.checkpoint()
+        for i in range(6):
+            (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
+        s.checkpoint()
+        time.sleep(0.7)  # the first one's blobs are older than the grace period
+        with pytest.raises(Unavailable):
+            s.restore(first.id, acknowledge_side_effects=True)  # killed on its 2nd file
+    d.proc.wait(15)
+    d.proc = None
+    d.env.pop("WORLDLINE_FAULTS")
+    (ws / "f5.txt").write_text("edited after the crash\n")  # so the journal is set aside
+    d.start()
+    try:
+        with d.client() as c:
+            assert c.get_session(s.id).needs_attention
+            c.gc(keep_last=1)
+            assert first.id not in {cp.id for cp in c.log(s.id) if cp.pruned}
+            done = c.resolve_session(s.id, complete=True)
+            assert done.needs_attention is None and c.log(s.id)[-1].kind == "restore"
+            assert all((ws / f"f{i}.txt").read_text()
+                       == f"only the first checkpoint holds {i}\n" * 50 for i in range(6))
+            assert c.fsck()["ok"], c.fsck()
+    finally:
+        d.stop()

@@ -129,6 +129,22 @@ class RestoreJournal:
             pass
         self._maybe.discard(session_id)
 
+    def targets(self) -> set[str]:
+        """The checkpoints that the restores under way bring back, and those set aside
+        for an operator would (``World.resolve`` may complete one)."""
+        found = set()
+        for session_id in list(self._maybe):
+            entry = self.get(session_id)
+            if entry is not None:
+                found.add(entry.get("target"))
+        for name in os.listdir(self.aside):
+            if name.endswith(".json"):
+                entry = self.get_set_aside(name.removesuffix(".json"))
+                if isinstance(entry, dict):
+                    found.add(entry.get("target"))
+        found.discard(None)
+        return found
+
     def get(self, session_id: str) -> dict | None:
         if session_id not in self._maybe:
             return None
