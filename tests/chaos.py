@@ -59,13 +59,13 @@ def _worker(d: DaemonProcess, n: int, ws: Path, sid: str, stop: threading.Event,
                     state = fingerprint(ws)
                     roll = r.random()
                     if mine and roll < 0.15:
-                        target = r.choice(list(mine))
+                        target = _pick(r, mine)
                         res = c.restore(sid, target, acknowledge_side_effects=True)
                         with lock:
                             mine[res.checkpoint.id] = mine[target]
                             report.count("restore")
                     elif forks and mine and roll < 0.18:
-                        c.fork(r.choice(list(mine)))
+                        c.fork(_pick(r, mine))
                         with lock:
                             report.count("fork")
                     else:
@@ -84,9 +84,21 @@ def _worker(d: DaemonProcess, n: int, ws: Path, sid: str, stop: threading.Event,
             if "pruned" not in str(exc):  # a restore or fork of a checkpoint gc pruned
                 report.failures.append(exc)
                 return
+            with lock:
+                report.count("refused: pruned")
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             report.failures.append(exc)
             return
+
+
+def _pick(r: random.Random, mine: dict[str, str]) -> str:
+    """A checkpoint to restore or fork: mostly one of the last few (which retention
+    keeps, so the restore runs, and may race gc pruning it), now and then any."""
+    ids = list(mine)
+    return r.choice(ids[-RECENT:] if r.random() < 0.8 else ids)
+
+
+RECENT = 40  # below the soak's --keep-last 50
 
 
 def _wait_until_up(d: DaemonProcess, stop: threading.Event) -> None:
