@@ -73,7 +73,7 @@ postgres:
 	bash deploy/ensure-postgres.sh
 
 test: install proto-check lint docker test-tools postgres
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install docker bytecode
 	$(BIN)/python -m tests.bench.run

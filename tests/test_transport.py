@@ -338,3 +338,49 @@ def test_an_allowed_users_client_calls_at_the_usual_address_and_no_one_else(tmp_
     finally:
         d.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+_FORKS_BESIDE_CALLS = """
+import os, sys, threading
+sys.path.insert(0, {checkout!r})
+import {package}  # noqa -- sets the default before anything imports grpc, or not
+from worldline.client import Client
+stop = threading.Event()
+
+def busy():
+    with Client({address!r}, transport="grpc") as c:
+        while not stop.is_set():
+            c.list_sessions()
+
+worker = threading.Thread(target=busy)
+worker.start()
+for _ in range(300):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+stop.set()
+worker.join()
+print("forked")
+"""
+
+
+@pytest.mark.parametrize("package", ["worldline.daemon", "tests"])
+def test_no_fork_enters_grpcs_fork_handlers_in_the_daemon_or_the_tests(daemon, package):
+    """gRPC's fork handlers (on by default in recent grpcio) wait in fork() for gRPC's
+    threads: a 0.7.27 CI run hung for good in ``in_child_as``'s fork there. A process
+    that imported the daemon's package or the tests' has them off: 300 forks beside a
+    thread making gRPC calls never enter them (with them on, gRPC's log says "skipping
+    fork() handlers" for a fork that meets a call in flight). The script runs with
+    neither the variable set nor the tests' package imported, but as named."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    env["GRPC_VERBOSITY"] = "info"
+    script = _FORKS_BESIDE_CALLS.format(checkout=str(Path(__file__).parents[1]),
+                                        package=package, address=daemon.address)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "forked", done.stderr[-2000:]
+    assert "fork_posix" not in done.stderr, done.stderr[-2000:]
