@@ -240,6 +240,21 @@ def workspace(tmp_path):
     return ws
 
 
+ONLY_FIRST = "only the first checkpoint holds this\n" * 50
+
+
+def only_the_first_holds(client, ws: Path):
+    """A new session over ``ws`` whose first checkpoint alone names a blob (f.txt holding
+    ``ONLY_FIRST``), two checkpoints of other contents after it: (session, first)."""
+    session = client.create_session(str(ws))
+    (ws / "f.txt").write_text(ONLY_FIRST)
+    first = session.checkpoint()
+    for i in range(2):
+        (ws / "f.txt").write_text(f"version {i}\n")
+        session.checkpoint()
+    return session, first
+
+
 def tree_state(root: Path) -> dict:
     """Everything a restore must reproduce: kind, mode, bytes or link target."""
     out = {}
@@ -304,6 +319,27 @@ def containers():
     yield made
     for name in made:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def beside(call, then, after: float):
+    """``call()`` on a thread of its own, and ``then()`` here ``after`` seconds into it
+    (a fault point holds the call open meanwhile): what ``call`` returned, or the
+    exception it raised, raised here once ``then`` has returned."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["done"] = call()
+        except BaseException as exc:  # noqa: BLE001 -- raised in the caller's thread
+            result["error"] = exc
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(after)
+    then()
+    worker.join(60)
+    if "error" in result:
+        raise result["error"]
+    return result["done"]
 
 
 def run_together(targets) -> None:

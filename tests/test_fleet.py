@@ -16,7 +16,13 @@ import time
 import pytest
 from worldline.client.errors import FailedPrecondition, Unavailable
 
-from .conftest import DaemonProcess, run_together
+from .conftest import (
+    ONLY_FIRST,
+    DaemonProcess,
+    beside,
+    only_the_first_holds,
+    run_together,
+)
 from .fidelity import AGENT_UID, as_agent, build_host_tree, differences, fingerprint
 
 GRACE = 2  # seconds: gc's grace period on these hosts
@@ -780,33 +786,16 @@ def test_a_restore_on_one_host_keeps_its_target_from_gc_on_another(fleet, tmp_pa
     b = fleet.host("b")
     ws = tmp_path / "ws"
     ws.mkdir()
-    old = "only the first checkpoint holds this\n" * 50
     with a.client() as ca, b.client() as cb:
-        s = ca.create_session(str(ws))
-        (ws / "f.txt").write_text(old)
-        first = s.checkpoint()
-        for i in range(2):
-            (ws / "f.txt").write_text(f"version {i}\n")
-            s.checkpoint()
+        s, first = only_the_first_holds(ca, ws)
         time.sleep(GRACE + 0.5)  # the first one's blob is older than the grace period
-        result: dict = {}
-
-        def restore() -> None:
-            try:
-                result["done"] = ca.restore(s.id, first.id, acknowledge_side_effects=True)
-            except Exception as exc:  # noqa: BLE001 -- compared below
-                result["error"] = exc
-        worker = threading.Thread(target=restore)
-        worker.start()
-        time.sleep(1.0)  # a's restore waits at the fault point meanwhile
-        cb.gc(keep_last=1)
-        worker.join(60)
-        assert "error" not in result, result
+        done = beside(lambda: ca.restore(s.id, first.id, acknowledge_side_effects=True),
+                      lambda: cb.gc(keep_last=1), after=1.0)  # a's waits at the fault point
         assert first.id in {cp.id for cp in cb.log(s.id) if cp.pruned}  # b could not tell
         assert cb.fsck()["ok"], cb.fsck()
         time.sleep(GRACE + 0.5)
         cb.gc()  # the grace over: the restore's checkpoint names what it needs
         assert cb.fsck()["ok"], cb.fsck()
         (ws / "f.txt").write_text("changed\n")
-        ca.restore(s.id, result["done"].checkpoint.id, acknowledge_side_effects=True)
-        assert (ws / "f.txt").read_text() == old
+        ca.restore(s.id, done.checkpoint.id, acknowledge_side_effects=True)
+        assert (ws / "f.txt").read_text() == ONLY_FIRST

@@ -10,7 +10,7 @@ import time
 import pytest
 from worldline.client import FailedPrecondition, Unavailable
 
-from .conftest import DaemonProcess, tree_state
+from .conftest import ONLY_FIRST, DaemonProcess, beside, only_the_first_holds, tree_state
 
 
 @pytest.fixture
@@ -196,43 +196,27 @@ def test_a_checkpoint_being_restored_or_forked_is_not_pruned_under_it(tmp_path, 
                       env={"WORLDLINE_FAULTS": f"{pause}@2.0"}).start()
     ws = tmp_path / "ws"
     ws.mkdir()
-    old = "only the first checkpoint holds this\n" * 50
+    old = ONLY_FIRST
     try:
         with d.client() as c:
-            s = c.create_session(str(ws))
-            (ws / "f.txt").write_text(old)
-            first = s.checkpoint()
-            for i in range(2):
-                (ws / "f.txt").write_text(f"version {i}\n")
-                s.checkpoint()
+            s, first = only_the_first_holds(c, ws)
             time.sleep(0.7)  # the first one's blob is older than the grace period
-            result: dict = {}
-
-            def bring_back() -> None:
-                try:
-                    if pause.startswith("fork"):
-                        result["done"] = c.fork(first.id, workspace=str(tmp_path / "fork"))
-                    else:
-                        result["done"] = c.restore(s.id, first.id, acknowledge_side_effects=True)
-                except Exception as exc:  # noqa: BLE001 -- compared below
-                    result["error"] = exc
-            worker = threading.Thread(target=bring_back)
-            worker.start()
-            time.sleep(0.8)  # it waits at the fault point meanwhile
-            c.gc(keep_last=1)
-            worker.join(30)
-            assert "error" not in result, result
+            done = beside(  # gc while it waits at the fault point
+                (lambda: c.fork(first.id, workspace=str(tmp_path / "fork")))
+                if pause.startswith("fork") else
+                (lambda: c.restore(s.id, first.id, acknowledge_side_effects=True)),
+                lambda: c.gc(keep_last=1), after=0.8)
             assert first.id not in {cp.id for cp in c.log(s.id) if cp.pruned}
             assert c.fsck()["ok"], c.fsck()
             if pause.startswith("fork"):
-                fork = result["done"]
+                fork = done
                 assert (tmp_path / "fork" / "f.txt").read_text() == old
                 (tmp_path / "fork" / "f.txt").write_text("changed\n")
                 c.restore(fork.id, fork.head, acknowledge_side_effects=True)
                 assert (tmp_path / "fork" / "f.txt").read_text() == old
             else:
                 assert (ws / "f.txt").read_text() == old
-                brought = result["done"].checkpoint.id
+                brought = done.checkpoint.id
                 (ws / "f.txt").write_text("changed\n")
                 s.checkpoint()
                 time.sleep(0.7)
