@@ -227,7 +227,9 @@ def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
 
 def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> GcReport:
     report = GcReport()
-    # No restore or fork begins on a checkpoint while it is pruned (in_use.py)
+    # No restore or fork begins on a checkpoint while it is pruned (in_use.py). They
+    # wait for the listing too: chosen outside, a checkpoint that a fork held meanwhile
+    # and then recorded as its source would be pruned, which a fork source never is.
     with world.in_use.frozen() as held:
         pruned = to_prune(world, policy or Retention(),
                           in_use=held | world.journal.targets())
