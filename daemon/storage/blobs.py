@@ -31,7 +31,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
@@ -528,47 +528,51 @@ class LocalBlobStore:
         row = self.pack.row(check_digest(digest))
         return max(row.stored_at if row is not None else self._stat(digest).st_mtime, reused)
 
-    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
-        with self._lock:
-            if digest in self._pins:
-                return 0
-            reused = self._reused.get(digest, 0.0)
-            row = self.pack.row(digest)
-            if row is not None:
-                if digest in self.pack.pending or digest in self.pack.committing:
-                    return 0
-                if (older_than is not None and max(row.stored_at, reused) >= older_than) \
-                        or not self.pack.dependents_within(digest, gone):
-                    return 0
-                return len(row.data)
+    def _sweepable(self, digest: str, older_than: float | None, gone: Collection[str] = ()
+                   ) -> tuple[Row | None, os.stat_result | None] | None:
+        """What a sweep may delete of ``digest`` now, (its pack row, None) or (None, its
+        file's stat); None to keep it: a put is making a delta of it or storing it, it
+        was stored or last reused at ``older_than`` or after, or a delta is built on it
+        (but those in ``gone``, a dry run's, counted as deleted already). The caller
+        holds the lock."""
+        if digest in self._pins:
+            return None  # a put is making a delta of it right now
+        reused = self._reused.get(digest, 0.0)
+        row = self.pack.row(digest)
+        if row is not None:
+            if digest in self.pack.pending or digest in self.pack.committing:
+                return None  # being stored right now
+            if (older_than is not None and max(row.stored_at, reused) >= older_than) \
+                    or self.pack.depends_on(digest, gone):
+                return None
+            return row, None
         try:
             st = os.stat(self._path(digest))
         except FileNotFoundError:
-            return 0
+            return None
         if older_than is not None and max(st.st_mtime, reused) >= older_than:
+            return None
+        return None, st
+
+    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
+        with self._lock:
+            found = self._sweepable(digest, older_than, gone)
+        if found is None:
             return 0
-        return st.st_size
+        row, st = found
+        return len(row.data) if row is not None else st.st_size
 
     def delete(self, digest: str, older_than: float | None = None) -> int:
         path = self._path(digest)
         with self._lock:
-            if digest in self._pins:
-                return 0  # a put is making a delta of it right now
-            row = self.pack.row(digest)
+            found = self._sweepable(digest, older_than)
+            if found is None:
+                return 0
+            row, st = found
             if row is not None:
-                if digest in self.pack.pending or digest in self.pack.committing:
-                    return 0  # being stored right now
-                last = max(row.stored_at, self._reused.get(digest, 0.0))
-                if (older_than is not None and last >= older_than) \
-                        or self.pack.depends_on(digest):
-                    return 0
                 self._reused.pop(digest, None)
                 return self.pack.delete(digest)
             try:
-                st = os.stat(path)
-                last = max(st.st_mtime, self._reused.get(digest, 0.0))
-                if older_than is not None and last >= older_than:
-                    return 0
                 os.unlink(path)
             except FileNotFoundError:
                 return 0

@@ -56,7 +56,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import zstandard
@@ -791,27 +791,20 @@ class Pack(SqliteDatabase):
                            self._key(digest)).fetchone()
         return found[0] if found is not None else None
 
-    def depends_on(self, digest: str) -> bool:
-        """True if a stored or pending delta has ``digest`` as its base."""
+    def depends_on(self, digest: str, gone: Collection[str] = ()) -> bool:
+        """True if a stored or pending delta has ``digest`` as its base; ``gone``: rows
+        counted as deleted already (a dry run's sweep), whose deltas do not count."""
         for rows in (self.pending, self.committing):
             if any(r.base == digest for r in rows.values()):
                 return True
-        found = self._one(f"SELECT dependents FROM objects WHERE {self._by_digest}",
-                          self._key(digest))
-        return found is not None and found[0] > 0
-
-    def dependents_within(self, digest: str, gone: set[str]) -> bool:
-        """Whether every stored or pending delta built on ``digest`` is in ``gone`` (none
-        is: True). A dry run's ``depends_on``, with ``gone`` deleted already."""
-        for rows in (self.pending, self.committing):
-            if any(r.base == digest for r in rows.values()):
-                return False
         found = self._one(f"SELECT id, dependents FROM objects WHERE {self._by_digest}",
                           self._key(digest))
         if found is None or found[1] == 0:
+            return False
+        if not gone:
             return True
         built_on = self._all("SELECT digest FROM objects WHERE base = ?", (found[0],))
-        return all(bytes(raw).hex() in gone for (raw,) in built_on)
+        return any(bytes(raw).hex() not in gone for (raw,) in built_on)
 
     def delete(self, digest: str) -> int:
         """Remove a committed row; the bytes it held (0 if absent)."""
