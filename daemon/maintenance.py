@@ -182,8 +182,9 @@ def to_prune(world: World, policy: Retention, now: float | None = None,
         return []
     now = time.time() if now is None else now
     store = world.store
-    needed = {s.head for s in store.list_sessions()} | set(in_use)
-    needed |= {s.forked_from for s in store.list_sessions() if s.forked_from}
+    sessions = store.list_sessions()
+    needed = {s.head for s in sessions} | {s.forked_from for s in sessions if s.forked_from}
+    needed |= set(in_use)
     needed |= {a.checkpoint_id for a in store.list_approvals(status="pending")}
     by_session: dict[str, list[Checkpoint]] = {}
     for cp in store.list_checkpoints():
