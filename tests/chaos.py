@@ -91,14 +91,14 @@ def _worker(d: DaemonProcess, n: int, ws: Path, sid: str, stop: threading.Event,
             return
 
 
+RECENT = 40  # below the soak's --keep-last 50
+
+
 def _pick(r: random.Random, mine: dict[str, str]) -> str:
-    """A checkpoint to restore or fork: mostly one of the last few (which retention
-    keeps, so the restore runs, and may race gc pruning it), now and then any."""
+    """A checkpoint to restore or fork: mostly one of the last ``RECENT`` (which
+    retention keeps, so the restore runs, and may race gc pruning it), now and then any."""
     ids = list(mine)
     return r.choice(ids[-RECENT:] if r.random() < 0.8 else ids)
-
-
-RECENT = 40  # below the soak's --keep-last 50
 
 
 def _wait_until_up(d: DaemonProcess, stop: threading.Event) -> None:

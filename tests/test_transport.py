@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -373,9 +375,6 @@ def test_no_fork_enters_grpcs_fork_handlers_in_the_daemon_or_the_tests(daemon, p
     thread making gRPC calls never enter them (with them on, gRPC's log says "skipping
     fork() handlers" for a fork that meets a call in flight). The script runs with
     neither the variable set nor the tests' package imported, but as named."""
-    import subprocess
-    import sys
-    from pathlib import Path
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     env["GRPC_VERBOSITY"] = "info"
     script = _FORKS_BESIDE_CALLS.format(checkout=str(Path(__file__).parents[1]),
