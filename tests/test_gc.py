@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from worldline.client import FailedPrecondition, Unavailable
+from worldline.client import FailedPrecondition
 
 from .conftest import ONLY_FIRST, DaemonProcess, beside, only_the_first_holds, tree_state
 
@@ -235,35 +235,20 @@ def test_a_restore_set_aside_for_an_operator_keeps_its_target_from_gc(tmp_path):
     --complete``): until then its target is kept from retention, so gc run first
     neither prunes it nor sweeps what only it names, and the completion brings the
     target back whole."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    for i in range(6):
-        (ws / f"f{i}.txt").write_text(f"only the first checkpoint holds {i}\n" * 50)
-    d = DaemonProcess(tmp_path / "root", extra=["--gc-grace", "0.5"],
-                      env={"WORLDLINE_FAULTS": "restore.between_files:2"}).start()
-    with d.client() as c:
-        s = c.create_session(str(ws))
-        first = s.checkpoint()
-        for i in range(6):
-            (ws / f"f{i}.txt").write_text(f"v2 {i}\n")
-        s.checkpoint()
-        time.sleep(0.7)  # the first one's blobs are older than the grace period
-        with pytest.raises(Unavailable):
-            s.restore(first.id, acknowledge_side_effects=True)  # killed on its 2nd file
-    d.proc.wait(15)
-    d.proc = None
-    d.env.pop("WORLDLINE_FAULTS")
+    from .test_hostile import _killed_mid_restore
+    d, ws, s, first, _ = _killed_mid_restore(tmp_path, files=6, nth=2,
+                                             options=("--gc-grace", "0.5"))
     (ws / "f5.txt").write_text("edited after the crash\n")  # so the journal is set aside
     d.start()
     try:
         with d.client() as c:
             assert c.get_session(s.id).needs_attention
+            time.sleep(0.7)  # the first one's blobs are older than the grace period
             c.gc(keep_last=1)
             assert first.id not in {cp.id for cp in c.log(s.id) if cp.pruned}
             done = c.resolve_session(s.id, complete=True)
             assert done.needs_attention is None and c.log(s.id)[-1].kind == "restore"
-            assert all((ws / f"f{i}.txt").read_text()
-                       == f"only the first checkpoint holds {i}\n" * 50 for i in range(6))
+            assert all((ws / f"f{i}.txt").read_text() == f"v1 {i}\n" for i in range(6))
             assert c.fsck()["ok"], c.fsck()
     finally:
         d.stop()

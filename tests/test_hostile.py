@@ -195,16 +195,18 @@ def test_5a_a_restore_refused_up_front_leaves_no_journal(fresh_daemon, tmp_path)
         c.checkpoint(other.id)
 
 
-def _killed_mid_restore(tmp_path: Path, files: int, nth: int, others: int = 0):
-    """A daemon killed (SIGKILL at a crash point) while it wrote the ``nth`` file of a
-    restore of ``files`` files from v2 back to v1; returned stopped, its faults disarmed,
-    with the workspace, the session, the restore's target and ``others`` sessions on
-    folders of their own (made before the kill)."""
+def _killed_mid_restore(tmp_path: Path, files: int, nth: int, others: int = 0,
+                        options: tuple[str, ...] = ()):
+    """A daemon (started with ``options``) killed (SIGKILL at a crash point) while it
+    wrote the ``nth`` file of a restore of ``files`` files from v2 back to v1; returned
+    stopped, its faults disarmed, with the workspace, the session, the restore's target
+    and ``others`` sessions on folders of their own (made before the kill)."""
     ws = tmp_path / "ws"
     ws.mkdir()
     for i in range(files):
         (ws / f"f{i}.txt").write_text(f"v1 {i}\n")
-    d = DaemonProcess(tmp_path / "root", env={"WORLDLINE_FAULTS": f"restore.between_files:{nth}"})
+    d = DaemonProcess(tmp_path / "root", extra=list(options),
+                      env={"WORLDLINE_FAULTS": f"restore.between_files:{nth}"})
     d.start()
     with d.client() as c:
         s = c.create_session(str(ws))
