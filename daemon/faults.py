@@ -43,6 +43,7 @@ POINTS = (
     "restore.before_rename",       # a file written aside, not yet renamed into place
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
+    "gc.chosen",                   # gc chose what retention prunes, nothing pruned yet
     "fork.mid",                    # some of the fork's files written
     "fork.checked",                # the fork's folder checked, not yet made
     "session.checked",             # a new session's workspace checked, nothing read

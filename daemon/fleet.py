@@ -232,8 +232,11 @@ class Leases:
         self.thread.start()
 
     def renew(self) -> int:
-        return self.world.store.renew_leases(self.world.host,
-                                             time.time() + self.world.lease_seconds)
+        """Extend this host's leases, and its holds with them (in_use.py)."""
+        renewed = self.world.store.renew_leases(self.world.host,
+                                                time.time() + self.world.lease_seconds)
+        self.world.in_use.publish()
+        return renewed
 
     def _run(self) -> None:
         while not self.stopping.wait(self.every):

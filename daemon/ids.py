@@ -40,9 +40,17 @@ def is_id(text: str) -> bool:
 
 def now() -> str:
     """The current time, RFC 3339 in UTC with microseconds."""
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds").replace(
-        "+00:00", "Z"
-    )
+    return _text(_dt.datetime.now(_dt.UTC))
+
+
+def time_at(seconds: float) -> str:
+    """``seconds`` since the epoch, written as ``now`` writes times (fixed width, so
+    they sort as text)."""
+    return _text(_dt.datetime.fromtimestamp(seconds, _dt.UTC))
+
+
+def _text(when: _dt.datetime) -> str:
+    return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str) -> _dt.datetime:

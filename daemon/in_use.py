@@ -11,23 +11,36 @@ them to every checkpoint after it. So each one holds its target for its whole le
 The hold is taken before the target is checked for a prune: a prune committed first
 makes it unusable at once (FAILED_PRECONDITION), and one that begins after leaves it
 be. A restore that a failure or a kill left half done is held by its journal's entry
-instead (RestoreJournal.targets) until it is completed. Holds are this daemon's; gc
-on another host of a fleet cannot see them, and keeps what it pruned within the grace
-period instead (maintenance.py).
+instead (RestoreJournal.targets) until it is completed.
+
+On a fleet, gc on another host must see them too: each change to the holds, and each
+renewal of the host's leases, publishes them to the shared store (``publish``:
+``Store.publish_holds``, with the journal's targets), lasting one lease. gc reads
+every host's before it prunes and again before it sweeps (maintenance.py), so a
+restore that checked its target just before another host pruned it still finds its
+blobs kept, however long it takes. A hold is published before the target is
+checked, and a restore whose hold cannot be published fails (UNAVAILABLE) rather
+than run unseen. A host that dies leaves holds that run out with its leases.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
 
 
 class InUse:
-    def __init__(self) -> None:
+    def __init__(self, publish: Callable[[set[str]], None] | None = None) -> None:
+        """``publish``: given the checkpoints held now, makes them this host's holds in
+        the fleet's store (None on a data root of one host)."""
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._publish = publish
 
     @contextmanager
     def holding(self, checkpoint_id: str) -> Iterator[None]:
@@ -35,17 +48,53 @@ class InUse:
         still usable, first thing)."""
         with self._lock:
             self._held[checkpoint_id] += 1
+            if self._publish is not None and self._held[checkpoint_id] == 1:
+                try:
+                    self._publish(set(self._held))
+                except BaseException:
+                    self._drop(checkpoint_id)
+                    raise
         try:
             yield
         finally:
             with self._lock:
-                self._held[checkpoint_id] -= 1
-                if not self._held[checkpoint_id]:
-                    del self._held[checkpoint_id]
+                self._drop(checkpoint_id)
+                if self._publish is not None and checkpoint_id not in self._held:
+                    self._publish_or_warn()
+
+    def _drop(self, checkpoint_id: str) -> None:
+        self._held[checkpoint_id] -= 1
+        if not self._held[checkpoint_id]:
+            del self._held[checkpoint_id]
+
+    def publish(self) -> None:
+        """Publish the holds again (each lease renewal does: they last one lease). Never
+        waits: a renewal that finds them being published, or frozen for this host's
+        gc, leaves it to that (a frozen block publishes them as it ends; no other host
+        collects meanwhile: the store's gc lock)."""
+        if self._publish is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._publish(set(self._held))
+        finally:
+            self._lock.release()
+
+    def _publish_or_warn(self) -> None:
+        """A hold let go of stays published until the next renewal succeeds: gc keeps
+        a little more for a while, never less."""
+        try:
+            self._publish(set(self._held))
+        except Exception as exc:  # noqa: BLE001 -- the store briefly unreachable
+            log.warning("publishing this host's holds failed (%s); the next lease renewal"
+                        " publishes them again", exc)
 
     @contextmanager
     def frozen(self) -> Iterator[set[str]]:
         """The checkpoints held now; no new hold begins until the block ends (retention
         prunes in it)."""
         with self._lock:
-            yield set(self._held)
+            try:
+                yield set(self._held)
+            finally:
+                if self._publish is not None:  # the renewals it made wait
+                    self._publish_or_warn()

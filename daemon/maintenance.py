@@ -32,6 +32,7 @@ from . import ids, progress
 from .capture import sparse
 from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
 from .capture.trees import FILE, SPARSE, links_of
+from .faults import crash_point
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
 
@@ -206,16 +207,22 @@ def to_prune(world: World, policy: Retention, now: float | None = None,
 
 
 def recently_pruned(world: World, grace: float) -> set[str]:
-    """The checkpoints retention pruned within the grace period. On a fleet a restore to
-    one, or a fork of it, begun on another host before the prune (in_use.py holds only
-    this daemon's) may still commit a checkpoint naming its trees: those stay until the
-    grace period is over, as a blob stored or reused within it does."""
-    since = time.time() - grace
+    """The checkpoints retention pruned within the grace period, whose trees stay until
+    it is over, as a blob stored or reused within it does. Every host's holds keep a
+    pruned target's trees for as long as its restore or fork runs (``_fleet_holds``);
+    this keeps them too for a host whose hold was not yet published (one still on a
+    worldline before 0.7.28 while the fleet upgrades)."""
     found: set[str] = set()
-    for event in world.store.list_audit(kind="retention.prune"):
-        if ids.parse_time(event.created_at).timestamp() >= since:
-            found.update(event.detail.get("checkpoints", ()))
+    for event in world.store.list_audit(kind="retention.prune",
+                                        since=ids.time_at(time.time() - grace)):
+        found.update(event.detail.get("checkpoints", ()))
     return found
+
+
+def _fleet_holds(world: World) -> set[str]:
+    """The checkpoints the restores and forks under way on every host of a fleet hold
+    (in_use.py); none on a data root of one host, whose holds gc reads in memory."""
+    return set() if world.store.local else world.store.held_checkpoints(time.time())
 
 
 def gc(world: World, dry_run: bool = False, policy: Retention | None = None,
@@ -233,16 +240,20 @@ def _gc(world: World, dry_run: bool, policy: Retention | None, grace: float) -> 
     # and then recorded as its source would be pruned, which a fork source never is.
     with world.in_use.frozen() as held:
         pruned = to_prune(world, policy or Retention(),
-                          in_use=held | world.journal.targets())
+                          in_use=held | world.journal.targets() | _fleet_holds(world))
         report.checkpoints_pruned = len(pruned)
+        crash_point("gc.chosen")
         if pruned and not dry_run:
             world.store.prune_checkpoints([cp.id for cp in pruned], [AuditEvent(
                 "retention.prune", None, "gc", {"checkpoints": [cp.id for cp in pruned]},
                 ids.now())])
     # a dry run's: what the sweep would free once they are pruned (one walk, not two)
     without = {cp.id for cp in pruned} if dry_run else set()
+    # Read again once the prune is committed: a restore on another host that checked
+    # its target just before the prune had published its hold before that check.
     needed = reachable(world, without=without,
-                       held=set() if world.store.local else recently_pruned(world, grace)
+                       held=set() if world.store.local
+                       else recently_pruned(world, grace) | _fleet_holds(world)
                        ) | world.stat_cache.digests()
     cutoff = time.time() - grace
     digests = list(world.blobs.digests())

@@ -173,7 +173,9 @@ class World:
         self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
-        self.in_use = InUse()  # restores' and forks' targets, kept from gc (in_use.py)
+        # restores' and forks' targets, kept from gc (in_use.py); on a fleet, from every
+        # host's gc
+        self.in_use = InUse(None if store.local else self._publish_holds)
         # containers paused (Engine.frozen) or stopped (Engine.stop) while the daemon
         # reads or restores them, by session: what a killed daemon left so is undone at
         # its next start (recover)
@@ -283,6 +285,13 @@ class World:
             f" {_clock(session.lease_expires)}): send its checkpoints, restores and tool"
             f" calls there, or take it over here once that host is gone or has released it"
             f" (`worldline session move {session.id} --take-over`)")
+
+    def _publish_holds(self, held: set[str]) -> None:
+        """This host's holds in the fleet's store: ``held`` and the restores its journal
+        keeps (in_use.py), for one lease."""
+        now = time.time()
+        self.store.publish_holds(self.host, held | self.journal.targets(),
+                                 now + self.lease_seconds, now)
 
     def _lease(self) -> float:
         return time.time() + self.lease_seconds if self.host else 0.0

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from worldline.client.errors import FailedPrecondition, Unavailable
@@ -776,12 +777,9 @@ def test_a_parent_swapped_during_a_take_over_is_refused_and_the_take_over_resume
 
 
 def test_a_restore_on_one_host_keeps_its_target_from_gc_on_another(fleet, tmp_path):
-    """gc on host b cannot see a restore under way on host a (in_use.py holds a's only):
-    b's retention prunes the target, but a checkpoint pruned within the grace period
-    keeps its files, so the restore, begun before the prune and committed after b's
-    sweep, names blobs that are all there, and stay there once the grace is over.
-    (0.7.26's sweep took them: the restore's checkpoint named blobs gone from the
-    index.)"""
+    """A restore under way on host a publishes its target as held (in_use.py): gc on
+    host b, which cannot see a's memory, leaves it unpruned. (0.7.26's sweep took its
+    files; 0.7.27's pruned it and kept them for the grace period only.)"""
     a = fleet.host("a", faults="restore.planned@3")
     b = fleet.host("b")
     ws = tmp_path / "ws"
@@ -791,10 +789,38 @@ def test_a_restore_on_one_host_keeps_its_target_from_gc_on_another(fleet, tmp_pa
         time.sleep(GRACE + 0.5)  # the first one's blob is older than the grace period
         done = beside(lambda: ca.restore(s.id, first.id, acknowledge_side_effects=True),
                       lambda: cb.gc(keep_last=1), after=1.0)  # a's waits at the fault point
-        assert first.id in {cp.id for cp in cb.log(s.id) if cp.pruned}  # b could not tell
+        assert first.id not in {cp.id for cp in cb.log(s.id) if cp.pruned}
         assert cb.fsck()["ok"], cb.fsck()
-        time.sleep(GRACE + 0.5)
-        cb.gc()  # the grace over: the restore's checkpoint names what it needs
+        (ws / "f.txt").write_text("changed\n")
+        ca.restore(s.id, done.checkpoint.id, acknowledge_side_effects=True)
+        assert (ws / "f.txt").read_text() == ONLY_FIRST
+
+
+def test_a_target_pruned_by_a_gc_that_chose_before_the_hold_keeps_its_files(
+        fleet, tmp_path):
+    """The race the holds leave: gc on b chooses what to prune, then a's restore holds
+    the target and finds it still usable, then b prunes it. b's sweep reads every
+    host's holds again after its prune, so the target's files stay, through later gcs
+    past the grace period, for as long as the restore runs; its checkpoint names
+    blobs that are all there. (0.7.27 kept them for the grace period only: a restore
+    longer than that lost them.)"""
+    a = fleet.host("a", faults="restore.planned@9")
+    b = fleet.host("b", faults="gc.chosen@3")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with a.client() as ca, b.client() as cb, ThreadPoolExecutor(2) as pool:
+        s, first = only_the_first_holds(ca, ws)
+        time.sleep(GRACE + 0.5)  # the first one's blob is older than the grace period
+        chose = pool.submit(cb.gc, keep_last=1)  # chooses, then waits 3 s at gc.chosen
+        time.sleep(1.0)
+        restoring = pool.submit(ca.restore, s.id, first.id, acknowledge_side_effects=True)
+        assert chose.result(timeout=30)["checkpoints_pruned"] >= 1
+        assert first.id in {cp.id for cp in cb.log(s.id) if cp.pruned}  # chosen unheld
+        time.sleep(GRACE + 0.5)  # past the grace: only a's hold keeps its files now
+        cb.gc(keep_last=1)
+        assert cb.fsck()["ok"], cb.fsck()
+        assert not restoring.done()  # the hold was still a's at that gc
+        done = restoring.result(timeout=60)
         assert cb.fsck()["ok"], cb.fsck()
         (ws / "f.txt").write_text("changed\n")
         ca.restore(s.id, done.checkpoint.id, acknowledge_side_effects=True)

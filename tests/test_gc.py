@@ -252,3 +252,62 @@ def test_a_restore_set_aside_for_an_operator_keeps_its_target_from_gc(tmp_path):
             assert c.fsck()["ok"], c.fsck()
     finally:
         d.stop()
+
+
+def _published(store, host: str = "a"):
+    """A fleet host's publication of its holds to ``store`` (World._publish_holds)."""
+    def publish(held: set[str]) -> None:
+        now = time.time()
+        store.publish_holds(host, held, now + 30, now)
+    return publish
+
+
+def test_a_fleet_hosts_holds_are_published_as_they_begin_and_end():
+    from worldline.daemon.in_use import InUse
+    from worldline.daemon.storage.store import MemoryStore
+
+    store = MemoryStore()
+    in_use = InUse(_published(store))
+    with in_use.holding("c1"):
+        assert store.held_checkpoints(time.time()) == {"c1"}
+        with in_use.holding("c1"), in_use.holding("c2"):
+            assert store.held_checkpoints(time.time()) == {"c1", "c2"}
+        assert store.held_checkpoints(time.time()) == {"c1"}  # held once more
+    assert store.held_checkpoints(time.time()) == set()
+
+
+def test_a_hold_that_cannot_be_published_is_not_taken():
+    """A restore whose hold the fleet cannot see does not run (it fails, UNAVAILABLE at
+    the edge), and leaves nothing held."""
+    from worldline.client.errors import Unavailable
+    from worldline.daemon.in_use import InUse
+
+    def unreachable(held: set[str]) -> None:
+        raise Unavailable("the store is unreachable")
+    in_use = InUse(unreachable)
+    with pytest.raises(Unavailable), in_use.holding("c1"):
+        pytest.fail("the block ran without its hold published")
+    with in_use.frozen() as held:
+        assert held == set()
+
+
+def test_a_lease_renewal_never_waits_for_gc_and_gc_publishes_as_it_ends():
+    """A renewal during this host's gc (holds frozen) returns at once: the leases it
+    renews must not wait for a long prune. The holds are published as gc ends."""
+    from worldline.daemon.in_use import InUse
+    from worldline.daemon.storage.store import MemoryStore
+
+    store = MemoryStore()
+    calls: list[set[str]] = []
+    publish = _published(store)
+    in_use = InUse(lambda held: (calls.append(set(held)), publish(held)))
+    with in_use.holding("c1"):
+        calls.clear()
+        with in_use.frozen():
+            renewal = threading.Thread(target=in_use.publish)
+            renewal.start()
+            renewal.join(2.0)
+            assert not renewal.is_alive() and calls == []
+        assert calls == [{"c1"}]
+        in_use.publish()
+        assert calls == [{"c1"}, {"c1"}]

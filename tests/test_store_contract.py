@@ -233,6 +233,16 @@ def test_audit_chain(store):
     assert store.list_audit(kind="x")[0].detail == {"k": 1}
 
 
+def test_the_audit_log_since_a_time(store):
+    """``since`` keeps the events recorded at or after it (gc reads a fleet's recent
+    prunes so, not every one ever recorded)."""
+    times = [ids.time_at(t) for t in (1000.0, 2000.0, 3000.0)]
+    store.append_audit([AuditEvent("x", None, str(i), {}, at) for i, at in enumerate(times)])
+    assert [e.subject_id for e in store.list_audit(kind="x", since=times[1])] == ["1", "2"]
+    assert [e.subject_id for e in store.list_audit(since=ids.time_at(2000.5))] == ["2"]
+    assert store.list_audit(kind="x", since=ids.time_at(3001.0)) == []
+
+
 def test_calls_on_path_keep_to_their_timeline(store):
     from worldline.daemon.storage.store import calls_on_path
     s, first = new_session(store)
@@ -327,6 +337,20 @@ def test_hosts_announce_where_they_answer(store):
     store.announce_host("a", "a.internal:7070", 1.0)
     store.announce_host("a", "a2.internal:7070", 2.0)
     assert store.host_address("a") == "a2.internal:7070"
+
+
+def test_each_hosts_holds_are_published_whole_and_run_out(store):
+    """A host's holds are replaced whole at each publication, leave other hosts' be,
+    and count only until they run out; those run out are dropped at the next one."""
+    assert store.held_checkpoints(100.0) == set()
+    store.publish_holds("a", {"c1", "c2"}, 130.0, 100.0)
+    store.publish_holds("b", ["c2", "c3", "c3"], 110.0, 100.0)
+    assert store.held_checkpoints(105.0) == {"c1", "c2", "c3"}
+    store.publish_holds("a", {"c4"}, 140.0, 105.0)  # a let go of c1 and c2
+    assert store.held_checkpoints(105.0) == {"c2", "c3", "c4"}
+    assert store.held_checkpoints(115.0) == {"c4"}  # b's ran out at 110
+    store.publish_holds("a", set(), 150.0, 120.0)
+    assert store.held_checkpoints(100.0) == set()  # b's were dropped, run out at 120
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

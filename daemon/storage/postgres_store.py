@@ -56,9 +56,13 @@ CREATE TABLE approvals (
     expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
 CREATE TABLE hosts (
     host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE holds (
+    host TEXT NOT NULL, checkpoint_id TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (host, checkpoint_id));
 CREATE TABLE audit (
     seq BIGINT PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BYTEA NOT NULL, hash BYTEA NOT NULL);
+CREATE INDEX audit_by_kind ON audit (kind, created_at);
 """
 
 # Version 3 is the first PostgreSQL schema (SQLite's numbering: the same columns).
@@ -95,6 +99,15 @@ MIGRATIONS = (
     Migration(12, "0.7.15: a checkpoint's new blobs may be staged in the metadata store"
               " (blob_objects.body)", lambda db: db.execute(
                   "ALTER TABLE blob_objects ADD COLUMN IF NOT EXISTS body BYTEA")),
+    # A host before 0.7.28 neither publishes the holds of its restores and forks nor
+    # reads other hosts' before gc: the version makes it refuse the store at start.
+    Migration(13, "0.7.28: the checkpoints each host's restores and forks hold (holds);"
+              " the audit log by kind and time (gc reads its recent prunes)",
+              lambda db: db.execute(
+                  "CREATE TABLE IF NOT EXISTS holds (host TEXT NOT NULL, checkpoint_id TEXT"
+                  " NOT NULL, expires DOUBLE PRECISION NOT NULL,"
+                  " PRIMARY KEY (host, checkpoint_id));"
+                  " CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, created_at)")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

@@ -187,6 +187,16 @@ class SqlStore:
         row = self._one("SELECT address FROM hosts WHERE host = ?", (host,))
         return row[0] if row else ""
 
+    def publish_holds(self, host, checkpoint_ids, until, now):
+        with self._tx() as db:
+            db.execute("DELETE FROM holds WHERE host = ? OR expires < ?", (host, now))
+            db.executemany("INSERT INTO holds VALUES (?, ?, ?)",
+                           [(host, cid, until) for cid in set(checkpoint_ids)])
+
+    def held_checkpoints(self, now):
+        return {r[0] for r in self._all("SELECT DISTINCT checkpoint_id FROM holds"
+                                        " WHERE expires > ?", (now,))}
+
     def release_session(self, session_id, host, to):
         with self._tx() as db:
             cur = db.execute("UPDATE sessions SET released_to = ?, lease_expires = 0"
@@ -404,8 +414,11 @@ class SqlStore:
                         digest_in(prev), digest_in(digest)))
             prev = digest
 
-    def list_audit(self, session_id=None, kind=None, limit=0):
+    def list_audit(self, session_id=None, kind=None, limit=0, since=None):
         sql, args = "SELECT * FROM audit WHERE 1=1", []
+        if since is not None:  # ids.now's fixed-width form sorts as the times do
+            sql += " AND created_at >= ?"
+            args.append(since)
         if session_id is not None:
             sql += " AND session_id = ?"
             args.append(session_id)

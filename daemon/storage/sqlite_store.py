@@ -72,6 +72,9 @@ CREATE TABLE IF NOT EXISTS approvals (
     expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
 CREATE TABLE IF NOT EXISTS hosts (
     host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS holds (
+    host TEXT NOT NULL, checkpoint_id TEXT NOT NULL, expires REAL NOT NULL,
+    PRIMARY KEY (host, checkpoint_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
     detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL);

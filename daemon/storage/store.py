@@ -89,6 +89,16 @@ class Store(Protocol):
     def host_address(self, host: str) -> str:
         """The address ``host`` last announced, "" if none."""
 
+    def publish_holds(self, host: str, checkpoint_ids: Collection[str], until: float,
+                      now: float) -> None:
+        """``host``'s holds become exactly ``checkpoint_ids``, each lasting until
+        ``until`` (the checkpoints its restores and forks under way bring back,
+        in_use.py); every host's holds that ran out before ``now`` are dropped."""
+
+    def held_checkpoints(self, now: float) -> set[str]:
+        """The checkpoints some host holds past ``now``: gc on any host of a fleet
+        neither prunes them nor deletes what they name."""
+
     def release_session(self, session_id: str, host: str, to: str) -> Session:
         """``host`` lets go of the session for ``to`` (a host id, or "*" for any):
         its lease ends now. ``FailedPrecondition`` unless ``host`` holds it."""
@@ -136,7 +146,9 @@ class Store(Protocol):
         """Held while garbage collection runs: one collector at a time across every
         daemon sharing the store (``Aborted`` at once if another holds it)."""
     def list_audit(self, session_id: str | None = None, kind: str | None = None,
-                   limit: int = 0) -> list[AuditEvent]: ...
+                   limit: int = 0, since: str | None = None) -> list[AuditEvent]:
+        """The audit log in order; ``since`` (ids.now's form): only events recorded at
+        or after that time."""
 
     def close(self) -> None: ...
 
@@ -211,6 +223,7 @@ class MemoryStore:
         self._approvals: dict[str, Approval] = {}
         self._audit: list[AuditEvent] = []
         self._hosts: dict[str, str] = {}
+        self._holds: dict[tuple[str, str], float] = {}  # (host, checkpoint id) -> until
 
     def create_session(self, session, first, tasks, events):
         with self._lock:
@@ -267,6 +280,15 @@ class MemoryStore:
     def host_address(self, host):
         with self._lock:
             return self._hosts.get(host, "")
+
+    def publish_holds(self, host, checkpoint_ids, until, now):
+        with self._lock:
+            self._holds = {k: t for k, t in self._holds.items() if k[0] != host and t >= now}
+            self._holds.update({(host, cid): until for cid in checkpoint_ids})
+
+    def held_checkpoints(self, now):
+        with self._lock:
+            return {cid for (_, cid), until in self._holds.items() if until > now}
 
     def release_session(self, session_id, host, to):
         with self._lock:
@@ -412,11 +434,12 @@ class MemoryStore:
                 event = replace(event, seq=len(self._audit) + 1)
                 self._audit.append(replace(event, prev_hash=prev, hash=chain_hash(prev, event)))
 
-    def list_audit(self, session_id=None, kind=None, limit=0):
+    def list_audit(self, session_id=None, kind=None, limit=0, since=None):
         with self._lock:
             events = [e for e in self._audit
                       if (session_id is None or e.session_id == session_id)
-                      and (kind is None or e.kind == kind)]
+                      and (kind is None or e.kind == kind)
+                      and (since is None or e.created_at >= since)]
             return events[-limit:] if limit else events
 
     def close(self):
