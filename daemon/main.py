@@ -310,9 +310,10 @@ class Daemon:
                 except Exception:
                     log.exception("compacting the write-ahead log of %s failed", db.path)
             try:
+                self.stat_cache.write_behind()
                 self.stat_cache.compact(WAL_IDLE_SECONDS)
             except Exception:
-                log.exception("compacting the stat cache failed")
+                log.exception("writing or compacting the stat cache failed")
             try:
                 reserve.renew(self.root)
             except OSError:

@@ -69,7 +69,8 @@ def test_a_first_capture_is_written_as_the_snapshot_leaving_an_idle_daemon_nothi
     assert _rows(path) == (1, 0)
     assert cache.compact() == 0
     cache.update("/ws", {"src/pkg0/module0.py": _entry(0)}, set())
-    assert _rows(path) == (1, 1)
+    assert _rows(path) == (1, 0)  # kept in memory until written behind
+    assert cache.write_behind() == 1 and _rows(path) == (1, 1)
     assert cache.compact() == 1 and _rows(path) == (1, 0)
     cache.close()
     again = StatCache(path)
@@ -89,6 +90,7 @@ def test_an_idle_compaction_goes_one_workspace_at_a_time_and_stops_at_a_write(tm
     for ws in ("/a", "/b", "/c"):
         cache.update(ws, {f"f{i}": _entry(i) for i in range(100)}, set())  # snapshots
         cache.update(ws, {"f0": _entry(0)}, set())  # a log row each
+    assert cache.write_behind() == 3
     fold = cache._compact
 
     def fold_then_a_write(workspace, ws):
@@ -217,3 +219,39 @@ def test_a_row_the_cache_cannot_read_is_forgotten_alone(tmp_path):
     assert [w for (w,) in db.execute("SELECT workspace FROM snapshot")] == ["/a"]
     db.close()
     assert not os.path.exists(path + ".damaged")
+
+
+def test_logged_changes_are_written_behind_in_one_transaction_and_at_close(tmp_path):
+    """A small change is applied at once and logged later (the daemon's housekeeping
+    calls write_behind every second): the checkpoint that made it does not wait for
+    the insert. A compaction or a forget drops the changes it holds or forgets; a
+    close writes what is left; a cache dropped without a close (a killed daemon)
+    loses only what was not written, whose files are read again."""
+    path = str(tmp_path / "index.db")
+    cache = StatCache(path)
+    for ws in ("/a", "/b", "/c"):
+        cache.update(ws, {f"f{i}": _entry(i) for i in range(50)}, set())  # snapshots
+    for i in range(5):
+        cache.update("/a", {"f0": _entry(i)}, set())
+        cache.update("/b", {f"new{i}": _entry(i)}, {"f1"})
+    cache.update("/c", {"f0": _entry(9)}, set())
+    assert _rows(path) == (3, 0)
+    want = {ws: dict(cache.entries(ws)) for ws in ("/a", "/b", "/c")}
+    cache.forget("/c")
+    assert cache.write_behind() == 10 and _rows(path) == (2, 10)
+    assert cache.write_behind() == 0
+    last = _entry(2)
+    cache.update("/a", {"f2": last}, set())
+    cache.close()  # writes the last one
+    again = StatCache(path)
+    assert again.entries("/a") == {**want["/a"], "f2": last}
+    assert again.entries("/b") == want["/b"] and again.entries("/c") == {}
+    again.update("/b", {"f3": _entry(3)}, set())
+    assert again.compact() == 2 and _rows(path) == (2, 0)  # folded, nothing left behind
+    again.update("/a", {"new": _entry(4)}, set())  # never written: "killed"
+    killed = again
+    third = StatCache(path)
+    assert "new" in killed.entries("/a") and "new" not in third.entries("/a")
+    assert third.entries("/a") == {**want["/a"], "f2": last}
+    third.close()
+    killed._db.close()
