@@ -113,6 +113,56 @@ def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
+def test_a_copy_of_a_data_root_never_mounts_the_originals_forks(tmp_path):
+    """An operator copies a data root (a backup, or a test of one) and starts a daemon
+    on the copy while the original's forks are not mounted (the original down after a
+    reboot). The copy's fork records name the original's layers, and the fork's
+    workspace is the original's: the copy mounts nothing there, and says why. The
+    original then mounts its fork as ever. A data root moved (the original folder
+    gone) mounts its forks from where it is now. Before 0.7.28 the copy rebuilt the
+    record from its own layers and mounted them over the original's fork workspace,
+    where the original then found a mount not its own."""
+    d = DaemonProcess(tmp_path / "root").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    build(ws)
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            f = c.fork(s.checkpoint().id, workspace=str(tmp_path / "fork"))
+            (Path(f.workspace) / "kept").write_text("the original's")
+            c.checkpoint(f.id)
+    finally:
+        d.stop()
+    subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
+    subprocess.run(["cp", "-a", str(tmp_path / "root"), str(tmp_path / "copy")], check=True)
+    copy = DaemonProcess(tmp_path / "copy").start()
+    try:
+        assert not os.path.ismount(f.workspace)
+        assert f"the data root at {tmp_path / 'root'}, which is there: this data root is a" \
+            " copy" in copy.log.read_text()
+    finally:
+        copy.stop()
+    written = "the original's"
+    for root in ("root", "moved"):
+        if root == "moved":  # the original folder gone: the fork comes from here now
+            subprocess.run(["umount", f.workspace], check=True)
+            os.rename(tmp_path / "root", tmp_path / "moved")
+        d = DaemonProcess(tmp_path / root).start()
+        try:
+            assert os.path.ismount(f.workspace), root
+            assert (Path(f.workspace) / "kept").read_text() == written
+            with d.client() as c:
+                written = f"then in {root}"
+                (Path(f.workspace) / "kept").write_text(written)
+                assert c.diff(c.get_session(f.id).head, c.checkpoint(f.id).id).modified == [
+                    "kept"]
+        finally:
+            d.stop()
+    subprocess.run(["umount", f.workspace], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 def test_a_fork_folder_swapped_for_a_symlink_is_never_mounted_through(tmp_path):
     """The agent (uid 1000) owns the folder its fork was made in. While the fork is
     not mounted (the daemon down, a reboot), it swaps the fork's folder, or the folder

@@ -278,6 +278,13 @@ class Views:
                 if spec is None:
                     raise ValueError(f"fork {sid} has an upper layer and no {SPEC}")
             except ValueError as exc:
+                other = self._original_of_copy(sid)
+                if other is not None:
+                    report.append(
+                        f"fork {sid}'s record names the layers of the data root at {other},"
+                        " which is there: this data root is a copy of it, and the fork's"
+                        f" workspace is that root's; not mounted at {self._workspace_of(sid)}")
+                    continue
                 spec = self._rebuilt_spec(sid, origin, exc, report)
                 if spec is None:
                     continue
@@ -299,6 +306,34 @@ class Views:
                 continue
             report.append(f"mounted fork {sid} at {spec['workspace']} again")
         return report
+
+    def _recorded(self, sid: str) -> dict:
+        """Fork ``sid``'s record as written, unchecked ({} if unreadable): for messages
+        and for telling a copy of a data root, never for mounting."""
+        try:
+            with open(os.path.join(self.forks, sid, SPEC), "rb") as f:
+                spec = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return {}
+        return spec if isinstance(spec, dict) else {}
+
+    def _workspace_of(self, sid: str) -> str:
+        return str(self._recorded(sid).get("workspace", "its workspace"))
+
+    def _original_of_copy(self, sid: str) -> str | None:
+        """The data root a fork's record names the upper layer of, when that is another
+        root's folder and it is there: this root is a copy of that one (an operator's
+        backup, started), whose fork it is to mount, at a workspace path that is that
+        root's. None when the record names this root, or another that is gone (this
+        root was moved: the fork is rebuilt here and mounted, ``_rebuilt_spec``)."""
+        upper = self._recorded(sid).get("upper")
+        if not isinstance(upper, str) or not os.path.isabs(upper):
+            return None
+        forks = os.path.dirname(os.path.dirname(upper))
+        if (os.path.basename(upper) != "upper" or forks == self.forks
+                or os.path.basename(forks) != "forks"):
+            return None
+        return os.path.dirname(forks) if os.path.isdir(upper) else None
 
     def _rebuilt_spec(self, sid: str, origin: Callable[[str], tuple[str, str] | None],
                       why: ValueError, report: list[str]) -> dict | None:
