@@ -24,6 +24,7 @@ from worldline.daemon.records import (
     ToolCall,
     chain_hash,
 )
+from worldline.daemon.storage.sql_store import SqlStore
 from worldline.daemon.storage.sqlite_store import SqliteStore
 from worldline.daemon.storage.store import MemoryStore, ordered_tasks
 
@@ -191,6 +192,78 @@ def test_a_session_and_its_tasks_read_together(store):
     assert read == store.list_tasks(s.id) == tasks  # in the order they were set
     with pytest.raises(NotFound):
         store.get_session_and_tasks(ids.new_id())
+
+
+def _on_file(store, session_id: str):
+    """The session and its tasks as the store's file holds them (SQLite: read through a
+    connection of its own, past what the store keeps; others: as the store reads)."""
+    if not isinstance(store, SqliteStore):
+        return store.get_session_and_tasks(session_id)
+    return SqlStore.get_session_and_tasks(store, session_id)
+
+
+def test_a_session_read_after_any_write_is_what_the_store_holds(store):
+    """Each write that changes a session or its tasks shows in the next read, and a
+    checkpoint's moves its head and replaces its tasks exactly (SqliteStore keeps what
+    it read and what it checkpointed: these are its cases)."""
+    s, first = new_session(store)
+    other, _ = new_session(store)
+    task = Task("t1", "one", None, "pending", "", ids.now())
+    head = first.id
+    writes = [
+        lambda: store.set_task(s.id, task, []),
+        lambda: store.update_session(s.id, needs_attention="look"),
+        lambda: store.append_checkpoint(make_cp(s.id, head), [], head, None, []),
+        lambda: store.append_checkpoint(make_cp(s.id, head), [], head, [
+            Task("t2", "two", None, "in_progress", "n", ids.now())], []),
+        lambda: store.update_session(other.id, spec='{"k": 1}'),
+        lambda: store.append_checkpoint(make_cp(s.id, head), [], head, [], []),
+        lambda: store.claim_session(s.id, "h", "", 50.0, 10.0),
+        lambda: store.append_checkpoint(make_cp(other.id, store.get_session(other.id).head),
+                                        [], store.get_session(other.id).head, None, []),
+        lambda: store.release_session(s.id, "h", "*"),
+        lambda: store.update_session(s.id, deleted_at=ids.now()),
+    ]
+    for write in writes:
+        for sid in (s.id, other.id):  # read before, so that a kept copy is there
+            assert store.get_session_and_tasks(sid) == _on_file(store, sid)
+        out = write()
+        if isinstance(out, Checkpoint) and out.session_id == s.id:
+            head = out.id
+        for sid in (s.id, other.id):
+            assert store.get_session_and_tasks(sid) == _on_file(store, sid), write
+            assert store.get_session(sid) == _on_file(store, sid)[0]
+    assert store.get_session(s.id).head == head
+
+
+def test_a_failed_checkpoint_leaves_the_session_as_the_store_holds_it(store):
+    s, first = new_session(store)
+    store.get_session_and_tasks(s.id)
+    with pytest.raises(Aborted):  # the head moved: nothing committed
+        store.append_checkpoint(make_cp(s.id, first.id), [], ids.new_id(), [], [])
+    assert store.get_session_and_tasks(s.id) == _on_file(store, s.id)
+    assert store.get_session(s.id).head == first.id
+
+
+def test_a_read_that_a_commit_overtook_keeps_nothing(tmp_path, monkeypatch):
+    """SqliteStore keeps a session it read only if no transaction committed while it
+    read: here one commits in the middle of the read (as another thread's could), and
+    the next read finds what the file holds, not the older row."""
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    try:
+        s, _ = new_session(store)
+        read = SqlStore.get_session_and_tasks
+
+        def overtaken(self, session_id):
+            found = read(self, session_id)
+            store.update_session(s.id, needs_attention="changed meanwhile")
+            return found
+        monkeypatch.setattr(SqlStore, "get_session_and_tasks", overtaken)
+        assert store.get_session_and_tasks(s.id)[0].needs_attention is None
+        monkeypatch.setattr(SqlStore, "get_session_and_tasks", read)
+        assert store.get_session_and_tasks(s.id)[0].needs_attention == "changed meanwhile"
+    finally:
+        store.close()
 
 
 def test_ordered_tasks_depth_first():
