@@ -199,7 +199,9 @@ def test_a_daemon_starts_on_a_full_disk_and_can_free_it(tmp_path, workspace, tmp
                 (workspace / "f.txt").write_text(f"version {i}\n")
                 s.checkpoint()
         d.stop()
-        with open(data / "junk", "wb") as f:  # not the daemon's doing
+        # not the daemon's doing; unbuffered, so that its close has nothing left to
+        # write (a buffered file's close raised ENOSPC again, when the last write was short)
+        with open(data / "junk", "wb", buffering=0) as f:
             with pytest.raises(OSError):
                 while True:
                     f.write(b"\0" * 65536)
