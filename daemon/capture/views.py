@@ -187,18 +187,29 @@ class Views:
         fsync_folder(state)
         fsync_folder(self.forks)
 
-    def read_spec(self, session_id: str) -> dict | None:
-        """Fork ``session_id``'s mount as recorded; None if it has no record. Raises
-        ValueError, saying why, for a record that is not one this daemon writes (a
-        damaged disk): its paths are never mounted or unmounted."""
+    def _as_written(self, session_id: str) -> object:
+        """Fork ``session_id``'s record as JSON, unchecked; None if it has none. Raises
+        ValueError for one that cannot be read."""
         path = os.path.join(self.forks, session_id, SPEC)
         try:
             with open(path, "rb") as f:
-                spec = json.loads(f.read(1 << 20))
+                return json.loads(f.read(1 << 20))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
             raise ValueError(f"{path} cannot be read: {exc}") from None
+
+    def read_spec(self, session_id: str) -> dict | None:
+        """Fork ``session_id``'s mount as recorded; None if it has no record. Raises
+        ValueError, saying why, for a record that is not one this daemon writes (a
+        damaged disk): its paths are never mounted or unmounted."""
+        spec = self._as_written(session_id)
+        return None if spec is None else self._checked(session_id, spec)
+
+    def _checked(self, session_id: str, spec: object) -> dict:
+        """``spec``, fork ``session_id``'s record as written, if it is one this daemon
+        writes; else ValueError, saying why."""
+        path = os.path.join(self.forks, session_id, SPEC)
         want = self._spec(session_id, "", "", [])
         if not (isinstance(spec, dict) and set(spec) == set(want)
                 and isinstance(spec["workspace"], str) and os.path.isabs(spec["workspace"])
@@ -270,20 +281,22 @@ class Views:
         over the same upper layer, and recorded anew."""
         report = []
         for sid in os.listdir(self.forks):
+            recorded = None
             try:
-                spec = self.read_spec(sid)
-                if spec is None and not os.path.isdir(os.path.join(self.forks, sid,
-                                                                   "upper")):
+                recorded = self._as_written(sid)
+                if recorded is None and not os.path.isdir(os.path.join(self.forks, sid,
+                                                                       "upper")):
                     continue  # not an overlay fork's
-                if spec is None:
+                if recorded is None:
                     raise ValueError(f"fork {sid} has an upper layer and no {SPEC}")
+                spec = self._checked(sid, recorded)
             except ValueError as exc:
-                other = self._original_of_copy(sid)
+                other = self._original_of_copy(recorded)
                 if other is not None:
                     report.append(
                         f"fork {sid}'s record names the layers of the data root at {other},"
                         " which is there: this data root is a copy of it, and the fork's"
-                        f" workspace is that root's; not mounted at {self._workspace_of(sid)}")
+                        f" workspace is that root's; not mounted at {recorded['workspace']}")
                     continue
                 spec = self._rebuilt_spec(sid, origin, exc, report)
                 if spec is None:
@@ -307,26 +320,16 @@ class Views:
             report.append(f"mounted fork {sid} at {spec['workspace']} again")
         return report
 
-    def _recorded(self, sid: str) -> dict:
-        """Fork ``sid``'s record as written, unchecked ({} if unreadable): for messages
-        and for telling a copy of a data root, never for mounting."""
-        try:
-            with open(os.path.join(self.forks, sid, SPEC), "rb") as f:
-                spec = json.loads(f.read(1 << 20))
-        except (OSError, ValueError):
-            return {}
-        return spec if isinstance(spec, dict) else {}
-
-    def _workspace_of(self, sid: str) -> str:
-        return str(self._recorded(sid).get("workspace", "its workspace"))
-
-    def _original_of_copy(self, sid: str) -> str | None:
-        """The data root a fork's record names the upper layer of, when that is another
-        root's folder and it is there: this root is a copy of that one (an operator's
-        backup, started), whose fork it is to mount, at a workspace path that is that
-        root's. None when the record names this root, or another that is gone (this
-        root was moved: the fork is rebuilt here and mounted, ``_rebuilt_spec``)."""
-        upper = self._recorded(sid).get("upper")
+    def _original_of_copy(self, recorded: object) -> str | None:
+        """The data root a fork's record (as written) names the upper layer of, when
+        that is another root's folder and it is there: this root is a copy of that one
+        (an operator's backup, started), whose fork it is to mount, at a workspace path
+        that is that root's. None when the record names this root, or another that is
+        gone (this root was moved: the fork is rebuilt here and mounted,
+        ``_rebuilt_spec``), or is no record with a workspace and an upper layer."""
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("workspace"), str):
+            return None
+        upper = recorded.get("upper")
         if not isinstance(upper, str) or not os.path.isabs(upper):
             return None
         forks = os.path.dirname(os.path.dirname(upper))
