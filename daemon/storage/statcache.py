@@ -195,16 +195,23 @@ class StatCache:
             rows = [(w, marshal.dumps(change)) for w, change in self._unwritten]
             if not rows:
                 return 0
-            self._db.execute("BEGIN")
-            try:
+            with self._transaction():
                 self._db.executemany("INSERT INTO log (workspace, data) VALUES (?, ?)", rows)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             self._unwritten.clear()
             self._wal_written = True
             return len(rows)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The block's statements committed together, or none (the caller holds the
+        lock)."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def _drop_unwritten(self, workspace: str) -> None:
         """A workspace's snapshot written (or its maps forgotten) holds its unwritten
@@ -256,16 +263,11 @@ class StatCache:
 
     def _compact(self, workspace: str, ws: _Workspace) -> None:
         data = marshal.dumps((ws.files, ws.folders))
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             # the old rows first: the new snapshot takes the pages they free
             self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))
             self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
             self._db.execute("INSERT INTO snapshot VALUES (?, ?)", (workspace, data))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self._drop_unwritten(workspace)
         ws.logged = 0
         self._wal_written = True
