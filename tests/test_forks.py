@@ -74,6 +74,19 @@ def test_forks_of_forks_stay_independent(forking_daemon, tmp_path):
         assert c.fsck()["ok"]
 
 
+def _forked(d: DaemonProcess, tmp_path: Path, workspace: Path, kept: str):
+    """A session of a built workspace (``tmp_path``/ws) forked at ``workspace``, ``kept``
+    written in the fork and checkpointed: (the fork, that checkpoint's id)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    build(ws)
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        f = c.fork(s.checkpoint().id, workspace=str(workspace))
+        (Path(f.workspace) / "kept").write_text(kept)
+        return f, c.checkpoint(f.id).id
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
     """A fork's overlay is mounted again at start, its folder and those above it made
@@ -83,15 +96,8 @@ def test_overlay_forks_come_back_after_a_reboot(tmp_path, tmpfs):
     workspace is checked against. Before 0.7.23 every call on the fork was refused
     ("no longer the folder this session was created on")."""
     d = DaemonProcess(tmp_path / "root").start()
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    build(ws)
     try:
-        with d.client() as c:
-            s = c.create_session(str(ws))
-            f = c.fork(s.checkpoint().id, workspace=str(tmp_path / "scratch" / "fork"))
-            (Path(f.workspace) / "kept").write_text("written in the fork")
-            before = c.checkpoint(f.id).id
+        f, before = _forked(d, tmp_path, tmp_path / "scratch" / "fork", "written in the fork")
         d.stop()
         was = os.stat(f.workspace).st_dev
         subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
@@ -123,15 +129,8 @@ def test_a_copy_of_a_data_root_never_mounts_the_originals_forks(tmp_path):
     record from its own layers and mounted them over the original's fork workspace,
     where the original then found a mount not its own."""
     d = DaemonProcess(tmp_path / "root").start()
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    build(ws)
     try:
-        with d.client() as c:
-            s = c.create_session(str(ws))
-            f = c.fork(s.checkpoint().id, workspace=str(tmp_path / "fork"))
-            (Path(f.workspace) / "kept").write_text("the original's")
-            c.checkpoint(f.id)
+        f, _ = _forked(d, tmp_path, tmp_path / "fork", "the original's")
     finally:
         d.stop()
     subprocess.run(["umount", f.workspace], check=True)  # as a reboot would
