@@ -20,7 +20,8 @@ every host's before it prunes and again before it sweeps (maintenance.py), so a
 restore that checked its target just before another host pruned it still finds its
 blobs kept, however long it takes. A hold is published before the target is
 checked, and a restore whose hold cannot be published fails (UNAVAILABLE) rather
-than run unseen. A host that dies leaves holds that run out with its leases.
+than run unseen. A host that dies leaves holds that run out with its leases. A host
+that holds nothing, and has said so, writes nothing at its renewals.
 """
 
 from __future__ import annotations
@@ -35,12 +36,31 @@ log = logging.getLogger(__name__)
 
 
 class InUse:
-    def __init__(self, publish: Callable[[set[str]], None] | None = None) -> None:
+    def __init__(self, publish: Callable[[set[str]], None] | None = None,
+                 also: Callable[[], set[str]] = set) -> None:
         """``publish``: given the checkpoints held now, makes them this host's holds in
-        the fleet's store (None on a data root of one host)."""
+        the fleet's store (None on a data root of one host). ``also``: checkpoints
+        published with the held ones (the restore journal's targets)."""
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._publish = publish
+        self._publish_to = publish
+        self._also = also
+        # The store holds none of this host's: a renewal has nothing to extend. False
+        # at first, so the first publication clears what a previous run left.
+        self._none_published = False
+
+    @property
+    def _publishes(self) -> bool:
+        return self._publish_to is not None
+
+    def _publish(self) -> None:
+        """Publish what is held now (called with the lock held)."""
+        held = set(self._held) | self._also()
+        if not held and self._none_published:
+            return
+        self._none_published = False  # until a publication of nothing succeeds
+        self._publish_to(held)
+        self._none_published = not held
 
     @contextmanager
     def holding(self, checkpoint_id: str) -> Iterator[None]:
@@ -48,9 +68,9 @@ class InUse:
         still usable, first thing)."""
         with self._lock:
             self._held[checkpoint_id] += 1
-            if self._publish is not None and self._held[checkpoint_id] == 1:
+            if self._publishes and self._held[checkpoint_id] == 1:
                 try:
-                    self._publish(set(self._held))
+                    self._publish()
                 except BaseException:
                     self._drop(checkpoint_id)
                     raise
@@ -59,7 +79,7 @@ class InUse:
         finally:
             with self._lock:
                 self._drop(checkpoint_id)
-                if self._publish is not None and checkpoint_id not in self._held:
+                if self._publishes and checkpoint_id not in self._held:
                     self._publish_or_warn()
 
     def _drop(self, checkpoint_id: str) -> None:
@@ -72,10 +92,10 @@ class InUse:
         waits: a renewal that finds them being published, or frozen for this host's
         gc, leaves it to that (a frozen block publishes them as it ends; no other host
         collects meanwhile: the store's gc lock)."""
-        if self._publish is None or not self._lock.acquire(blocking=False):
+        if not self._publishes or not self._lock.acquire(blocking=False):
             return
         try:
-            self._publish(set(self._held))
+            self._publish()
         finally:
             self._lock.release()
 
@@ -83,7 +103,7 @@ class InUse:
         """A hold let go of stays published until the next renewal succeeds: gc keeps
         a little more for a while, never less."""
         try:
-            self._publish(set(self._held))
+            self._publish()
         except Exception as exc:  # noqa: BLE001 -- the store briefly unreachable
             log.warning("publishing this host's holds failed (%s); the next lease renewal"
                         " publishes them again", exc)
@@ -96,5 +116,5 @@ class InUse:
             try:
                 yield set(self._held)
             finally:
-                if self._publish is not None:  # the renewals it made wait
+                if self._publishes:  # the renewals it made wait
                     self._publish_or_warn()

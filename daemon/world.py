@@ -175,7 +175,8 @@ class World:
         self.journal = RestoreJournal(os.path.join(self.root, "journal"))
         # restores' and forks' targets, kept from gc (in_use.py); on a fleet, from every
         # host's gc
-        self.in_use = InUse(None if store.local else self._publish_holds)
+        self.in_use = InUse(None if store.local else self._publish_holds,
+                            also=self.journal.targets)
         # containers paused (Engine.frozen) or stopped (Engine.stop) while the daemon
         # reads or restores them, by session: what a killed daemon left so is undone at
         # its next start (recover)
@@ -287,11 +288,9 @@ class World:
             f" (`worldline session move {session.id} --take-over`)")
 
     def _publish_holds(self, held: set[str]) -> None:
-        """This host's holds in the fleet's store: ``held`` and the restores its journal
-        keeps (in_use.py), for one lease."""
+        """This host's holds in the fleet's store, for one lease (in_use.py)."""
         now = time.time()
-        self.store.publish_holds(self.host, held | self.journal.targets(),
-                                 now + self.lease_seconds, now)
+        self.store.publish_holds(self.host, held, now + self.lease_seconds, now)
 
     def _lease(self) -> float:
         return time.time() + self.lease_seconds if self.host else 0.0

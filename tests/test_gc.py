@@ -311,3 +311,56 @@ def test_a_lease_renewal_never_waits_for_gc_and_gc_publishes_as_it_ends():
         assert calls == [{"c1"}]
         in_use.publish()
         assert calls == [{"c1"}, {"c1"}]
+
+
+def test_a_fleet_host_that_holds_nothing_writes_no_holds_at_its_renewals():
+    """Renewals extend what is held; a host that holds nothing, and has published so,
+    leaves the shared store be. Its first publication clears what a previous run left,
+    and the journal's targets are published as holds."""
+    from worldline.daemon.in_use import InUse
+    from worldline.daemon.storage.store import MemoryStore
+
+    store = MemoryStore()
+    store.publish_holds("a", {"left-by-a-killed-run"}, time.time() + 30, time.time())
+    calls: list[set[str]] = []
+    publish = _published(store)
+    journal: set[str] = set()
+    in_use = InUse(lambda held: (calls.append(set(held)), publish(held)),
+                   also=lambda: set(journal))
+    in_use.publish()
+    assert calls == [set()] and store.held_checkpoints(time.time()) == set()
+    in_use.publish()
+    in_use.publish()
+    assert calls == [set()]
+    with in_use.holding("c1"):
+        in_use.publish()
+        assert calls == [set(), {"c1"}, {"c1"}]
+        journal.add("c1")  # a restore to c1 killed midway: its journal keeps it
+    assert calls[-1] == {"c1"}
+    in_use.publish()
+    assert calls[-1] == {"c1"} and len(calls) == 5
+    journal.clear()  # an operator resolved it
+    in_use.publish()
+    in_use.publish()
+    assert calls[3:] == [{"c1"}, {"c1"}, set()]
+    assert store.held_checkpoints(time.time()) == set()
+
+
+def test_a_publication_of_nothing_that_failed_is_made_again():
+    from worldline.client.errors import Unavailable
+    from worldline.daemon.in_use import InUse
+
+    calls: list[set[str]] = []
+    failing = [True]
+
+    def publish(held: set[str]) -> None:
+        calls.append(set(held))
+        if failing[0]:
+            raise Unavailable("the store is unreachable")
+    in_use = InUse(publish)
+    with pytest.raises(Unavailable):
+        in_use.publish()
+    failing[0] = False
+    in_use.publish()
+    in_use.publish()
+    assert calls == [set(), set()]
