@@ -80,8 +80,9 @@ from .records import (
     tasks_from_json,
     tasks_to_json,
 )
+from .root_id import root_id
 from .storage.blobs import BlobStore, digest_of
-from .storage.durable import fsync_folder, out_of_space
+from .storage.durable import out_of_space
 from .storage.sqlite_store import flushes_deferred
 from .storage.statcache import StatCache
 from .storage.store import Store, calls_on_path
@@ -183,7 +184,7 @@ class World:
         self.marks = {kind: os.path.join(self.root, kind) for kind in ("paused", "stopped")}
         for folder in self.marks.values():
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        self.root_id = _root_id(self.root)
+        self.root_id = root_id(self.root)
         # A workspace's lock lives while a call holds or waits for it: a daemon that
         # serves thousands of forks over months keeps none of their locks.
         self._locks: weakref.WeakValueDictionary[str, threading.Lock] = (
@@ -1363,35 +1364,6 @@ def _checkpoint_detail(cp: Checkpoint, label: str | None, messages: int) -> dict
     if messages:
         detail["messages"] = messages
     return detail
-
-
-def _root_id(root: str) -> str:
-    """This data root's own id, made once: it labels what the root makes in the engine,
-    and recovery and gc remove what carries it and nothing records. One that is not an
-    id (a damaged disk; an empty one would match every root's containers) is set aside
-    as ``root-id.damaged`` and a new one made: what the old one labelled is no longer
-    removed by this root, never anyone else's."""
-    path = os.path.join(root, "root-id")
-    try:
-        with open(path, "rb") as f:
-            found = f.read(64).decode("ascii", "replace").strip()
-    except FileNotFoundError:
-        found = None
-    if found is not None and ids.is_id(found):
-        return found
-    if found is not None:
-        os.replace(path, path + ".damaged")
-        log.warning("the data root's id (%s) is not an id: set aside as %s.damaged and"
-                    " made anew; containers and images labelled with the old one are"
-                    " no longer removed by this root", path, path)
-    value = ids.new_id()
-    with open(path + ".tmp", "w") as f:
-        f.write(value)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(path + ".tmp", path)
-    fsync_folder(root)
-    return value
 
 
 def folder_identity(kind: str, path: str) -> list[int]:

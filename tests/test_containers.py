@@ -417,6 +417,46 @@ def test_daemons_sharing_an_engine_leave_each_other_alone(tmp_path, containers, 
         a.stop()
 
 
+def test_a_copy_of_a_data_root_leaves_the_originals_containers_alone(tmp_path, containers):
+    """An operator copies a data root (a backup, started to look at it) while the
+    original goes on. The copy shared the original's id, which labels what a root makes
+    in the engine: its start removed, as orphans, the containers of the sessions the
+    original made after the copy (their sessions are not in the copy's store). A copy
+    now takes an id of its own as it starts, says so, and removes nothing of the
+    original's. The original keeps its id, and a root moved (nothing left where it was)
+    keeps its own."""
+    a = DaemonProcess(tmp_path / "a").start()
+    a.stop()
+    subprocess.run(["cp", "-a", str(a.root), str(tmp_path / "copy")], check=True)
+    original_id = (a.root / "root-id").read_text()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    a.start()
+    try:
+        with a.client() as c:
+            s = c.create_session(str(ws), image=IMAGE)  # after the copy: not in its store
+            containers.append(s.container)
+        copy = DaemonProcess(tmp_path / "copy").start()
+        copy.stop()
+        assert "is a copy of the one at" in copy.log.read_text()
+        copy_id = (copy.root / "root-id").read_text()
+        assert copy_id != original_id and len(copy_id) == 26
+        assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+        with a.client() as c:
+            c.checkpoint(s.id)
+    finally:
+        a.stop()
+    a.start()
+    a.stop()
+    assert (a.root / "root-id").read_text() == original_id
+    os.rename(copy.root, tmp_path / "moved")
+    moved = DaemonProcess(tmp_path / "moved").start()
+    moved.stop()
+    assert (moved.root / "root-id").read_text() == copy_id
+    assert "is a copy" not in moved.log.read_text()
+    assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
+
+
 def _not_over(container: str, canary: Path) -> None:
     """The container does not run with the canary's folder as its workspace, and the
     canary is as it was."""
