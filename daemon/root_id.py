@@ -18,12 +18,11 @@ labelled is no longer removed by this root, never anyone else's.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
 from . import ids
-from .storage.durable import fsync_folder
+from .storage.durable import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ def _holds_the_same_root(at: str, found: str, here: str) -> bool:
 
 def _made(root: str, here: str) -> str:
     value = ids.new_id()
-    _write(root, ID_FILE, value)
+    replace_file(os.path.join(root, ID_FILE), value)
     _record_where(root, here)
     return value
 
@@ -82,7 +81,7 @@ def _record_where(root: str, here: str) -> None:
     """Record where the root starts; a disk that takes no write (full: the start goes
     on, on its reserve) leaves that to the next start."""
     try:
-        _write(root, AT_FILE, here)
+        replace_file(os.path.join(root, AT_FILE), here)
     except OSError as exc:
         log.warning("could not record where the data root is (%s): %s; a copy of it"
                     " started elsewhere before the next start here is not told apart",
@@ -95,19 +94,3 @@ def _read(path: str, limit: int) -> str | None:
             return f.read(limit).decode("utf-8", "replace").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def _write(root: str, name: str, text: str) -> None:
-    """``text`` in ``<root>/<name>``, durably, replacing what was there at once."""
-    path = os.path.join(root, name)
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(path + ".tmp", path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path + ".tmp")
-        raise
-    fsync_folder(root)

@@ -21,6 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..storage.durable import replace_file
 from .snapshot import Capture, WorkspaceSnapshotter
 from .tracker import Changes, WorkspaceTracker
 from .trees import links_of
@@ -109,18 +110,7 @@ class RestoreJournal:
 
     def write(self, entry: dict) -> None:
         self._maybe.add(entry["session"])
-        path = self._path(entry["session"])
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(entry, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self._path(entry["session"]), json.dumps(entry))
 
     def remove(self, session_id: str) -> None:
         try:

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 from .. import progress
 from ..storage.blobs import BlobStore
-from ..storage.durable import fsync_folder
+from ..storage.durable import fsync_folder, replace_file
 from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
 from .resolve import identity_of, make_folder, open_folder
@@ -178,13 +178,7 @@ class Views:
     def _write_spec(self, state: str, spec: dict) -> None:
         """The fork's record, whole or absent, and durable before the fork is recorded:
         written aside, fsynced, renamed; its folder and the forks folder fsynced."""
-        path = os.path.join(state, SPEC)
-        with open(path + ".tmp", "w") as f:
-            json.dump(spec, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(path + ".tmp", path)
-        fsync_folder(state)
+        replace_file(os.path.join(state, SPEC), json.dumps(spec))
         fsync_folder(self.forks)
 
     def _as_written(self, session_id: str) -> object:

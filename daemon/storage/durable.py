@@ -5,6 +5,7 @@ fsyncs its folder once."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -23,3 +24,21 @@ def fsync_folder(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, text: str) -> None:
+    """``text`` in the file at ``path``, whole or not at all, and durable with its name:
+    written aside, fsynced, renamed over ``path``, its folder fsynced. A failure leaves
+    no temporary behind."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_folder(os.path.dirname(path) or ".")
