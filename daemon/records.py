@@ -12,7 +12,8 @@ TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
 APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
 EFFECTS = ("read_only", "local", "external_idempotent", "external_non_idempotent")
 CHECKPOINT_KINDS = ("initial", "checkpoint", "restore", "fork")
-AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "checkpoint", "restore",
+AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "session.copied",
+               "checkpoint", "restore",
                "restore.completed", "restore.set_aside", "restore.failed",
                "side_effects.acknowledge", "fork",
                "container.recreate", "image.export", "tool_call", "tool_call.replay", "task",

@@ -11,6 +11,12 @@ store), and its gc the images of the original's later checkpoints. A root last s
 before 0.7.29 has no ``root-id.at``: its first start records where it is, so a copy
 made before that start is not told apart from its original.
 
+A copy's store names the original's workspaces and containers, which the original goes
+on using: the start that finds the copy (``RootId.copy_of``) leaves them to it (0.7.30,
+``World.recover``): no restore under way there is completed here, no container it had
+paused or stopped is started, and each session waits for an operator's word before
+this root checkpoints or restores its world.
+
 An id that is not one (a damaged disk; an empty one would match every root's
 containers) is set aside as ``root-id.damaged`` and a new one made: what the old one
 labelled is no longer removed by this root, never anyone else's.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 from . import ids
 from .storage.durable import replace_file
@@ -30,22 +37,28 @@ ID_FILE = "root-id"
 AT_FILE = "root-id.at"
 
 
-def root_id(root: str) -> str:
+class RootId(NamedTuple):
+    value: str
+    copy_of: str = ""  # the original's path, at the start that found this root a copy
+
+
+def root_id(root: str) -> RootId:
     """The id of the data root at ``root``, made (or made anew for a copy) if need be."""
     path = os.path.join(root, ID_FILE)
     found = _read_id(path)
     here = os.path.realpath(root)
     if found is None:
-        return _made(root, here)
+        return RootId(_made(root, here))
     at = _read(os.path.join(root, AT_FILE), 4096)
     if at and at != here and _holds_the_same_root(at, found, here):
         log.warning("this data root (%s) is a copy of the one at %s, which is there with"
                     " the same id: it takes an id of its own, so that its recovery and gc"
-                    " never remove the containers and images the original makes", here, at)
-        return _made(root, here)
+                    " never remove the containers and images the original makes, and"
+                    " leaves the original's sessions' worlds to it", here, at)
+        return RootId(_made(root, here), copy_of=at)
     if at != here:  # moved, or first started by a version that recorded no path
         _record_where(root, here)
-    return found
+    return RootId(found)
 
 
 def _read_id(path: str) -> str | None:

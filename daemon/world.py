@@ -97,6 +97,10 @@ from .validate import (
 
 log = logging.getLogger(__name__)
 
+# How a session of a copied data root says why it waits (needs_attention): the
+# original's world, until an operator resolves it here (_leave_to_the_original).
+_COPIED = "this data root is a copy of the one at"
+
 # Seconds an incremental capture keeps its turn at the admission gate; a longer one (a
 # file of gigabytes) goes on beside the next, which would otherwise wait for all of it.
 # The eight-session load's captures hold it 4 ms (p99 10 ms).
@@ -184,7 +188,7 @@ class World:
         self.marks = {kind: os.path.join(self.root, kind) for kind in ("paused", "stopped")}
         for folder in self.marks.values():
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        self.root_id = root_id(self.root)
+        self.root_id, self.copy_of = root_id(self.root)
         # A workspace's lock lives while a call holds or waits for it: a daemon that
         # serves thousands of forks over months keeps none of their locks.
         self._locks: weakref.WeakValueDictionary[str, threading.Lock] = (
@@ -984,12 +988,19 @@ class World:
     def resolve(self, session_id: str, complete: bool) -> Session:
         """An operator's decision on a session that needs attention: complete the restore
         that was set aside (the layers brought to its target, whatever they hold now), or
-        abandon it (the layers stay as they are; the next checkpoint records them)."""
+        abandon it (the layers stay as they are; the next checkpoint records them). A
+        session of a copied data root (_leave_to_the_original) can only be abandoned:
+        its workspace and container become this root's as they now are."""
         session = self.session(session_id)
         with self.lock(session.workspace):
             entry = self.journal.get_set_aside(session_id)
-            if entry is None or not session.needs_attention:
+            copied = entry is None and (session.needs_attention or "").startswith(_COPIED)
+            if (entry is None and not copied) or not session.needs_attention:
                 raise FailedPrecondition(f"session {session_id} does not need attention")
+            if copied and complete:
+                raise FailedPrecondition(
+                    f"session {session_id} has no restore to complete: it waits because"
+                    " this data root is a copy; `--abandon` makes its world this root's")
             if complete:
                 try:
                     self.store.get_checkpoint(entry["checkpoint"]["id"])
@@ -1270,7 +1281,8 @@ class World:
         restore a crash interrupted and start again the containers it left stopped, and
         remove containers that worldline made for sessions that were never recorded.
         Returns a report."""
-        report = self._release_left("paused")
+        report = self._leave_to_the_original() if self.copy_of else []
+        report += self._release_left("paused")
         for entry in self.journal.entries():
             try:  # nothing a journal holds may stop the daemon from serving the others
                 session = self.store.get_session(entry["session"])
@@ -1311,6 +1323,47 @@ class World:
                     report.append(f"removed orphaned container {c['Names'][0].lstrip('/')}")
         for line in report:
             log.warning("recovery: %s", line)
+        return report
+
+    def _leave_to_the_original(self) -> list[str]:
+        """At the start that found this data root a copy of the one at ``copy_of``
+        (root_id.py): the sessions, restores under way and held containers it recorded
+        are the original's, which goes on with them. No restore is completed here (each
+        is set aside for an operator), no container is started or unpaused (their marks
+        are dropped: the original's daemon releases them), and, with the embedded store
+        (a fleet's is shared: its sessions' holders say who acts), every session waits
+        for an operator's ``resolve`` before this root checkpoints or restores its
+        world. Its history stays readable, diffable and forkable."""
+        report = []
+        for entry in self.journal.entries():
+            why = (f"{_COPIED} {self.copy_of}, made while this restore was under way:"
+                   " it is not completed here, where its workspace is the original's")
+            try:
+                report.append(self._set_aside(self.store.get_session(entry["session"]),
+                                              entry, why))
+            except WorldlineError as exc:
+                self.journal.set_aside(str(entry.get("session")))
+                report.append(f"set aside the journal of {entry.get('session')}: {exc}")
+        for kind, folder in self.marks.items():
+            for name in sorted(os.listdir(folder)):
+                os.unlink(os.path.join(folder, name))
+                report.append(f"left the container of session {name} {kind}, as the"
+                              f" original's daemon at {self.copy_of} holds it")
+        if not self.store.local:
+            return report
+        for session in self.store.list_sessions():
+            if session.deleted_at or session.needs_attention:
+                continue
+            self.store.update_session(session.id, needs_attention=(
+                f"{_COPIED} {self.copy_of}, where this session goes on: its workspace"
+                f"{' and container are' if session.container else ' is'} the original's;"
+                f" `worldline session resolve {session.id} --abandon` makes"
+                f" {'them' if session.container else 'it'} this root's, once the original"
+                " no longer uses them"))
+            self.store.append_audit([AuditEvent("session.copied", session.id, session.id,
+                                                {"original": self.copy_of}, ids.now())])
+            report.append(f"session {session.id} waits for an operator: this root is a"
+                          f" copy of {self.copy_of}")
         return report
 
     # -- diff ----------------------------------------------------------------------------

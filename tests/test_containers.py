@@ -457,6 +457,51 @@ def test_a_copy_of_a_data_root_leaves_the_originals_containers_alone(tmp_path, c
     assert json.loads(docker("inspect", s.container))[0]["State"]["Running"]
 
 
+def test_a_copy_started_first_leaves_the_container_its_original_holds(tmp_path,
+                                                                    containers):
+    """A daemon is killed while a checkpoint has its session's container paused, and an
+    operator copies the data root before the original starts again. The copy's start
+    unpaused the container (its mark was copied too) while the original's daemon still
+    held it. Now the copy drops the mark and leaves the container to the original,
+    whose start unpauses it; the copy's session waits for an operator."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    d = DaemonProcess(tmp_path / "root").start()
+    with d.client() as c:
+        s = c.create_session(str(ws), image=IMAGE)
+        containers.append(s.container)
+    d.stop()
+    d.env["WORLDLINE_FAULTS"] = "capture.paused"
+    d.start()
+    with d.client() as c:
+        with pytest.raises(Unavailable):
+            c.checkpoint(s.id)  # killed with the container paused
+    assert d.proc.wait(10) == -9
+    d.proc = None
+    d.env.pop("WORLDLINE_FAULTS")
+    subprocess.run(["cp", "-a", str(d.root), str(tmp_path / "copy")], check=True)
+    copy = DaemonProcess(tmp_path / "copy").start()
+    try:
+        assert json.loads(docker("inspect", s.container))[0]["State"]["Paused"] is True
+        with copy.client() as c:
+            assert "copy of the one at" in c.get_session(s.id).needs_attention
+            with pytest.raises(FailedPrecondition):
+                c.checkpoint(s.id)
+        assert not list((copy.root / "paused").iterdir())
+    finally:
+        copy.stop()
+    assert json.loads(docker("inspect", s.container))[0]["State"]["Paused"] is True
+    d.start()
+    try:
+        state = json.loads(docker("inspect", s.container))[0]["State"]
+        assert state["Running"] is True and state["Paused"] is False
+        with d.client() as c:
+            assert c.get_session(s.id).needs_attention is None
+            c.checkpoint(s.id)
+    finally:
+        d.stop()
+
+
 def _not_over(container: str, canary: Path) -> None:
     """The container does not run with the canary's folder as its workspace, and the
     canary is as it was."""

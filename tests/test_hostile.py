@@ -260,6 +260,51 @@ def test_5c_a_set_aside_restore_can_be_completed(tmp_path):
         assert all((ws / f"f{i}.txt").read_text() == f"v1 {i}\n" for i in range(6))
 
 
+def test_5d_a_copy_of_the_data_root_leaves_the_originals_worlds_alone(tmp_path):
+    """An operator copies a data root whose daemon was killed mid-restore (a backup,
+    started to look at it) before the original starts again. The copy's store names the
+    original's workspaces: its start completed the original's restore into the
+    original's workspace, and its sessions went on checkpointing and restoring the
+    original's folders. Now its start changes no file of theirs: the restore is set
+    aside, every session waits for an operator's word (checkpoints and restores
+    refused; history, diffs and forks served), and `resolve --abandon` alone makes a
+    session's world the copy's. The original then completes its own restore."""
+    d, ws, s, cp, (other,) = _killed_mid_restore(tmp_path, files=10, nth=3, others=1)
+    as_killed = {p.name: p.read_bytes() for p in ws.iterdir()}
+    assert sorted(set(as_killed.values())) != [f"v1 {i}\n".encode() for i in range(10)]
+    subprocess.run(["cp", "-a", str(d.root), str(tmp_path / "copy")], check=True)
+    copy = DaemonProcess(tmp_path / "copy").start()
+    try:
+        with copy.client() as c:
+            assert {p.name: p.read_bytes() for p in ws.iterdir()} == as_killed
+            for sid in (s.id, other.id):
+                assert "copy of the one at" in c.get_session(sid).needs_attention
+                with pytest.raises(FailedPrecondition):
+                    c.checkpoint(sid)
+                with pytest.raises(FailedPrecondition):
+                    c.restore(sid, cp.id)
+            assert c.show(cp.id).id == cp.id and len(c.log(s.id)) >= 2
+            c.fork(cp.id, str(tmp_path / "seen"))
+            assert (tmp_path / "seen" / "f0.txt").read_text() == "v1 0\n"
+            with pytest.raises(FailedPrecondition):
+                c.resolve_session(other.id, complete=True)  # no restore to complete
+            assert c.resolve_session(other.id, complete=False).needs_attention is None
+            (tmp_path / "other-0" / "mine.txt").write_text("the copy's now\n")
+            assert "mine.txt" in c.diff(other.head, c.checkpoint(other.id).id).added
+        assert {p.name: p.read_bytes() for p in ws.iterdir()} == as_killed
+    finally:
+        copy.stop()
+    d.start()  # the original: its restore is its own to complete
+    with d.client() as c:
+        assert c.get_session(s.id).needs_attention is None
+        assert all((ws / f"f{i}.txt").read_text() == f"v1 {i}\n" for i in range(10))
+        c.checkpoint(other.id)
+    copy.start()  # a later start of the copy is not a first sight of it: nothing new
+    copy.stop()
+    log = copy.log.read_text()
+    assert log.count("takes an id of its own") == log.count("waits for an operator") == 1
+
+
 def test_7_another_sessions_checkpoint_restores_only_on_purpose(client, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
