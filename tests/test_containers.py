@@ -286,14 +286,11 @@ def wait_health(d: DaemonProcess, want: int, timeout: float = 15.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("call,held,point", [("checkpoint", "Paused", "capture.paused"),
-                                             ("restore", "Running", "restore.stopped")])
-def test_a_container_held_when_the_daemon_died_runs_again_at_start(tmp_path, containers,
-                                                                  call, held, point):
-    """A checkpoint pauses the container while it reads its layer; a restore stops it
-    while it plans and writes. A daemon killed then (here: as the layer is read; before
-    a restore's journal is written) must not leave the agent's sandbox frozen or
-    stopped: its next start unpauses it, or starts it again."""
+def _killed_holding(tmp_path: Path, containers: list, call: str, point: str):
+    """A daemon and its container session (/v2 written in the container after its last
+    checkpoint), killed at ``point`` by a ``call`` ("checkpoint", or "restore" to the
+    session's first checkpoint) with the container held; returned stopped, its faults
+    disarmed."""
     ws = tmp_path / "ws"
     ws.mkdir()
     d = DaemonProcess(tmp_path / "root").start()
@@ -309,10 +306,22 @@ def test_a_container_held_when_the_daemon_died_runs_again_at_start(tmp_path, con
         with pytest.raises(Unavailable):  # killed with the container held
             c.checkpoint(s.id) if call == "checkpoint" else c.restore(s.id, first.id)
     assert d.proc.wait(10) == -9
-    state = json.loads(docker("inspect", s.container))[0]["State"]
-    assert state[held] is (held == "Paused")
     d.proc = None
     d.env.pop("WORLDLINE_FAULTS")
+    return d, s
+
+
+@pytest.mark.parametrize("call,held,point", [("checkpoint", "Paused", "capture.paused"),
+                                             ("restore", "Running", "restore.stopped")])
+def test_a_container_held_when_the_daemon_died_runs_again_at_start(tmp_path, containers,
+                                                                  call, held, point):
+    """A checkpoint pauses the container while it reads its layer; a restore stops it
+    while it plans and writes. A daemon killed then (here: as the layer is read; before
+    a restore's journal is written) must not leave the agent's sandbox frozen or
+    stopped: its next start unpauses it, or starts it again."""
+    d, s = _killed_holding(tmp_path, containers, call, point)
+    state = json.loads(docker("inspect", s.container))[0]["State"]
+    assert state[held] is (held == "Paused")
     d.start()
     try:
         state = json.loads(docker("inspect", s.container))[0]["State"]
@@ -464,21 +473,7 @@ def test_a_copy_started_first_leaves_the_container_its_original_holds(tmp_path,
     unpaused the container (its mark was copied too) while the original's daemon still
     held it. Now the copy drops the mark and leaves the container to the original,
     whose start unpauses it; the copy's session waits for an operator."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    d = DaemonProcess(tmp_path / "root").start()
-    with d.client() as c:
-        s = c.create_session(str(ws), image=IMAGE)
-        containers.append(s.container)
-    d.stop()
-    d.env["WORLDLINE_FAULTS"] = "capture.paused"
-    d.start()
-    with d.client() as c:
-        with pytest.raises(Unavailable):
-            c.checkpoint(s.id)  # killed with the container paused
-    assert d.proc.wait(10) == -9
-    d.proc = None
-    d.env.pop("WORLDLINE_FAULTS")
+    d, s = _killed_holding(tmp_path, containers, "checkpoint", "capture.paused")
     subprocess.run(["cp", "-a", str(d.root), str(tmp_path / "copy")], check=True)
     copy = DaemonProcess(tmp_path / "copy").start()
     try:
