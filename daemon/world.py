@@ -1331,13 +1331,18 @@ class World:
         are the original's, which goes on with them. No restore is completed here (each
         is set aside for an operator), no container is started or unpaused (their marks
         are dropped: the original's daemon releases them), and, with the embedded store
-        (a fleet's is shared: its sessions' holders say who acts), every session waits
+        (a fleet's is shared: its sessions' records are their holders', and only the
+        journal's files are set aside here), every session waits
         for an operator's ``resolve`` before this root checkpoints or restores its
         world. Its history stays readable, diffable and forkable."""
         report = []
         for entry in self.journal.entries():
             why = (f"{_COPIED} {self.copy_of}, made while this restore was under way:"
                    " it is not completed here, where its workspace is the original's")
+            if not self.store.local:  # the session's record is the fleet's: its holder's
+                self.journal.set_aside(str(entry.get("session")))
+                report.append(f"set aside the journal of {entry.get('session')}: {why}")
+                continue
             try:
                 report.append(self._set_aside(self.store.get_session(entry["session"]),
                                               entry, why))
