@@ -16,6 +16,10 @@ PROTO  := proto/worldline/v1/worldline.proto
 GEN    := proto/worldline/v1/worldline_pb2.py proto/worldline/v1/worldline_pb2.pyi \
           proto/worldline/v1/worldline_pb2_grpc.py
 PYTEST_ARGS ?=
+# The suite runs in this many processes (pytest-xdist; each makes its own daemons,
+# PostgreSQL cluster and S3 emulator): 2 took it from 998 s to 575 s on this 2-core VM.
+# PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install run test bench soak proto proto-check lint docker test-tools postgres clean bytecode
 
@@ -73,7 +77,7 @@ postgres:
 	bash deploy/ensure-postgres.sh
 
 test: install proto-check lint docker test-tools postgres
-	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest $(PYTEST_ARGS)
+	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install docker bytecode
 	$(BIN)/python -m tests.bench.run
