@@ -990,17 +990,19 @@ class World:
         that was set aside (the layers brought to its target, whatever they hold now), or
         abandon it (the layers stay as they are; the next checkpoint records them). A
         session of a copied data root (_leave_to_the_original) can only be abandoned:
-        its workspace and container become this root's as they now are."""
+        its workspace and container become this root's as they now are, and any
+        restore set aside with it is dropped."""
         session = self.session(session_id)
         with self.lock(session.workspace):
             entry = self.journal.get_set_aside(session_id)
-            copied = entry is None and (session.needs_attention or "").startswith(_COPIED)
+            copied = (session.needs_attention or "").startswith(_COPIED)
             if (entry is None and not copied) or not session.needs_attention:
                 raise FailedPrecondition(f"session {session_id} does not need attention")
-            if copied and complete:
+            if copied and complete:  # its workspace may be the original's: left as it is
                 raise FailedPrecondition(
-                    f"session {session_id} has no restore to complete: it waits because"
-                    " this data root is a copy; `--abandon` makes its world this root's")
+                    f"session {session_id} waits because this data root is a copy:"
+                    " `--abandon` makes its world this root's as it is (a restore after"
+                    " that brings back any checkpoint)")
             if complete:
                 try:
                     self.store.get_checkpoint(entry["checkpoint"]["id"])
@@ -1329,26 +1331,18 @@ class World:
         """At the start that found this data root a copy of the one at ``copy_of``
         (root_id.py): the sessions, restores under way and held containers it recorded
         are the original's, which goes on with them. No restore is completed here (each
-        is set aside for an operator), no container is started or unpaused (their marks
-        are dropped: the original's daemon releases them), and, with the embedded store
-        (a fleet's is shared: its sessions' records are their holders', and only the
-        journal's files are set aside here), every session waits
-        for an operator's ``resolve`` before this root checkpoints or restores its
-        world. Its history stays readable, diffable and forkable."""
+        journal is set aside), no container is started or unpaused (their marks are
+        dropped: the original's daemon releases them), and, with the embedded store (a
+        fleet's is shared: its sessions' records are their holders'), every session
+        waits for an operator's ``resolve --abandon`` before this root checkpoints or
+        restores its world, whatever it waited for before. Its history stays readable,
+        diffable and forkable."""
         report = []
         for entry in self.journal.entries():
-            why = (f"{_COPIED} {self.copy_of}, made while this restore was under way:"
-                   " it is not completed here, where its workspace is the original's")
-            if not self.store.local:  # the session's record is the fleet's: its holder's
-                self.journal.set_aside(str(entry.get("session")))
-                report.append(f"set aside the journal of {entry.get('session')}: {why}")
-                continue
-            try:
-                report.append(self._set_aside(self.store.get_session(entry["session"]),
-                                              entry, why))
-            except WorldlineError as exc:
-                self.journal.set_aside(str(entry.get("session")))
-                report.append(f"set aside the journal of {entry.get('session')}: {exc}")
+            self.journal.set_aside(str(entry.get("session")))
+            report.append(f"set aside the journal of a restore of session"
+                          f" {entry.get('session')} to {entry.get('target')}: not completed"
+                          f" here, where its workspace is the original's")
         for kind, folder in self.marks.items():
             for name in sorted(os.listdir(folder)):
                 os.unlink(os.path.join(folder, name))
@@ -1357,14 +1351,20 @@ class World:
         if not self.store.local:
             return report
         for session in self.store.list_sessions():
-            if session.deleted_at or session.needs_attention:
+            if session.deleted_at:
                 continue
+            aside = self.journal.get_set_aside(session.id)
             self.store.update_session(session.id, needs_attention=(
                 f"{_COPIED} {self.copy_of}, where this session goes on: its workspace"
-                f"{' and container are' if session.container else ' is'} the original's;"
-                f" `worldline session resolve {session.id} --abandon` makes"
-                f" {'them' if session.container else 'it'} this root's, once the original"
-                " no longer uses them"))
+                f"{' and container are' if session.container else ' is'} the original's"
+                + (f" (a restore to {aside.get('target')} was under way: it is not"
+                   " completed here)" if isinstance(aside, dict) else "")
+                + f"; `worldline session resolve {session.id} --abandon` makes"
+                f" {'them' if session.container else 'it'} this root's, as"
+                f" {'they are' if session.container else 'it is'}, once the original no"
+                " longer uses them"
+                + (f" (before the copy: {session.needs_attention})"
+                   if session.needs_attention else "")))
             self.store.append_audit([AuditEvent("session.copied", session.id, session.id,
                                                 {"original": self.copy_of}, ids.now())])
             report.append(f"session {session.id} waits for an operator: this root is a"

@@ -286,8 +286,10 @@ def test_5d_a_copy_of_the_data_root_leaves_the_originals_worlds_alone(tmp_path):
             assert c.show(cp.id).id == cp.id and len(c.log(s.id)) >= 2
             c.fork(cp.id, str(tmp_path / "seen"))
             assert (tmp_path / "seen" / "f0.txt").read_text() == "v1 0\n"
-            with pytest.raises(FailedPrecondition):
-                c.resolve_session(other.id, complete=True)  # no restore to complete
+            assert "a restore to" in c.get_session(s.id).needs_attention
+            for sid in (s.id, other.id):  # not into the original's workspace
+                with pytest.raises(FailedPrecondition):
+                    c.resolve_session(sid, complete=True)
             assert c.resolve_session(other.id, complete=False).needs_attention is None
             (tmp_path / "other-0" / "mine.txt").write_text("the copy's now\n")
             assert "mine.txt" in c.diff(other.head, c.checkpoint(other.id).id).added
@@ -302,7 +304,8 @@ def test_5d_a_copy_of_the_data_root_leaves_the_originals_worlds_alone(tmp_path):
     copy.start()  # a later start of the copy is not a first sight of it: nothing new
     copy.stop()
     log = copy.log.read_text()
-    assert log.count("takes an id of its own") == log.count("waits for an operator") == 1
+    assert log.count("takes an id of its own") == 1
+    assert log.count("waits for an operator") == 2  # its two sessions, at its first start
 
 
 def test_7_another_sessions_checkpoint_restores_only_on_purpose(client, tmp_path):
