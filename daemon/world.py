@@ -1354,17 +1354,18 @@ class World:
             if session.deleted_at:
                 continue
             aside = self.journal.get_set_aside(session.id)
+            world, them, as_they_are = (("workspace and container are", "them", "they are")
+                                        if session.container else ("workspace is", "it",
+                                                                   "it is"))
+            restore = (f" (a restore to {aside.get('target')} was under way: it is not"
+                       " completed here)" if isinstance(aside, dict) else "")
+            before = (f" (before the copy: {session.needs_attention})"
+                      if session.needs_attention else "")
             self.store.update_session(session.id, needs_attention=(
-                f"{_COPIED} {self.copy_of}, where this session goes on: its workspace"
-                f"{' and container are' if session.container else ' is'} the original's"
-                + (f" (a restore to {aside.get('target')} was under way: it is not"
-                   " completed here)" if isinstance(aside, dict) else "")
-                + f"; `worldline session resolve {session.id} --abandon` makes"
-                f" {'them' if session.container else 'it'} this root's, as"
-                f" {'they are' if session.container else 'it is'}, once the original no"
-                " longer uses them"
-                + (f" (before the copy: {session.needs_attention})"
-                   if session.needs_attention else "")))
+                f"{_COPIED} {self.copy_of}, where this session goes on: its {world} the"
+                f" original's{restore}; `worldline session resolve {session.id} --abandon`"
+                f" makes {them} this root's, as {as_they_are}, once the original no longer"
+                f" uses them{before}"))
             self.store.append_audit([AuditEvent("session.copied", session.id, session.id,
                                                 {"original": self.copy_of}, ids.now())])
             report.append(f"session {session.id} waits for an operator: this root is a"
