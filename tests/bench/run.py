@@ -146,7 +146,7 @@ class Bench:
         for i in range(WARMUP + ROUNDS):
             files = pick_files(tree, rng)
             # Untimed, before each side's edit: neither side's first flush pays for the
-            # other's writes. git's commit leaves its index and objects unsynced (7 MB of
+            # other's writes. git's commit leaves its index and objects unsynced (9 MB of
             # index on the wide tree), and the next fsync of worldline's log wrote them
             # out (ext4 without a journal): a checkpoint on the wide tree took 23 ms
             # after git's commit, 8.9 ms after a sync (README, Benchmark).
