@@ -140,16 +140,16 @@ class Bench:
         ws, repo = self.copy(f"{name}-wl", tree), self.copy(f"{name}-git", tree)
         peers.git_init(repo)
         session = self.client.create_session(str(ws))
-        os.sync()  # untimed: the setup's own writeback must not land in the first rounds
         rng = random.Random(42)
         wl, git = [], []
         for i in range(WARMUP + ROUNDS):
             files = pick_files(tree, rng)
             # Untimed, before each side's edit: neither side's first flush pays for the
-            # other's writes. git's commit leaves its index and objects unsynced (9 MB of
-            # index on the wide tree), and the next fsync of worldline's log wrote them
-            # out (ext4 without a journal): a checkpoint on the wide tree took 23 ms
-            # after git's commit, 8.9 ms after a sync (README, Benchmark).
+            # other's writes (nor, in the first round, for the setup's). git's commit
+            # leaves its index and objects unsynced (9 MB of index on the wide tree), and
+            # the next fsync of worldline's log wrote them out (ext4 without a journal):
+            # a checkpoint on the wide tree took 23 ms after git's commit, 8.9 ms after a
+            # sync (README, Benchmark).
             os.sync()
             edit(ws, files, f"{name} {i}")
             t_wl = timed(session.checkpoint)
