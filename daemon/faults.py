@@ -57,6 +57,7 @@ POINTS = (
     "repack.mid",                  # the idle repack rewrote a row, its transaction open
     "repack.step",                 # a repack step committed, the next not begun
     "metadata.fsync",              # a commit in meta.db's log, its fsync about to be taken
+    "metadata.restart",            # meta.db's log copied whole, its restart about to be written
 )
 
 

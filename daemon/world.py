@@ -1336,10 +1336,14 @@ class World:
         fleet's is shared: its sessions' records are their holders'), every session
         waits for an operator's ``resolve --abandon`` before this root checkpoints or
         restores its world, whatever it waited for before. Its history stays readable,
-        diffable and forkable."""
+        diffable and forkable. The audit log says so of each: ``session.copied`` (naming
+        the restore that was under way, if any) and ``restore.set_aside`` for each
+        restore set aside here."""
         report = []
+        aside_here: dict[str, dict] = {}
         for entry in self.journal.entries():
             self.journal.set_aside(str(entry.get("session")))
+            aside_here[str(entry.get("session"))] = entry
             report.append(f"set aside the journal of a restore of session"
                           f" {entry.get('session')} to {entry.get('target')}: not completed"
                           f" here, where its workspace is the original's")
@@ -1366,8 +1370,18 @@ class World:
                 f" original's{restore}; `worldline session resolve {session.id} --abandon`"
                 f" makes {them} this root's, as {as_they_are}, once the original no longer"
                 f" uses them{before}"))
-            self.store.append_audit([AuditEvent("session.copied", session.id, session.id,
-                                                {"original": self.copy_of}, ids.now())])
+            detail = {"original": self.copy_of}
+            events = []
+            if isinstance(aside, dict):
+                detail["restore"] = str(aside.get("target"))
+            if session.id in aside_here:
+                events.append(AuditEvent(
+                    "restore.set_aside", session.id, str(aside_here[session.id]["target"]),
+                    {"reason": f"this data root is a copy of the one at {self.copy_of}, whose"
+                               " daemon completes the restore"}, ids.now()))
+            events.append(AuditEvent("session.copied", session.id, session.id, detail,
+                                     ids.now()))
+            self.store.append_audit(events)
             report.append(f"session {session.id} waits for an operator: this root is a"
                           f" copy of {self.copy_of}")
         return report

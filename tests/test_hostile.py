@@ -284,6 +284,14 @@ def test_5d_a_copy_of_the_data_root_leaves_the_originals_worlds_alone(tmp_path):
                 with pytest.raises(FailedPrecondition):
                     c.restore(sid, cp.id)
             assert c.show(cp.id).id == cp.id and len(c.log(s.id)) >= 2
+            (aside,) = c.audit(s.id, kind="restore.set_aside")  # the audit log says so
+            assert aside.subject_id == cp.id and "copy of the one at" in aside.detail["reason"]
+            (copied,) = c.audit(s.id, kind="session.copied")
+            assert copied.detail == {"original": str(d.root), "restore": cp.id}
+            assert c.audit(other.id, kind="restore.set_aside") == []
+            assert [e.detail for e in c.audit(other.id, kind="session.copied")] == [
+                {"original": str(d.root)}]
+            assert c.verify_audit()["ok"]
             c.fork(cp.id, str(tmp_path / "seen"))
             assert (tmp_path / "seen" / "f0.txt").read_text() == "v1 0\n"
             assert "a restore to" in c.get_session(s.id).needs_attention

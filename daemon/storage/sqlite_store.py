@@ -280,7 +280,8 @@ class SqliteDatabase:
         self._readers: list[sqlite3.Connection] = []
         self._db.executescript(schema)
         self._last_write = 0.0
-        self._wal: wal.Checkpointer | None = wal.checkpointer(path)
+        self._page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        self._wal: wal.Checkpointer | None = wal.checkpointer(path, self.restart_log)
 
     @contextmanager
     def _tx(self, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
@@ -413,25 +414,46 @@ class SqliteDatabase:
     def _all(self, sql: str, args: tuple = ()) -> list:
         return self._reader().execute(sql, args).fetchall()
 
+    def restart_log(self) -> None:
+        """Start the WAL again from its beginning: a write transaction of one page that
+        changes nothing (the file's application id, written as it is). SQLite restarts
+        the log at a write once everything in it is in the file, and syncs the log's new
+        header before that write's frame; the next commit then appends to the log, with
+        no sync inside it (wal.py). The log then holds no commit (``fresh``), and the
+        frame is no commit of this connection's: its fsync is the next commit's."""
+        with self._lock:
+            if self._wal is None or self.broken() is not None:
+                return
+            crash_point("metadata.restart")
+            application_id = int(self._db.execute("PRAGMA application_id").fetchone()[0])
+            self._db.execute(f"PRAGMA application_id={application_id}")
+            self._wal.fresh = True
+
     def compact_wal(self, idle_seconds: float) -> bool:
         """When nothing was written for ``idle_seconds``, move the WAL into the database
-        and truncate it, so an idle daemon's data root holds no write-ahead log (WAL
-        mode otherwise keeps it at its high-water mark, megabytes). Never waits long on
-        a reader; returns True if the WAL was emptied."""
+        and truncate it, then start it again with one page (``restart_log``), so an idle
+        daemon's data root holds no more than that of a write-ahead log (WAL mode
+        otherwise keeps it at its high-water mark, megabytes) and the first commit after
+        the pause syncs nothing but itself. Never waits long on a reader; returns True
+        if the WAL was emptied."""
         wal = self.path + "-wal"
         with self._lock:
-            if self.broken() or time.monotonic() - self._last_write < idle_seconds:
+            if (self.broken() or self._wal is None
+                    or time.monotonic() - self._last_write < idle_seconds):
                 return False
             try:
-                if os.path.getsize(wal) == 0:
-                    return False
+                size = os.path.getsize(wal)
             except FileNotFoundError:
                 return False
+            if size == 0 or (self._wal.fresh and size <= 32 + 24 + self._page_size):
+                return False  # empty, or no more than a restart's header and page
             self._db.execute("PRAGMA busy_timeout=100")
             try:
                 busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             finally:
                 self._db.execute("PRAGMA busy_timeout=10000")
+            if busy == 0:
+                self._wal.restart()  # a failure is logged, and the next commit restarts it
             return busy == 0
 
     def close(self) -> None:
@@ -441,7 +463,7 @@ class SqliteDatabase:
         left open instead (``left_open``) and the daemon ends without closing them, so
         the next start's recovery reads the log and stops at the hole."""
         if self._wal is not None:
-            self._wal.release()
+            self._wal.release(self.restart_log)
         with self._lock:
             if self.broken() is not None:
                 _LEFT_OPEN.append((self.path, [self._db, *self._readers]))

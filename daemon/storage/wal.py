@@ -15,6 +15,18 @@ WAL before it copies frames and the database file after, and the log is reused f
 its start only once everything in it is in the file. An idle daemon's housekeeping
 still truncates the log (``SqliteDatabase.compact_wal``).
 
+The log's restart is taken here too. The first commit after a checkpoint that copied
+everything starts the log again from its beginning, and SQLite syncs the log's new
+header inside that COMMIT, before it writes a frame (even with ``synchronous=NORMAL``:
+frames written after a restart must never reach the disk before their header). That
+is a flush of the disk under the write lock, in the capture's turn, on the first
+checkpoint after every pause of a quarter of a second: the pause between an agent's
+tool calls. So once a checkpoint here has copied the whole log, a writer of the file
+(``restart``, given by ``checkpointer``) commits a write of one page that changes
+nothing (``SqliteDatabase.restart_log``): the restart, and its header's sync, happen
+here, and the next commit appends to the log. That page is not a commit to copy: the
+log counts as ``fresh`` until a real one comes.
+
 One checkpointer per file and process, however many connections write the file (the
 store and the pack share meta.db): ``checkpointer(path)`` counts its users and
 ``release()`` stops it with the last. It also holds what every connection to the file
@@ -35,6 +47,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from ..observe import WAL_COPY
 
@@ -48,10 +61,11 @@ _lock = threading.Lock()
 _running: dict[tuple[int, int], Checkpointer] = {}  # by (st_dev, st_ino)
 
 
-def checkpointer(path: str) -> Checkpointer:
+def checkpointer(path: str, restart: Callable[[], None] | None = None) -> Checkpointer:
     """The running checkpointer of the file at ``path`` (started if none), with one more
-    user. Files are told apart by inode, not name: one made anew where another was is
-    another file."""
+    user; ``restart``, that user's way to restart the log (``SqliteDatabase.restart_log``),
+    given back by ``release``. Files are told apart by inode, not name: one made anew
+    where another was is another file."""
     st = os.stat(path)
     key = (st.st_dev, st.st_ino)
     with _lock:
@@ -59,6 +73,8 @@ def checkpointer(path: str) -> Checkpointer:
         if found is None:
             found = _running[key] = Checkpointer(path, key)
         found.users += 1
+        if restart is not None:
+            found.restarts.append(restart)
         return found
 
 
@@ -69,6 +85,8 @@ class Checkpointer:
         self.users = 0
         self.checkpoints = 0  # completed or partial, since start (tests, metrics)
         self.failed: str | None = None  # why the log takes no more writes (``fail``)
+        self.restarts: list[Callable[[], None]] = []  # the users' ``restart``s
+        self.fresh = False  # the log holds no commit, only a restart's page (``restart``)
         self._copies = WAL_COPY.labels(os.path.basename(path))
         self._due = threading.Event()
         self._stopping = False
@@ -77,6 +95,7 @@ class Checkpointer:
 
     def committed(self) -> None:
         """A commit was written to the log: a checkpoint is due (within ``INTERVAL``)."""
+        self.fresh = False
         if not self._due.is_set():
             self._due.set()
 
@@ -88,9 +107,25 @@ class Checkpointer:
             log.error("%s's write-ahead log failed to reach the disk (%s): no more writes"
                       " until the daemon restarts", self.path, reason)
 
-    def release(self) -> None:
-        """One user fewer; the last stops the thread (after any checkpoint due)."""
+    def restart(self) -> None:
+        """Start the log again from its beginning, here rather than in the next commit,
+        through a writer of the file (none left, or a failed log: nothing is done). A
+        failure is logged: the next commit restarts the log, as SQLite always does."""
         with _lock:
+            restart = self.restarts[0] if self.restarts else None
+        if restart is None or self.failed is not None:
+            return
+        try:
+            restart()  # which sets ``fresh``, under the write lock
+        except Exception as exc:  # busy, the disk, a log that failed meanwhile
+            log.warning("restarting %s's write-ahead log: %s", self.path, exc)
+
+    def release(self, restart: Callable[[], None] | None = None) -> None:
+        """One user fewer (``restart``: the one it gave); the last stops the thread
+        (after any checkpoint due)."""
+        with _lock:
+            if restart is not None and restart in self.restarts:
+                self.restarts.remove(restart)
             self.users -= 1
             if self.users > 0:
                 return
@@ -122,9 +157,11 @@ class Checkpointer:
                     if db is None:
                         db = self._connect()
                     started = time.perf_counter()
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    _, logged, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self._copies.observe(time.perf_counter() - started)
                     self.checkpoints += 1
+                    if 0 < logged == copied and not self._stopping:
+                        self.restart()  # all in the file: the log can start again
                 except sqlite3.Error as exc:  # busy, or the disk: tried again after the
                     # interval (the thread must not die: the log would grow unbounded)
                     log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
