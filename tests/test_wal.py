@@ -169,6 +169,44 @@ def test_the_log_restarts_beside_the_commits_not_inside_one(tmp_path, monkeypatc
         db.close()
 
 
+def test_a_restart_that_fails_leaves_it_to_the_next_commit(tmp_path, monkeypatch, caplog):
+    """A restart that fails (forced: the disk full) is logged and changes nothing: the
+    thread lives, the log is not taken for fresh, and the next commit starts the log
+    again itself, as SQLite always did."""
+    path = str(tmp_path / "a.db")
+    db = SqliteDatabase(path, SCHEMA)
+    checkpointer = db._wal
+    real = db._db
+    failed = []
+
+    class Full:  # the writer's connection, its restarts failing
+        in_transaction = property(lambda self: real.in_transaction)
+
+        def execute(self, sql, *args):
+            if sql.startswith("PRAGMA application_id="):
+                failed.append(sql)
+                raise sqlite3.OperationalError("database or disk is full")
+            return real.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(db, "_db", Full())
+    monkeypatch.setattr(wal, "INTERVAL", 0.01)
+    try:
+        _insert(db, 1)
+        _wait(lambda: failed)
+        _wait(lambda: "restarting" in caplog.text)
+        assert not checkpointer.fresh and checkpointer._thread.is_alive()
+        before = _log_header(path)
+        _insert(db, 2)
+        assert _log_header(path) != before  # the commit started the log again
+        assert db._all("SELECT k FROM t") == [(1,), (2,)]
+    finally:
+        monkeypatch.setattr(db, "_db", real)
+        db.close()
+
+
 def test_a_compacted_log_starts_again_with_one_page(tmp_path):
     """An idle file's log is copied into it and truncated (compact_wal), then started
     again with the restart's one page, which the next compaction leaves as it is; the

@@ -425,8 +425,13 @@ class SqliteDatabase:
             if self._wal is None or self.broken() is not None:
                 return
             crash_point("metadata.restart")
-            application_id = int(self._db.execute("PRAGMA application_id").fetchone()[0])
-            self._db.execute(f"PRAGMA application_id={application_id}")
+            try:
+                application_id = int(self._db.execute("PRAGMA application_id").fetchone()[0])
+                self._db.execute(f"PRAGMA application_id={application_id}")
+            except sqlite3.Error:
+                if self._db.in_transaction:  # the next write transaction begins anew
+                    self._db.execute("ROLLBACK")
+                raise
             self._wal.fresh = True
 
     def compact_wal(self, idle_seconds: float) -> bool:
