@@ -1340,10 +1340,10 @@ class World:
         the restore that was under way, if any) and ``restore.set_aside`` for each
         restore set aside here."""
         report = []
-        aside_here: dict[str, dict] = {}
+        aside_here: set[str] = set()
         for entry in self.journal.entries():
             self.journal.set_aside(str(entry.get("session")))
-            aside_here[str(entry.get("session"))] = entry
+            aside_here.add(str(entry.get("session")))
             report.append(f"set aside the journal of a restore of session"
                           f" {entry.get('session')} to {entry.get('target')}: not completed"
                           f" here, where its workspace is the original's")
@@ -1374,9 +1374,9 @@ class World:
             events = []
             if isinstance(aside, dict):
                 detail["restore"] = str(aside.get("target"))
-            if session.id in aside_here:
+            if isinstance(aside, dict) and session.id in aside_here:
                 events.append(AuditEvent(
-                    "restore.set_aside", session.id, str(aside_here[session.id]["target"]),
+                    "restore.set_aside", session.id, detail["restore"],
                     {"reason": f"this data root is a copy of the one at {self.copy_of}, whose"
                                " daemon completes the restore"}, ids.now()))
             events.append(AuditEvent("session.copied", session.id, session.id, detail,

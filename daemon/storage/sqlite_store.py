@@ -441,16 +441,17 @@ class SqliteDatabase:
         otherwise keeps it at its high-water mark, megabytes) and the first commit after
         the pause syncs nothing but itself. Never waits long on a reader; returns True
         if the WAL was emptied."""
-        wal = self.path + "-wal"
+        log_path = self.path + "-wal"
         with self._lock:
             if (self.broken() or self._wal is None
                     or time.monotonic() - self._last_write < idle_seconds):
                 return False
             try:
-                size = os.path.getsize(wal)
+                size = os.path.getsize(log_path)
             except FileNotFoundError:
                 return False
-            if size == 0 or (self._wal.fresh and size <= 32 + 24 + self._page_size):
+            one_page = wal.WAL_HEADER + wal.FRAME_HEADER + self._page_size
+            if size == 0 or (self._wal.fresh and size <= one_page):
                 return False  # empty, or no more than a restart's header and page
             self._db.execute("PRAGMA busy_timeout=100")
             try:

@@ -54,6 +54,7 @@ from ..observe import WAL_COPY
 log = logging.getLogger("worldline.wal")
 
 INTERVAL = 0.25  # seconds between checkpoints while commits keep coming
+WAL_HEADER, FRAME_HEADER = 32, 24  # bytes: SQLite's log header, and each frame's
 BUSY_MS = 100  # how long a checkpoint waits for another (compact_wal's) to end
 JOIN_SECONDS = 5.0  # how long closing the last connection waits for the thread
 
@@ -109,11 +110,12 @@ class Checkpointer:
 
     def restart(self) -> None:
         """Start the log again from its beginning, here rather than in the next commit,
-        through a writer of the file (none left, or a failed log: nothing is done). A
-        failure is logged: the next commit restarts the log, as SQLite always does."""
+        through a writer of the file (none left: nothing is done; a failed log: the
+        writer does nothing). A failure is logged: the next commit restarts the log, as
+        SQLite always does."""
         with _lock:
             restart = self.restarts[0] if self.restarts else None
-        if restart is None or self.failed is not None:
+        if restart is None:
             return
         try:
             restart()  # which sets ``fresh``, under the write lock
