@@ -21,6 +21,13 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
                                                every acknowledged write waits for
   worldline_wal_copy_seconds{file}              histogram: its log copied into the file,
                                                beside the writers (wal.py)
+  worldline_admission_wait_seconds              histogram: an incremental checkpoint's wait
+                                               for its turn at the admission gate
+  worldline_admission_turn_seconds              histogram: the turn it then held (its
+                                               capture and its commit's Python work)
+  worldline_admission_turn_cpu_seconds_total    the CPU the turns' own threads used: the
+                                               rest of a turn waited (for the interpreter
+                                               lock, or the disk)
 
 Logs (``--log-format json``): one JSON object a line, with the request id of the
 call being served (the caller's ``x-request-id`` metadata, else a new one).
@@ -71,6 +78,18 @@ METADATA_FSYNC = Histogram("worldline_metadata_fsync_seconds", "fsyncs of an emb
 WAL_COPY = Histogram("worldline_wal_copy_seconds", "An embedded store's write-ahead log"
                      " copied into its file (beside the writers)", ["file"],
                      buckets=DISK_BUCKETS)
+
+# The admission gate (capture/admission.py): under load, a checkpoint's latency is its
+# wait for a turn, and the checkpoints a second are one over the turn's length.
+TURN_BUCKETS = (.001, .0025, .005, .0075, .01, .025, .05, .1, .25, .5, 1.0, 2.5)
+ADMISSION_WAIT = Histogram("worldline_admission_wait_seconds", "An incremental"
+                           " checkpoint's wait for its turn at the admission gate",
+                           buckets=TURN_BUCKETS)
+ADMISSION_TURN = Histogram("worldline_admission_turn_seconds", "A turn held at the"
+                           " admission gate (a capture and its commit's Python work)",
+                           buckets=TURN_BUCKETS)
+ADMISSION_TURN_CPU = Counter("worldline_admission_turn_cpu_seconds", "CPU the turns'"
+                             " threads used during them")
 
 GC_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, float("inf"))
 

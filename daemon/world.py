@@ -70,6 +70,7 @@ from .capture.trees import (
 from .capture.views import Views
 from .faults import crash_point
 from .in_use import InUse
+from .observe import ADMISSION_TURN, ADMISSION_TURN_CPU, ADMISSION_WAIT
 from .owners import Agent
 from .records import (
     AuditEvent,
@@ -576,9 +577,16 @@ class World:
                for layer, base in zip(layers, self._bases(head), strict=False)):
             yield
             return
+        asked = time.perf_counter()
         with self.admission.admitted():
-            crash_point("checkpoint.admitted")  # a long capture, held open by tests
-            yield
+            began, cpu = time.perf_counter(), time.thread_time()
+            ADMISSION_WAIT.observe(began - asked)
+            try:
+                crash_point("checkpoint.admitted")  # a long capture, held open by tests
+                yield
+            finally:
+                ADMISSION_TURN_CPU.inc(time.thread_time() - cpu)
+                ADMISSION_TURN.observe(time.perf_counter() - began)
 
     def _checkpoint(self, session: Session, head: Checkpoint, layers: list[Layer],
                     messages: list, state: bytes | None, task_list: list[Task], label: str,

@@ -3,7 +3,7 @@ the counts it reports must be the observations made between them, per label set.
 
 from __future__ import annotations
 
-from .bench.load import fsyncs, gc_pauses
+from .bench.load import fsyncs, gc_pauses, turns
 from .bench.metrics import grown
 
 NAME = "worldline_metadata_fsync_seconds"
@@ -44,3 +44,23 @@ def test_the_throughput_case_says_when_nothing_was_observed():
     assert fsyncs({}, {}) == "no metadata fsync during the load"
     same = _scrape({"meta.db": [3, 3, 3, 3]}, {"meta.db": 0.003})
     assert fsyncs(same, same) == "no metadata fsync during the load"
+    assert turns({}, {}, 10.0) == "no turn at the admission gate during the load"
+
+
+def _gate(turns: int, held: float, waited: float, cpu: float) -> dict[str, float]:
+    """A scrape of the admission gate's metrics: ``turns`` turns, all within 5 ms."""
+    out = {"worldline_admission_turn_cpu_seconds_total": cpu}
+    for name, total in (("turn", held), ("wait", waited)):
+        full = f"worldline_admission_{name}_seconds"
+        out.update({f'{full}_bucket{{le="0.005"}}': float(turns),
+                    f'{full}_bucket{{le="+Inf"}}': float(turns),
+                    f"{full}_count": float(turns), f"{full}_sum": total})
+    return out
+
+
+def test_the_throughput_case_reports_the_admission_gate_over_the_load():
+    before = _gate(100, 0.5, 2.0, 0.4)
+    after = _gate(1100, 6.5, 42.0, 5.4)  # 1000 turns of 6 ms in 10 s, 5 ms of CPU each
+    assert turns(before, after, 10.0) == (
+        "1000 turns at the admission gate, one held 60% of the load, a turn 6.00 ms"
+        " (5.00 ms of its thread's CPU), a checkpoint's wait for one 40.00 ms")

@@ -71,6 +71,12 @@ def test_metrics_and_json_logs(tmp_path):
         # each checkpoint waited for an fsync of meta.db's log; the log is copied into
         # the file within the checkpointer's interval
         assert _sample(text, 'worldline_metadata_fsync_seconds_count{file="meta.db"}') >= 2
+        # each incremental checkpoint took a turn at the admission gate, on its CPU
+        assert _sample(text, "worldline_admission_turn_seconds_count") >= 2
+        assert _sample(text, "worldline_admission_wait_seconds_count") == _sample(
+            text, "worldline_admission_turn_seconds_count")
+        assert 0 < _sample(text, "worldline_admission_turn_cpu_seconds_total") <= _sample(
+            text, "worldline_admission_turn_seconds_sum") + 0.01
         deadline = time.monotonic() + 10
         while _sample(text, 'worldline_wal_copy_seconds_count{file="meta.db"}') < 1:
             assert time.monotonic() < deadline, "meta.db's log was never copied"

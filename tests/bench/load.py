@@ -108,3 +108,20 @@ def fsyncs(before: dict[str, float], after: dict[str, float], over: float = 0.02
             f" {total / count * 1000:.2f} ms), {above:.0f} over {over * 1000:g} ms, the"
             f" longest ≤ {longest * 1000:g} ms; the log copied into the file"
             f" {copies:.0f} times, the longest ≤ {copy_longest * 1000:g} ms")
+
+
+def turns(before: dict[str, float], after: dict[str, float], seconds: float) -> str:
+    """The admission gate between two scrapes ``seconds`` apart (capture/admission.py):
+    how many turns, the share of the time one was held, a turn's mean length and the
+    CPU its thread used in it (the rest it waited: for the interpreter lock, or the
+    disk), and a checkpoint's mean wait for its turn."""
+    count, held, _, _ = grown(before, after, "worldline_admission_turn_seconds")
+    if not count:
+        return "no turn at the admission gate during the load"
+    _, waited, _, _ = grown(before, after, "worldline_admission_wait_seconds")
+    name = "worldline_admission_turn_cpu_seconds_total"
+    cpu = after.get(name, 0.0) - before.get(name, 0.0)
+    return (f"{count:.0f} turns at the admission gate, one held {held / seconds:.0%} of"
+            f" the load, a turn {held / count * 1000:.2f} ms ({cpu / count * 1000:.2f} ms"
+            f" of its thread's CPU), a checkpoint's wait for one {waited / count * 1000:.2f}"
+            " ms")

@@ -329,7 +329,8 @@ class Bench:
                           seconds=10.0, django=str(self.django),
                           daemon_pid=self.daemon.proc.pid)
         after = scrape(self.metrics)
-        waits = f"{load.gc_pauses(before, after)}; {load.fsyncs(before, after)}"
+        waits = (f"{load.turns(before, after, result['seconds'])};"
+                 f" {load.gc_pauses(before, after)}; {load.fsyncs(before, after)}")
         lat = stat(result["latencies"])
         rate = result["count"] / result["seconds"]
         listing = stat(result["list_latencies"])
