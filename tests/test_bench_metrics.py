@@ -47,14 +47,14 @@ def test_the_throughput_case_says_when_nothing_was_observed():
     assert turns({}, {}, 10.0) == "no turn at the admission gate during the load"
 
 
-def _gate(turns: int, held: float, waited: float, cpu: float) -> dict[str, float]:
-    """A scrape of the admission gate's metrics: ``turns`` turns, all within 5 ms."""
+def _gate(count: int, held: float, waited: float, cpu: float) -> dict[str, float]:
+    """A scrape of the admission gate's metrics: ``count`` turns, all within 5 ms."""
     out = {"worldline_admission_turn_cpu_seconds_total": cpu}
     for name, total in (("turn", held), ("wait", waited)):
         full = f"worldline_admission_{name}_seconds"
-        out.update({f'{full}_bucket{{le="0.005"}}': float(turns),
-                    f'{full}_bucket{{le="+Inf"}}': float(turns),
-                    f"{full}_count": float(turns), f"{full}_sum": total})
+        out.update({f'{full}_bucket{{le="0.005"}}': float(count),
+                    f'{full}_bucket{{le="+Inf"}}': float(count),
+                    f"{full}_count": float(count), f"{full}_sum": total})
     return out
 
 
