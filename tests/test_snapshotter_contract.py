@@ -351,3 +351,83 @@ def test_a_file_whose_stat_cannot_vouch_for_it_is_read_again(tmp_path, full):
     assert not set(files) & set(w.snap.stat_cache.entries(w.snap.path))
     for m in maps:
         m.close()
+
+
+def test_the_trees_kept_are_bounded_by_their_entries_not_only_by_their_number():
+    """A reader keeps at most so many trees *and* so many entries over all of them,
+    dropping the least recently used first; a tree too large to keep alone is not kept
+    (it is decoded again when read, and reads back the same). A count of trees alone
+    let a few large folders, each changed a few thousand times, take all the memory."""
+    from worldline.daemon.capture.trees import Entry, Tree, encode
+
+    class Counted(MemoryBlobStore):
+        reads = 0
+
+        def read_bytes(self, digest):
+            Counted.reads += 1
+            return super().read_bytes(digest)
+
+    blobs = Counted()
+    reader = TreeReader(blobs, capacity=100, entries=1000, rows=(100, 500))
+
+    def tree(tag: str, n: int) -> tuple[str, Tree]:
+        t = Tree({f"{tag}{i:04d}": Entry(FILE, 0o644, f"{i:064x}", i) for i in range(n)})
+        return blobs.put_bytes(encode(t)), t
+
+    made = [tree(tag, 300) for tag in "abcd"]
+    for digest, t in made:
+        reader.remember(digest, t)
+        assert reader.kept()[1] <= 1000
+    assert reader.kept()[:2] == (3, 900)  # a's were dropped to make room for d's
+    Counted.reads = 0
+    assert reader.read(made[3][0]) is made[3][1] and Counted.reads == 0
+    assert reader.read(made[0][0]) == made[0][1] and Counted.reads == 1  # decoded again
+    assert reader.kept()[:2] == (3, 900)  # ... and kept, b's dropped for it
+    reader.read(made[1][0])
+    assert Counted.reads == 2
+    big, t = tree("z", 1200)
+    reader.remember(big, t)
+    assert reader.kept()[:2] == (3, 900)  # too large to keep: nothing dropped for it
+    assert reader.read(big) == t and Counted.reads == 3 and reader.kept()[:2] == (3, 900)
+    for digest, t in made[:3]:
+        reader.remember(digest, t)  # kept again: counted once each
+    assert reader.kept()[:2] == (3, 900)
+    small = [tree(f"s{i}_", 1) for i in range(150)]
+    for digest, t in small:
+        reader.remember(digest, t)
+    assert reader.kept()[:2] == (100, 100)  # the count bound holds for small trees
+
+
+def test_a_large_folder_changed_many_times_keeps_memory_bounded_and_every_version(tmp_path):
+    """The hostile-agent shape of the unbounded cache: one folder of thousands of files,
+    one of them changed before each capture. With the reader's bounds made small, the
+    kept trees and rows stay within them, the large folder's rows are still kept (they
+    fit), and every version reads back as the folder was."""
+    from worldline.daemon.capture.tracker import Changes
+
+    blobs = MemoryBlobStore()
+    trees = TreeReader(blobs, entries=5000, rows=(4, 2500))
+    w = DirWorld(tmp_path / "ws", blobs, trees)
+    files = {f"f{i:04d}": b"%d\n" % i for i in range(2000)}
+    for name, data in files.items():
+        w.write(f"big/{name}", data)
+    w.write("small/readme", b"hi\n")
+    time.sleep(RACY_NS / 1e9 * 1.5)
+    head = w.snap.capture()
+    w.snap.commit(head)
+    versions = [(head.root, dict(files))]
+    for step in range(30):
+        name = f"f{step * 61 % 2000:04d}"
+        files[name] = b"changed %d\n" % step
+        w.write(f"big/{name}", files[name])
+        head = w.snap.capture(changes=Changes(False, dirty={f"big/{name}"}), base=head.root)
+        w.snap.commit(head)
+        versions.append((head.root, dict(files)))
+        kept_trees, entries, folders, rows = trees.kept()
+        assert entries + kept_trees <= 5000 and rows + folders <= 2500 and folders <= 4
+    assert trees.kept()[3] == 2000  # the big folder's last rows: kept, within bounds
+    fresh = TreeReader(blobs)
+    for root, contents in versions:
+        big = fresh.read(fresh.read(root)["big"].ref)
+        assert {name: blobs.read_bytes(e.ref) for name, e in big.items()} == contents
+    assert w.state() == tree_state(w.path)

@@ -184,7 +184,15 @@ EMPTY_TREE_DIGEST = digest_of(EMPTY_TREE)
 
 
 ROWS_FROM = 64  # entries from which a folder's encoded rows are kept for its next version
-ROWS_KEPT = 128  # folders whose rows are kept
+ROWS_KEPT = 128  # folders whose rows are kept, at most ...
+ROWS_KEPT_ENTRIES = 1 << 18  # ... and rows over all of them (about 170 bytes a row)
+TREES_KEPT = 8192  # decoded trees the reader keeps, at most ...
+# ... and entries over all of them. A decoded entry takes about 460 bytes (a version of
+# a folder shares its unchanged entries with the one it was made from: about 40 bytes
+# each), so the trees kept take half a gigabyte at the very most, whatever the agent
+# builds: a count of trees alone let a few large folders, each changed a few thousand
+# times, take everything the machine has.
+ENTRIES_KEPT = 1 << 20
 
 
 def _encoded_row(name: str, entry: Entry) -> bytes:
@@ -225,15 +233,49 @@ def _settled(tree: Tree | dict[str, Entry]) -> None:
     untrack((tree,) if own is None else (tree, own))
 
 
+class _Kept:
+    """The least recently used of what was kept, dropped first, within two bounds: how
+    many are kept, and their total weight (a tree's or a folder's rows' entries, plus
+    one). One too heavy to keep with nothing else is not kept at all."""
+
+    def __init__(self, count: int, weight: int) -> None:
+        self._items: OrderedDict[str, tuple[object, int]] = OrderedDict()
+        self._count, self._weight, self.weight = count, weight, 0
+
+    def get(self, key: str):
+        kept = self._items.get(key)
+        if kept is None:
+            return None
+        self._items.move_to_end(key)
+        return kept[0]
+
+    def put(self, key: str, value: object, entries: int) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.weight -= old[1]
+        weight = entries + 1
+        if weight > self._weight:
+            return
+        self._items[key] = (value, weight)
+        self.weight += weight
+        while len(self._items) > self._count or self.weight > self._weight:
+            self.weight -= self._items.popitem(last=False)[1][1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class TreeReader:
     """Reads trees from a blob store, caching decoded trees (they never change), and
-    the encoded rows of the large folders captured last."""
+    the encoded rows of the large folders captured last, both within bounds of count
+    and of entries (``_Kept``)."""
 
-    def __init__(self, blobs: BlobStore, capacity: int = 8192) -> None:
+    def __init__(self, blobs: BlobStore, capacity: int = TREES_KEPT,
+                 entries: int = ENTRIES_KEPT, rows: tuple[int, int] = (
+                     ROWS_KEPT, ROWS_KEPT_ENTRIES)) -> None:
         self.blobs = blobs
-        self._cache: OrderedDict[str, Tree] = OrderedDict()
-        self._capacity = capacity
-        self._rows: OrderedDict[str, Rows] = OrderedDict()
+        self._cache = _Kept(capacity, entries)
+        self._rows = _Kept(*rows)
         self._lock = threading.Lock()
 
     def encode_update(self, tree: Tree, base: str, touched: Iterable[str]
@@ -248,8 +290,6 @@ class TreeReader:
             return encode(tree), sum(_size(e) for e in tree.values()), None
         with self._lock:
             kept = self._rows.get(base)
-            if kept is not None:
-                self._rows.move_to_end(base)
         if kept is None:
             names = sorted(tree)
             rows = [_encoded_row(name, tree[name]) for name in names]
@@ -274,13 +314,17 @@ class TreeReader:
         body = b",".join([_encoded_row("", own), *rows] if own is not None else rows)
         return b"[" + body + b"]", total, Rows(names, rows, total)
 
+    def kept(self) -> tuple[int, int, int, int]:
+        """What is kept now: (trees, their entries, folders' rows, those rows), each
+        tree or folder weighing one more than its entries."""
+        with self._lock:
+            return (len(self._cache), self._cache.weight - len(self._cache),
+                    len(self._rows), self._rows.weight - len(self._rows))
+
     def keep_rows(self, digest: str, rows: Rows) -> None:
         untrack((rows.names, rows.rows, rows))  # strings and bytes: no cycle (_settled)
         with self._lock:
-            self._rows[digest] = rows
-            self._rows.move_to_end(digest)
-            while len(self._rows) > ROWS_KEPT:
-                self._rows.popitem(last=False)
+            self._rows.put(digest, rows, len(rows.rows))
 
     def read(self, digest: str, pending: Mapping[str, dict[str, Entry]] | None = None
              ) -> dict[str, Entry]:
@@ -288,9 +332,8 @@ class TreeReader:
             return pending[digest]
         with self._lock:
             tree = self._cache.get(digest)
-            if tree is not None:
-                self._cache.move_to_end(digest)
-                return tree
+        if tree is not None:
+            return tree
         tree = decode(self.blobs.read_bytes(digest), digest)
         self.remember(digest, tree)
         return tree
@@ -298,9 +341,7 @@ class TreeReader:
     def remember(self, digest: str, tree: dict[str, Entry]) -> None:
         _settled(tree)
         with self._lock:
-            self._cache[digest] = tree
-            while len(self._cache) > self._capacity:
-                self._cache.popitem(last=False)
+            self._cache.put(digest, tree, len(tree))
 
     def link_groups(self, digest: str, pending: Mapping | None = None) -> list[list[str]]:
         """The hard-link groups a root tree's own entry names ([] for none);
