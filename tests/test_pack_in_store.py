@@ -14,9 +14,11 @@ import time
 
 import pytest
 from worldline.daemon.records import AuditEvent
+from worldline.daemon.storage import reserve
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.config import StorageConfig
 from worldline.daemon.storage.packs import Pack
+from worldline.daemon.storage.reserve import free_bytes
 from worldline.daemon.storage.sqlite_store import SqliteStore, flushes_deferred
 
 from .conftest import DaemonProcess, tree_state
@@ -97,10 +99,9 @@ def test_a_data_root_made_before_0_7_7_keeps_its_pack_in_blobs(tmp_path):
     assert "objects" not in _tables(tmp_path / "meta.db")
 
 
-def test_a_pack_made_before_0_7_on_a_full_disk_opens_as_it_is(tmp_path, tmpfs):
-    """A pack made before 0.7 (no incremental vacuum) is converted at its first open by
-    a VACUUM, which writes the file again beside it. On a disk with no room for that,
-    the pack opens as it is, every blob readable: a daemon always starts."""
+def _old_pack_on_a_small_disk(tmp_path, tmpfs):
+    """A pack made before 0.7 (no incremental vacuum) of 400 blobs, copied to a 3 MiB
+    file system with no room for it twice: (its folder, its blobs, the free bytes)."""
     old = LocalBlobStore(str(tmp_path / "made" / "blobs"))  # 0.7.6's layout
     rng = random.Random(3)
     blobs = {old.put_bytes(data): data for data in (rng.randbytes(4096) for _ in range(400))}
@@ -113,8 +114,15 @@ def test_a_pack_made_before_0_7_on_a_full_disk_opens_as_it_is(tmp_path, tmpfs):
     small = tmpfs(tmp_path / "small", "3m")
     subprocess.run(["cp", "-a", str(tmp_path / "made" / "blobs"), str(small)], check=True)
     assert os.path.getsize(small / "blobs" / "pack.db") > 1.5 * 2**20  # no room twice
-    reopened = LocalBlobStore(str(small / "blobs"))
+    return small / "blobs", blobs, free_bytes(str(small))
+
+
+def _opens_as_it_is(folder, blobs, free: int) -> None:
+    """The pack opens unconverted, every blob readable, and the disk as free as it was
+    (but for the log's index, and a page or two): the start took no room from anyone."""
+    reopened = LocalBlobStore(str(folder))
     try:
+        assert free_bytes(str(folder)) >= free - 128 * 1024
         assert all(reopened.read_bytes(d) == data for d, data in blobs.items())
         assert reopened.pack._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
         after = reopened.put_bytes(b"stored after the open")
@@ -122,6 +130,29 @@ def test_a_pack_made_before_0_7_on_a_full_disk_opens_as_it_is(tmp_path, tmpfs):
         assert reopened.read_bytes(after) == b"stored after the open"
     finally:
         reopened.close()
+
+
+def test_a_pack_made_before_0_7_on_a_full_disk_opens_as_it_is(tmp_path, tmpfs, caplog):
+    """A pack made before 0.7 is converted at its first open by a VACUUM, which writes
+    the file again beside it and back through its log. On a disk with no room for that
+    the pack opens as it is, every blob readable, and the VACUUM is not tried: before
+    0.7.34 it ran on until the disk was full, at every start, and its log kept the
+    space (no session's checkpoint could pass --min-free-bytes after)."""
+    folder, blobs, free = _old_pack_on_a_small_disk(tmp_path, tmpfs)
+    with caplog.at_level("WARNING"):
+        _opens_as_it_is(folder, blobs, free)
+    assert "keeps its freed pages until an open with room to convert it: that needs" \
+        in caplog.text
+
+
+def test_a_conversion_that_fails_anyway_gives_its_logs_room_back(tmp_path, tmpfs,
+                                                                monkeypatch):
+    """The room was there when asked, and taken by another writer before the VACUUM
+    wrote its copy back (forced: the free space is said to be a terabyte). The VACUUM
+    fails on the full disk, and its log, which held the copy, is truncated at once."""
+    folder, blobs, free = _old_pack_on_a_small_disk(tmp_path, tmpfs)
+    monkeypatch.setattr(reserve, "free_bytes", lambda path: 1 << 40)
+    _opens_as_it_is(folder, blobs, free)
 
 
 def test_a_checkpoint_commit_takes_one_fsync_for_its_blobs_and_its_record(

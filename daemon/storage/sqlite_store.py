@@ -33,7 +33,7 @@ from worldline.client.errors import DataLoss, ResourceExhausted, Unavailable
 from ..faults import crash_point
 from ..observe import METADATA_FSYNC
 from ..records import Session, Task
-from . import blob_index, wal
+from . import blob_index, reserve, wal
 from .blob_index import BlobIndexSql
 from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
@@ -192,14 +192,31 @@ def damaged(exc: sqlite3.DatabaseError) -> bool:
 
 def to_incremental_vacuum(db: sqlite3.Connection, path: str | None) -> None:
     """Convert a file made without ``auto_vacuum=INCREMENTAL`` to it: a ``VACUUM``, which
-    writes the file again beside it. A disk with no room for that leaves the file as it
-    is until a later open (logged): what a start opens never stops it."""
+    copies the file into a temporary one and writes that back through the file's log,
+    so it takes about twice the file's size. With less free than that and the reserve's
+    size more, the file is left as it is until an open with room (logged): a start must
+    not fill the disk, which stops every session's checkpoints (before 0.7.34 the
+    ``VACUUM`` ran on until the disk was full, at each start, and its log kept the
+    space). One that fails anyway (another writer took the room meanwhile) gives its
+    log's space back at once. What a start opens never stops it."""
+    if path is not None:
+        need = 2 * os.path.getsize(path) + reserve.SIZE
+        free = reserve.free_bytes(os.path.dirname(os.path.abspath(path)))
+        if free < need:
+            log.warning("%s keeps its freed pages until an open with room to convert it:"
+                        " that needs %d MB free, %d MB are", path, need >> 20, free >> 20)
+            return
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     try:
         db.execute("VACUUM")
     except sqlite3.OperationalError as exc:
         log.warning("%s keeps its freed pages until an open with room to convert it: %s",
                     path, exc)
+        try:  # the log holds the copy that did not fit: nothing else is in it
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as again:
+            log.warning("%s: the failed conversion's log was not truncated: %s", path,
+                        again)
 
 
 def left_open() -> list[str]:
