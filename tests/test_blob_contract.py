@@ -202,6 +202,32 @@ def test_local_blobs_are_read_only_and_leave_no_temporaries(tmp_path):
     assert os.listdir(blobs.tmp) == []
 
 
+def test_put_fd_within_a_limit_stores_nothing_past_it(blobs, tmp_path):
+    """``put_fd(fd, limit)``: a file of at most ``limit`` bytes is stored as ever; one
+    holding more (it grew since its size was read) is Overread, with nothing stored and
+    no temporary left behind (a local store copies large content aside)."""
+    from worldline.daemon.storage.blobs import Overread
+    data = os.urandom((3 << 20) + 5)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        digest, size = blobs.put_fd(fd, len(data))
+        assert size == len(data) and blobs.read_bytes(digest) == data
+        src.write_bytes(data + b"more")
+        with pytest.raises(Overread) as raised:
+            blobs.put_fd(fd, len(data))
+        assert raised.value.limit == len(data)
+        with pytest.raises(Overread):
+            blobs.put_fd(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    assert not blobs.has(hashlib.sha256(data + b"more").hexdigest())
+    local = getattr(blobs, "cache", blobs)  # a bucket's store copies through its cache
+    if isinstance(local, LocalBlobStore):  # only the stored blob's is there, if any
+        assert all(name.startswith(digest) for name in os.listdir(local.tmp))
+
+
 def test_put_fd_of_stored_content_copies_nothing(tmp_path, monkeypatch):
     """A large file that is already stored is recognised by its digest before any copy
     of it is written (0.3 copied a 20 GiB blob into blobs/tmp first)."""

@@ -408,6 +408,69 @@ def test_9_limits(tmp_path):
         d.stop()
 
 
+@pytest.mark.parametrize("start,grow,refused", [
+    (1, 40, True),   # a small file, read whole into memory
+    (5, 40, True),   # a larger one, hashed then copied aside in the data root
+    (1, 2, False),   # growth within the limits: captured, as it was when read
+], ids=["small-past-the-limits", "large-past-the-limits", "within-the-limits"])
+def test_9c_a_file_that_grows_while_it_is_read(tmp_path, agent_home, canary, start, grow,
+                                                 refused):
+    """A process of the agent's on the host (never paused, as a container's are)
+    writes on to a file the capture has opened and budgeted and not yet read (held
+    there: ``capture.file_opened``). Before 0.7.34 the daemon read it to its end,
+    whatever that was: past --max-file-bytes, --max-checkpoint-bytes and the data
+    root's floor, into its memory or the data root. Now what it grew by counts as
+    changed bytes do: past a limit the checkpoint is RESOURCE_EXHAUSTED naming the
+    file and the limit, having read one byte past it at the most, and records nothing;
+    within them, it is captured as it was read."""
+    before = fingerprint(canary)
+    ws = agent_home / "proj" / "ws"
+    d = DaemonProcess(tmp_path / "root", ["--max-file-bytes", "16M",
+                                          "--max-checkpoint-bytes", "24M"],
+                      env={"WORLDLINE_FAULTS": "capture.file_opened@3"}).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))  # empty: no file read, the point not passed
+            head = s.head
+            as_agent(f"head -c {start}M /dev/urandom > log", ws)
+            outcome: list = []
+
+            def checkpoint() -> None:
+                try:
+                    outcome.append(s.checkpoint())
+                except ResourceExhausted as exc:
+                    outcome.append(exc)
+            taking = threading.Thread(target=checkpoint)
+            taking.start()
+            time.sleep(1.0)  # the capture waits at the point for 3 s
+            as_agent(f"head -c {grow}M /dev/urandom >> log", ws)
+            grown = (ws / "log").read_bytes()
+            taking.join(30)
+            assert not taking.is_alive() and len(outcome) == 1
+            if refused:
+                err = outcome[0]
+                assert isinstance(err, ResourceExhausted), err
+                assert "log grew while it was read" in err.message
+                assert "--max-file-bytes" in err.message
+                assert [x.id for x in c.log(s.id)] == [head]  # nothing recorded
+                stored = sum(p.stat().st_size for p in (tmp_path / "root").rglob("*")
+                             if p.is_file())
+                assert stored < 24 << 20  # not the 41 MiB it grew to
+                as_agent("truncate -s 2M log", ws)
+                grown = (ws / "log").read_bytes()
+                cp = s.checkpoint()
+            else:
+                cp = outcome[0]
+                assert len(grown) == (start + grow) << 20
+            as_agent("echo other > log", ws)
+            s.restore(cp.id)
+            assert (ws / "log").read_bytes() == grown
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+    assert fingerprint(canary) == before
+
+
 def test_9b_free_space_floor(tmp_path, tmpfs):
     root = tmpfs(tmp_path / "small", "64m")
     d = DaemonProcess(root / "data", ["--min-free-bytes", "60M"]).start()

@@ -12,7 +12,7 @@ import pytest
 from worldline.daemon.capture.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
 from worldline.daemon.capture.tracker import Changes
 from worldline.daemon.capture.trees import DIR, FILE, SYMLINK, TreeReader, diff, entry_at
-from worldline.daemon.storage.blobs import MemoryBlobStore
+from worldline.daemon.storage.blobs import MemoryBlobStore, digest_of
 from worldline.daemon.storage.statcache import RACY_NS, StatCache, signature
 
 from .conftest import tree_state
@@ -431,3 +431,43 @@ def test_a_large_folder_changed_many_times_keeps_memory_bounded_and_every_versio
         big = fresh.read(fresh.read(root)["big"].ref)
         assert {name: blobs.read_bytes(e.ref) for name, e in big.items()} == contents
     assert w.state() == tree_state(w.path)
+
+
+@pytest.mark.parametrize("persist", [True, False], ids=["stored", "looked-at"])
+@pytest.mark.parametrize("start", [1 << 20, 5 << 20], ids=["small", "large"])
+def test_a_file_growing_while_read_is_read_within_its_allowance(tmp_path, monkeypatch,
+                                                                persist, start):
+    """Every way a changed file's bytes are read (whole into memory, hashed then
+    copied aside, hashed only for a capture that stores nothing) stops one byte past
+    what the budget allows it (``Budget.allowance``), whatever the file grew to after
+    its size was read (the growth is forced at ``capture.file_opened``)."""
+    from worldline.client.errors import ResourceExhausted
+    from worldline.daemon.capture import snapshot
+    from worldline.daemon.capture.limits import Limits
+
+    blobs = MemoryBlobStore()
+    w = DirWorld(tmp_path / "ws", blobs, TreeReader(blobs))
+    w.snap.limits = Limits(max_file_bytes=8 << 20, max_checkpoint_bytes=64 << 20)
+    w.write("log", os.urandom(start))
+    got: list[int] = []  # the bytes each read gave, all of them this file's
+    real_read, real_pread = os.read, os.pread
+
+    def counted(read):
+        def reading(*args):
+            data = read(*args)
+            got.append(len(data))
+            return data
+        return reading
+    monkeypatch.setattr(os, "read", counted(real_read))
+    monkeypatch.setattr(os, "pread", counted(real_pread))
+
+    def grow(name: str) -> None:
+        if name == "capture.file_opened":
+            with open(w.path / "log", "ab") as f:
+                f.write(bytes(32 << 20))
+    monkeypatch.setattr(snapshot, "crash_point", grow)
+    with pytest.raises(ResourceExhausted, match="log grew while it was read.*--max-file-bytes"):
+        w.snap.capture(persist=persist)
+    assert (8 << 20) < sum(got) <= (8 << 20) + 1
+    monkeypatch.undo()
+    assert not blobs.has(digest_of((w.path / "log").read_bytes()))

@@ -2,8 +2,10 @@
 
 A checkpoint past any limit fails with RESOURCE_EXHAUSTED naming the file or the
 limit, before the file is read (sizes are known from ``fstat``), and nothing it
-stored is referenced by any record (garbage collection takes it back). Defaults suit
-a coding agent's workspace; an operator sets them with ``worldline daemon`` options.
+stored is referenced by any record (garbage collection takes it back). A file that
+grows after its ``fstat`` is read within its ``allowance``: what it grew by counts
+too. Defaults suit a coding agent's workspace; an operator sets them with
+``worldline daemon`` options.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ class Budget:
                 f"{path} holds {_human(data_bytes)} of data, past the largest file"
                 f" captured, {_human(self.limits.max_file_bytes)} (--max-file-bytes)")
         self.take(data_bytes, path)
+
+    def allowance(self, data_bytes: int) -> int:
+        """The most bytes a file ``check_file`` let in at ``data_bytes`` may hold when it
+        is read: it may grow meanwhile (an agent's process on the host writes on), and
+        what it grew by counts as changed bytes do (``take``), within the largest file."""
+        return max(data_bytes, min(self.limits.max_file_bytes,
+                                   data_bytes + self.left - self.used))
+
+    def overread(self, path: str, data_bytes: int) -> ResourceExhausted:
+        """The error for a file that held more than its ``allowance`` when read."""
+        if self.allowance(data_bytes) >= self.limits.max_file_bytes:
+            why = (f"the largest file captured, {_human(self.limits.max_file_bytes)}"
+                   " (--max-file-bytes)")
+        else:
+            why = self.floor_reason or (f"the most new bytes per checkpoint,"
+                                        f" {_human(self.limits.max_checkpoint_bytes)}"
+                                        " (--max-checkpoint-bytes)")
+        return ResourceExhausted(f"{path} grew while it was read, from {_human(data_bytes)}"
+                                 f" to more than {_human(self.allowance(data_bytes))},"
+                                 f" past {why}")
 
     def take(self, n: int, path: str) -> None:
         self.used += n

@@ -41,7 +41,8 @@ from typing import Protocol
 
 from worldline.client.errors import FailedPrecondition
 
-from ..storage.blobs import CHUNK, BlobStore, digest_of
+from ..faults import crash_point
+from ..storage.blobs import CHUNK, BlobStore, Overread, digest_of
 from ..storage.statcache import Memo, StatCache, is_racy, is_racy_signature
 from . import sparse
 from .fsmeta import at, entry_of, read_xattrs
@@ -134,19 +135,28 @@ class _Scan:
         self.rescan_caches: Callable[[], tuple[dict, dict]] | None = None
 
 
-def read_small(fd: int, size_hint: int) -> bytes:
+def read_small(fd: int, size_hint: int, limit: int | None = None) -> bytes:
     """The whole of a small file, read in a buffer the size its stat gave (plus one
     byte): ``os.read(fd, n)`` allocates ``n`` bytes before it reads, and a 1 MiB
     buffer per file made the allocator map and unmap a fresh heap per capture (a fifth
     of the daemon's CPU under the eight-session load). It reads on until a read gives
     nothing (a short read is not trusted to be the end); a file that grew since its
     stat is read in chunks, and the capture's before/after signature decides whether
-    what was read may be trusted."""
-    chunks, want = [], size_hint + 1
-    while chunk := os.read(fd, want if want > 0 else CHUNK):
+    what was read may be trusted. Past ``limit`` bytes, Overread (one byte past it at
+    the most): a file an agent's process keeps writing is not read without end."""
+    chunks, want, got = [], size_hint + 1, 0
+    while chunk := os.read(fd, _within(want if want > 0 else CHUNK, got, limit)):
+        got += len(chunk)
+        if limit is not None and got > limit:
+            raise Overread(limit)
         chunks.append(chunk)
         want -= len(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _within(n: int, got: int, limit: int | None) -> int:
+    """A read of ``n`` bytes cut to one past ``limit`` (``got`` read so far)."""
+    return n if limit is None else min(n, limit + 1 - got)
 
 
 class WorkspaceSnapshotter:
@@ -482,18 +492,25 @@ class WorkspaceSnapshotter:
                 scan.warnings.append(f"skipped {path}: not a file, folder or symlink")
                 return None
             holey = sparse.is_sparse(fd, before)
-            if scan.budget is not None:
-                scan.budget.check_file(path, before, min(before.st_blocks * 512,
-                                                         before.st_size)
-                                       if holey else before.st_size)
-            if holey:
+            budget = scan.budget
+            if budget is not None:
+                budget.check_file(path, before, min(before.st_blocks * 512, before.st_size)
+                                  if holey else before.st_size)
+            if holey:  # read as far as its size then: growth is the next capture's
                 kind = SPARSE
                 ref, _ = sparse.capture(fd, before.st_size, self.blobs, scan.persist)
                 size = before.st_size
             else:
                 kind = FILE
-                ref, size = self._read_content(fd, before.st_size, scan.persist, previous,
-                                               kept)
+                limit = budget.allowance(before.st_size) if budget is not None else None
+                crash_point("capture.file_opened")  # tests: the file grows meanwhile
+                try:
+                    ref, size = self._read_content(fd, before.st_size, scan.persist,
+                                                   previous, kept, limit)
+                except Overread:
+                    raise budget.overread(path, before.st_size) from None
+                if size > before.st_size and budget is not None:
+                    budget.take(size - before.st_size, path)  # it grew: within allowance
             xattrs = read_xattrs(fd)
             after = os.fstat(fd)
         finally:
@@ -507,23 +524,27 @@ class WorkspaceSnapshotter:
         return entry
 
     def _read_content(self, fd: int, size_hint: int, persist: bool,
-                      previous: str | None, kept: Entry | None = None) -> tuple[str, int]:
+                      previous: str | None, kept: Entry | None = None,
+                      limit: int | None = None) -> tuple[str, int]:
         """Store the file's content; ``previous`` is the digest its path had last time,
         a base the blob store may store the new version as a difference from; ``kept``,
-        an entry the head names (a small file's content equal to its blob is not put)."""
+        an entry the head names (a small file's content equal to its blob is not put).
+        More than ``limit`` bytes (the file grew while read): Overread."""
         if size_hint <= SMALL_FILE:
-            data = read_small(fd, size_hint)
+            data = read_small(fd, size_hint, limit)
             if not persist:
                 return digest_of(data), len(data)
             if kept is not None and kept.size == len(data) and digest_of(data) == kept.ref:
                 return kept.ref, len(data)
             return self.blobs.put_bytes(data, base=previous), len(data)
         if persist:
-            return self.blobs.put_fd(fd)
+            return self.blobs.put_fd(fd, limit)
         hasher, size = hashlib.sha256(), 0
-        while chunk := os.read(fd, CHUNK):
-            hasher.update(chunk)
+        while chunk := os.read(fd, _within(CHUNK, size, limit)):
             size += len(chunk)
+            if limit is not None and size > limit:
+                raise Overread(limit)
+            hasher.update(chunk)
         return hasher.hexdigest(), size
 
     def _store_tree(self, tree: Tree, scan: _Scan, rel: str | None = None) -> str:

@@ -82,8 +82,11 @@ class BlobStore(Protocol):
         """``put_bytes`` of each, in one go (a full scan's thousands of trees, mostly
         stored already): their digests, in order."""
 
-    def put_fd(self, fd: int) -> tuple[str, int]:
-        """Store what remains to be read from ``fd``; return (digest, size)."""
+    def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
+        """Store the file open at ``fd``, read from its start; return (digest, size).
+        With ``limit``, a file found to hold more bytes than that (one that grows while
+        it is read) raises Overread, having read at most one byte more and stored
+        nothing."""
 
     def read_bytes(self, digest: str) -> bytes:
         """The blob's bytes, verified."""
@@ -120,6 +123,15 @@ class BlobStore(Protocol):
         checkpoint's transaction must write (``Store.append_checkpoint(objects=)``),
         none for a store with no bucket. Should the block raise, the store records them
         itself, so nothing it uploaded stays unfindable."""
+
+
+class Overread(ResourceExhausted):
+    """A file held more than the bytes it was allowed when read (``put_fd``'s
+    ``limit``): it grew while it was read. The caller names the file and the limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} bytes to read")
+        self.limit = limit
 
 
 class DestinationFull(ResourceExhausted):
@@ -288,12 +300,13 @@ class LocalBlobStore:
                 BLOB_REUSED.inc(len(data))
         return digests
 
-    def put_fd(self, src: int) -> tuple[str, int]:
+    def put_fd(self, src: int, limit: int | None = None) -> tuple[str, int]:
         """Store the file open at ``src`` (read from offset 0). Its digest is computed
         first, so content that is already stored is recognised before a copy of it is
-        written anywhere; only new content is read again and copied aside."""
+        written anywhere; only new content is read again and copied aside (each pass
+        within ``limit``: a temporary cut short by Overread is removed)."""
         hasher, size = hashlib.sha256(), 0
-        for chunk in _chunks(src):
+        for chunk in _chunks(src, limit):
             hasher.update(chunk)
             size += len(chunk)
         digest = hasher.hexdigest()
@@ -304,7 +317,7 @@ class LocalBlobStore:
 
         def copied():
             nonlocal size
-            for chunk in _chunks(src):
+            for chunk in _chunks(src, limit):
                 hasher.update(chunk)
                 size += len(chunk)
                 yield chunk
@@ -638,11 +651,15 @@ class LocalBlobStore:
         return renamed, removed
 
 
-def _chunks(fd: int) -> Iterator[bytes]:
-    """The file open at ``fd`` from its start, in chunks (pread: its offset is untouched)."""
+def _chunks(fd: int, limit: int | None = None) -> Iterator[bytes]:
+    """The file open at ``fd`` from its start, in chunks (pread: its offset is
+    untouched); past ``limit`` bytes, Overread, one byte past it at the most."""
     offset = 0
-    while chunk := os.pread(fd, CHUNK, offset):
+    while chunk := os.pread(fd, CHUNK if limit is None else min(CHUNK, limit + 1 - offset),
+                            offset):
         offset += len(chunk)
+        if limit is not None and offset > limit:
+            raise Overread(limit)
         yield chunk
 
 
@@ -714,8 +731,8 @@ class MemoryBlobStore:
     def put_many(self, blobs: list[bytes]) -> list[str]:
         return [self.put_bytes(data) for data in blobs]
 
-    def put_fd(self, fd: int) -> tuple[str, int]:
-        data = b"".join(_chunks(fd))
+    def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
+        data = b"".join(_chunks(fd, limit))
         return self.put_bytes(data), len(data)
 
     def read_bytes(self, digest: str) -> bytes:

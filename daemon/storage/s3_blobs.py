@@ -362,8 +362,8 @@ class S3BlobStore:
             self._note(digest, data, len(data))
         return digests
 
-    def put_fd(self, fd: int) -> tuple[str, int]:
-        digest, size = self.cache.put_fd(fd)
+    def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
+        digest, size = self.cache.put_fd(fd, limit)
         self._note(digest, None, size)
         return digest, size
 
