@@ -80,7 +80,8 @@ class Budget:
 
     def overread(self, path: str, data_bytes: int) -> ResourceExhausted:
         """The error for a file that held more than its ``allowance`` when read."""
-        if self.allowance(data_bytes) >= self.limits.max_file_bytes:
+        allowed = self.allowance(data_bytes)
+        if allowed >= self.limits.max_file_bytes:
             why = (f"the largest file captured, {_human(self.limits.max_file_bytes)}"
                    " (--max-file-bytes)")
         else:
@@ -88,7 +89,7 @@ class Budget:
                                         f" {_human(self.limits.max_checkpoint_bytes)}"
                                         " (--max-checkpoint-bytes)")
         return ResourceExhausted(f"{path} grew while it was read, from {_human(data_bytes)}"
-                                 f" to more than {_human(self.allowance(data_bytes))},"
+                                 f" to more than {_human(allowed)},"
                                  f" past {why}")
 
     def take(self, n: int, path: str) -> None:

@@ -42,7 +42,7 @@ from typing import Protocol
 from worldline.client.errors import FailedPrecondition
 
 from ..faults import crash_point
-from ..storage.blobs import CHUNK, BlobStore, Overread, digest_of
+from ..storage.blobs import CHUNK, BlobStore, Overread, digest_of, file_chunks, within
 from ..storage.statcache import Memo, StatCache, is_racy, is_racy_signature
 from . import sparse
 from .fsmeta import at, entry_of, read_xattrs
@@ -145,18 +145,13 @@ def read_small(fd: int, size_hint: int, limit: int | None = None) -> bytes:
     what was read may be trusted. Past ``limit`` bytes, Overread (one byte past it at
     the most): a file an agent's process keeps writing is not read without end."""
     chunks, want, got = [], size_hint + 1, 0
-    while chunk := os.read(fd, _within(want if want > 0 else CHUNK, got, limit)):
+    while chunk := os.read(fd, within(want if want > 0 else CHUNK, got, limit)):
         got += len(chunk)
         if limit is not None and got > limit:
             raise Overread(limit)
         chunks.append(chunk)
         want -= len(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _within(n: int, got: int, limit: int | None) -> int:
-    """A read of ``n`` bytes cut to one past ``limit`` (``got`` read so far)."""
-    return n if limit is None else min(n, limit + 1 - got)
 
 
 class WorkspaceSnapshotter:
@@ -540,11 +535,9 @@ class WorkspaceSnapshotter:
         if persist:
             return self.blobs.put_fd(fd, limit)
         hasher, size = hashlib.sha256(), 0
-        while chunk := os.read(fd, _within(CHUNK, size, limit)):
-            size += len(chunk)
-            if limit is not None and size > limit:
-                raise Overread(limit)
+        for chunk in file_chunks(fd, limit):
             hasher.update(chunk)
+            size += len(chunk)
         return hasher.hexdigest(), size
 
     def _store_tree(self, tree: Tree, scan: _Scan, rel: str | None = None) -> str:

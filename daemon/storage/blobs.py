@@ -306,7 +306,7 @@ class LocalBlobStore:
         written anywhere; only new content is read again and copied aside (each pass
         within ``limit``: a temporary cut short by Overread is removed)."""
         hasher, size = hashlib.sha256(), 0
-        for chunk in _chunks(src, limit):
+        for chunk in file_chunks(src, limit):
             hasher.update(chunk)
             size += len(chunk)
         digest = hasher.hexdigest()
@@ -317,7 +317,7 @@ class LocalBlobStore:
 
         def copied():
             nonlocal size
-            for chunk in _chunks(src, limit):
+            for chunk in file_chunks(src, limit):
                 hasher.update(chunk)
                 size += len(chunk)
                 yield chunk
@@ -651,16 +651,21 @@ class LocalBlobStore:
         return renamed, removed
 
 
-def _chunks(fd: int, limit: int | None = None) -> Iterator[bytes]:
+def file_chunks(fd: int, limit: int | None = None) -> Iterator[bytes]:
     """The file open at ``fd`` from its start, in chunks (pread: its offset is
     untouched); past ``limit`` bytes, Overread, one byte past it at the most."""
     offset = 0
-    while chunk := os.pread(fd, CHUNK if limit is None else min(CHUNK, limit + 1 - offset),
-                            offset):
+    while chunk := os.pread(fd, within(CHUNK, offset, limit), offset):
         offset += len(chunk)
         if limit is not None and offset > limit:
             raise Overread(limit)
         yield chunk
+
+
+def within(n: int, got: int, limit: int | None) -> int:
+    """A read of ``n`` bytes cut to one past ``limit`` (``got`` read so far): enough to
+    tell a file that holds more than ``limit`` bytes."""
+    return n if limit is None else min(n, limit + 1 - got)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -732,7 +737,7 @@ class MemoryBlobStore:
         return [self.put_bytes(data) for data in blobs]
 
     def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
-        data = b"".join(_chunks(fd, limit))
+        data = b"".join(file_chunks(fd, limit))
         return self.put_bytes(data), len(data)
 
     def read_bytes(self, digest: str) -> bytes:
