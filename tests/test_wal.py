@@ -135,11 +135,12 @@ def _insert(db: SqliteDatabase, key: int) -> None:
         c.execute("INSERT INTO t VALUES (?, ?)", (key, b"row %d" % key))
 
 
-def test_the_log_restarts_beside_the_commits_not_inside_one(tmp_path, monkeypatch):
+def test_the_checkpointer_restarts_the_log_once_it_is_all_copied(tmp_path, monkeypatch):
     """Once the checkpointer has copied the whole log into the file, it starts the log
-    again itself (a page that changes nothing), so the commits after the pause append to
-    the log and none syncs a new header inside its COMMIT (wal.py). The same commit
-    with that restart held back starts the log again itself."""
+    again itself (a page that changes nothing: ``fresh``), so no commit after the pause
+    syncs a new header inside its COMMIT (wal.py); a log that holds only that page is
+    not started again. The same commit with that restart held back starts the log
+    again itself."""
     path = str(tmp_path / "a.db")
     db = SqliteDatabase(path, SCHEMA)
     checkpointer = db._wal
@@ -154,19 +155,46 @@ def test_the_log_restarts_beside_the_commits_not_inside_one(tmp_path, monkeypatc
         _insert(db, 2)
         assert _log_header(path) != before  # the commit started the log again
         assert not checkpointer.fresh
+        before = _log_header(path)
         checkpointer.restarts[:] = restarts
         copies = checkpointer.checkpoints
+        checkpointer.committed()  # a checkpoint after this one, whenever insert 2's came
         _wait(lambda: checkpointer.checkpoints > copies and checkpointer.fresh)
+        assert _log_header(path) != before  # the checkpointer started it again
+        before, copies = _log_header(path), checkpointer.checkpoints
+        checkpointer._due.set()  # a checkpoint of a log that holds only the restart's page
+        _wait(lambda: checkpointer.checkpoints > copies)
+        assert _log_header(path) == before and checkpointer.fresh  # not started again
+        assert db._all("SELECT k FROM t") == [(1,), (2,)]
+    finally:
+        db.close()
+
+
+def test_the_commits_after_a_restart_append_to_the_log(tmp_path, monkeypatch):
+    """After the log's restart (``restart_log``, here through the idle compaction's; no
+    checkpoint runs meanwhile: the thread pauses until the close), each commit appends
+    to the log: none starts it again, so none syncs a header inside its COMMIT."""
+    monkeypatch.setattr(wal, "INTERVAL", 600)
+    path = str(tmp_path / "a.db")
+    db = SqliteDatabase(path, SCHEMA)
+    checkpointer = db._wal
+    try:
+        _insert(db, 1)
+        assert db.compact_wal(0) and checkpointer.fresh
         before = _log_header(path)
         application_id = db._one("PRAGMA application_id", ())
-        for key in range(3, 6):
+        for key in range(2, 5):
             _insert(db, key)
             assert _log_header(path) == before, key  # appended
             assert not checkpointer.fresh
-        assert db._all("SELECT k FROM t") == [(k,) for k in range(1, 6)]
+        assert db._all("SELECT k FROM t") == [(k,) for k in range(1, 5)]
         assert db._one("PRAGMA application_id", ()) == application_id
+        assert checkpointer.checkpoints == 0
     finally:
+        started = time.monotonic()
         db.close()
+    assert time.monotonic() - started < wal.JOIN_SECONDS  # the close cut the pause short
+    assert not checkpointer._thread.is_alive()
 
 
 def test_a_restart_that_fails_leaves_it_to_the_next_commit(tmp_path, monkeypatch, caplog):
@@ -207,11 +235,12 @@ def test_a_restart_that_fails_leaves_it_to_the_next_commit(tmp_path, monkeypatch
         db.close()
 
 
-def test_a_compacted_log_starts_again_with_one_page(tmp_path):
+def test_a_compacted_log_starts_again_with_one_page(tmp_path, monkeypatch):
     """An idle file's log is copied into it and truncated (compact_wal), then started
     again with the restart's one page, which the next compaction leaves as it is; the
     next commit appends to it. What was committed stays, in the file and after a new
-    open."""
+    open. (No checkpoint runs meanwhile: the thread pauses until the close.)"""
+    monkeypatch.setattr(wal, "INTERVAL", 600)
     path = str(tmp_path / "a.db")
     db = SqliteDatabase(path, SCHEMA)
     try:

@@ -90,7 +90,7 @@ class Checkpointer:
         self.fresh = False  # the log holds no commit, only a restart's page (``restart``)
         self._copies = WAL_COPY.labels(os.path.basename(path))
         self._due = threading.Event()
-        self._stopping = False
+        self._stopping = threading.Event()  # cuts the pauses short: a stop never waits
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
         self._thread.start()
 
@@ -133,7 +133,7 @@ class Checkpointer:
                 return
             if _running.get(self.key) is self:
                 del _running[self.key]
-        self._stopping = True
+        self._stopping.set()
         self._due.set()
         self._thread.join(JOIN_SECONDS)  # a stop never hangs on it (the log stays valid)
         if self._thread.is_alive():
@@ -151,8 +151,7 @@ class Checkpointer:
         db = None
         while True:
             self._due.wait()
-            if not self._stopping:
-                time.sleep(INTERVAL)  # let the commits of a burst gather
+            self._stopping.wait(INTERVAL)  # let the commits of a burst gather
             self._due.clear()
             if self.failed is None:  # a log with a hole is never copied into the file
                 try:
@@ -162,14 +161,15 @@ class Checkpointer:
                     _, logged, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self._copies.observe(time.perf_counter() - started)
                     self.checkpoints += 1
-                    if 0 < logged == copied and not self._stopping:
-                        self.restart()  # all in the file: the log can start again
+                    if 0 < logged == copied and not (self.fresh or self._stopping.is_set()):
+                        self.restart()  # all in the file: the log can start again (and
+                        # one that holds only a restart's page has been started again)
                 except sqlite3.Error as exc:  # busy, or the disk: tried again after the
                     # interval (the thread must not die: the log would grow unbounded)
                     log.warning("checkpoint of %s's write-ahead log: %s", self.path, exc)
                     self._due.set()
-                    time.sleep(INTERVAL)
-            if self._stopping:
+                    self._stopping.wait(INTERVAL)
+            if self._stopping.is_set():
                 if db is not None:
                     db.close()
                 return
