@@ -9,6 +9,13 @@ import pytest
 from worldline.daemon.capture.admission import FairGate
 
 
+def _until(predicate, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("limit", [1, 2])
 def test_admits_in_arrival_order_and_never_more_than_the_limit(limit):
     gate = FairGate(limit)
@@ -31,7 +38,8 @@ def test_admits_in_arrival_order_and_never_more_than_the_limit(limit):
         t = threading.Thread(target=holder, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.02)  # arrive one after another
+        # one after another: each inside, or queued, before the next comes
+        _until(lambda i=i: (len(order) if i < limit else limit + len(gate._waiters)) == i + 1)
     assert order == list(range(limit))  # the first ones inside, the rest queued
     release.set()
     for t in threads:
