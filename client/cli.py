@@ -509,6 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest file captured, in logical size, holes included (default 1T)")
     d.add_argument("--max-checkpoint-bytes", type=_size, default="16G", metavar="SIZE",
                    help="most bytes of changed files one checkpoint reads (default 16G)")
+    d.add_argument("--max-entries", type=_count, default="2000000", metavar="N",
+                   help="most names (files, folders, links) a workspace or a container's"
+                        " layer may hold (default 2000000)")
     d.add_argument("--store", metavar="URL",
                    help="metadata: sqlite (default, <root>/meta.db) or postgresql://... shared"
                         " by a fleet (default $WORLDLINE_STORE)")
@@ -748,6 +751,18 @@ complete -o default -F _worldline worldline
 '''
 
 
+def _count(text: str) -> int:
+    """A count: a whole number, at least 1."""
+    from argparse import ArgumentTypeError
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise ArgumentTypeError(f"{text!r} is less than 1")
+    return value
+
+
 def _size(text: str) -> int:
     """A size: bytes, or a number with K, M, G or T (powers of 1024)."""
     from argparse import ArgumentTypeError
@@ -809,7 +824,7 @@ def _main(argv: list[str] | None = None) -> int:
         from worldline.daemon.main import run
         from worldline.daemon.storage.config import StorageConfig
         limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
-                        args.min_free_bytes)
+                        args.min_free_bytes, args.max_entries)
         try:
             storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
                                             args.cache_bytes, args.lease_seconds,

@@ -564,3 +564,35 @@ def test_a_container_is_never_left_running_over_a_swapped_workspace(tmp_path, ag
             assert sh(s.container, "cat /workspace/a.txt") == "mine\n"
     finally:
         d.stop()
+
+
+def test_a_container_layer_filled_with_names_is_refused(tmp_path, workspace, containers):
+    """--max-entries holds for a container's writable layer as for a workspace: names
+    made inside by `nobody` past it make the checkpoint RESOURCE_EXHAUSTED naming the
+    layer, record nothing, and a restore brings the layer back under the limit (each
+    new folder within it: a look at the layer walks a new folder whole)."""
+    from worldline.client import ResourceExhausted
+
+    d = DaemonProcess(tmp_path / "root", extra=["--max-entries", "300"]).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(workspace), image=IMAGE)
+            containers.append(s.container)
+            docker("exec", "-u", "65534", s.container, "sh", "-c",
+                   "mkdir /tmp/few && touch /tmp/few/a /tmp/few/b")
+            cp = s.checkpoint()
+            logged = [x.id for x in c.log(s.id)]
+            docker("exec", "-u", "65534", s.container, "sh", "-c",
+                   "for d in 1 2; do mkdir /tmp/many$d && cd /tmp/many$d && i=0;"
+                   " while [ $i -lt 200 ]; do : > f$i; i=$((i+1)); done; done")
+            with pytest.raises(ResourceExhausted) as err:
+                s.checkpoint()
+            assert "the container's writable layer holds" in err.value.message
+            assert "--max-entries" in err.value.message
+            assert [x.id for x in c.log(s.id)] == logged
+            s.restore(cp.id, acknowledge_side_effects=True)
+            assert sh(s.container, "ls /tmp; ls /tmp/few") == "few\na\nb\n"
+            sh(s.container, "touch /tmp/few/c")
+            assert s.checkpoint().id
+    finally:
+        d.stop()

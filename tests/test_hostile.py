@@ -471,6 +471,63 @@ def test_9c_a_file_that_grows_while_it_is_read(tmp_path, agent_home, canary, sta
     assert fingerprint(canary) == before
 
 
+def test_9d_a_layer_filled_with_names_is_refused_not_walked_to_its_end(
+        tmp_path, agent_home, canary):
+    """An agent that makes millions of names (empty files, links: cheap for it) made a
+    full scan hold about a kilobyte of the daemon's memory for each, until the machine
+    ran out. Past --max-entries (here 2,000) a checkpoint is RESOURCE_EXHAUSTED naming
+    the workspace and the limit, and records nothing: an incremental capture counts
+    from its head, a full scan's walk (after a restart) stops at the limit. Another
+    session goes on meanwhile, and a restore (whose look at the layer stores nothing)
+    brings the layer back under the limit, unless that look is a full scan; once the
+    agent removes the names, checkpoints and restores work again."""
+    before = fingerprint(canary)
+    ws = agent_home / "proj" / "ws"
+    other = tmp_path / "other"
+    other.mkdir()
+    d = DaemonProcess(tmp_path / "root", ["--max-entries", "2000"])
+    try:
+        d.start()
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            neighbour = c.create_session(str(other))
+            as_agent("mkdir -p src/a src/b && seq 1 600 | sed 's|^|src/a/f|' | xargs touch"
+                     " && ln -s a src/alias", ws)
+            first = s.checkpoint().id  # 604 names: within the limit
+            logged = [x.id for x in c.log(s.id)]
+            as_agent("mkdir many && seq 1 1500 | sed 's|^|many/g|' | xargs touch", ws)
+            with pytest.raises(ResourceExhausted) as err:
+                s.checkpoint()  # 2,105 names, counted from the head's 604
+            assert f"the workspace {ws} holds 2,105 entries" in err.value.message
+            assert "--max-entries" in err.value.message
+            assert [x.id for x in c.log(s.id)] == logged  # nothing recorded
+            (other / "note").write_text("the neighbour goes on\n")
+            assert neighbour.checkpoint().id
+            s.restore(first, acknowledge_side_effects=True)  # brings it under the limit
+            assert not (ws / "many").exists() and len(list((ws / "src/a").iterdir())) == 600
+            as_agent("mkdir many && seq 1 1500 | sed 's|^|many/g|' | xargs touch", ws)
+        d.stop()
+        d.start()  # a start: the first capture is a full scan, whose walk stops at 2,000
+        with d.client() as c:
+            s = c.get_session(s.id)
+            for refused in (s.checkpoint, lambda: s.restore(first)):
+                with pytest.raises(ResourceExhausted) as err:
+                    refused()  # the full scan's walk stops at 2,000
+                assert "holds more than 2,000 entries" in err.value.message
+            assert (ws / "many" / "g1500").exists()  # the refused restore changed nothing
+            as_agent("rm -rf many && echo changed > src/a/f1", ws)
+            cp = s.checkpoint()
+            as_agent("echo again > src/a/f1", ws)
+            s.restore(first, acknowledge_side_effects=True)
+            assert (ws / "src/a/f1").read_bytes() == b""
+            s.restore(cp.id, acknowledge_side_effects=True)
+            assert (ws / "src/a/f1").read_text() == "changed\n"
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+    assert fingerprint(canary) == before
+
+
 def test_9b_free_space_floor(tmp_path, tmpfs):
     root = tmpfs(tmp_path / "small", "64m")
     d = DaemonProcess(root / "data", ["--min-free-bytes", "60M"]).start()

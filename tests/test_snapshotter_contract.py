@@ -471,3 +471,98 @@ def test_a_file_growing_while_read_is_read_within_its_allowance(tmp_path, monkey
     assert (8 << 20) < sum(got) <= (8 << 20) + 1
     monkeypatch.undo()
     assert not blobs.has(digest_of((w.path / "log").read_bytes()))
+
+
+def _names_on_disk(root: Path) -> int:
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(root))
+
+
+def test_every_capture_counts_the_names_its_layer_holds(tmp_path):
+    """``--max-entries`` needs each capture to know how many names its layer holds:
+    a full scan from its walk (the folders whose memo held counted there), an
+    incremental capture from the head's count and what changed (a folder removed or
+    replaced takes every name below it along), a capture after a restore from the
+    restored tree's. Through a real tracker and random changes, every count equals the
+    names on disk and the count read back from the trees alone."""
+    import random
+    import shutil
+
+    from worldline.daemon.capture.layers import WORKSPACE, Layer
+    from worldline.daemon.capture.limits import Limits
+    from worldline.daemon.capture.tracker import ChangeMonitor
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    blobs = MemoryBlobStore()
+    rng = random.Random(11)
+    monitor = ChangeMonitor()
+
+    def layer_with(trees: TreeReader) -> Layer:
+        tracker = monitor.tracker(str(ws))
+        snap = WorkspaceSnapshotter(str(ws), blobs, trees, cache, tracker, limits=Limits())
+        return Layer(WORKSPACE, str(ws), snap, tracker)
+
+    def folders() -> list[Path]:
+        return [Path(d) for d, _, _ in os.walk(ws)]
+
+    def files() -> list[Path]:
+        return [Path(d) / f for d, _, fs in os.walk(ws) for f in fs]
+
+    def new_tree(at: Path) -> None:
+        for i in range(rng.randint(1, 6)):
+            sub = at / "/".join(f"d{rng.randint(0, 3)}" for _ in range(rng.randint(0, 2)))
+            sub.mkdir(parents=True, exist_ok=True)
+            (sub / f"n{i}").write_text(str(i))
+
+    def change() -> None:
+        kind = rng.choice(["write", "write", "tree", "rm", "rmtree", "dir-to-file",
+                           "file-to-dir", "move", "link"])
+        here = rng.choice(folders())
+        if kind == "write":
+            (here / f"f{rng.randint(0, 9)}").write_text(str(rng.random()))
+        elif kind == "tree":
+            new_tree(here / f"t{rng.randint(0, 99)}")
+        elif kind == "rm" and files():
+            rng.choice(files()).unlink()
+        elif kind in ("rmtree", "dir-to-file", "move") and here != ws:
+            if kind == "move":
+                here.rename(ws / f"moved{rng.randint(0, 99)}")
+                return
+            shutil.rmtree(here)
+            if kind == "dir-to-file":
+                here.write_text("was a folder")
+        elif kind == "file-to-dir" and files():
+            f = rng.choice(files())
+            f.unlink()
+            new_tree(f)
+        elif kind == "link" and files():
+            os.symlink("../elsewhere", here / f"l{rng.randint(0, 9)}")
+
+    cache = StatCache(None)
+    try:
+        new_tree(ws)
+        layer, base, incremental = layer_with(TreeReader(blobs)), None, 0
+        earlier = ""  # the tree of step 10, restored at step 30
+        for step in range(60):
+            change()
+            if step == 30:  # a restore to an earlier tree, then a reader that knows none
+                current, _ = layer.capture(base, persist=False, consume=False)
+                layer.snap.apply(current, earlier)
+                layer.now_equals(earlier)
+                base, layer = earlier, layer_with(TreeReader(blobs))
+            if step in (19, 49):  # a full scan past the racy window writes every memo
+                time.sleep(RACY_NS / 1e9 * 1.5)
+            if step in (19, 20, 49, 50):  # then one with most of them holding
+                layer.tracker.invalidate("a full scan, with memos")
+            capture, _ = layer.capture(base)
+            layer.committed(capture)
+            base = capture.root
+            if step in (20, 50):
+                assert capture.full and capture.reused
+            if step == 10:
+                earlier = capture.root
+            incremental += not capture.full
+            assert capture.entries == _names_on_disk(ws) == TreeReader(blobs).count(base), step
+        assert incremental > 40
+    finally:
+        monitor.close()

@@ -262,3 +262,49 @@ def test_the_merged_view_is_opened_beneath_its_root_never_through_a_symlink(tmp_
     finally:
         os.close(root)
         subprocess.run(["umount", str(view / "m")], check=True)
+
+
+def test_a_flood_of_changes_is_dropped_for_a_full_scan(tmp_path, monkeypatch, caplog):
+    """Past MAX_CHANGES paths between two captures (an agent making millions of files)
+    the tracker keeps none of them and asks for a full scan instead, as for a queue
+    overflow: its memory stays bounded, the scan is bounded by --max-entries, and the
+    capture still misses nothing."""
+    import logging
+
+    from worldline.daemon.capture import tracker as tracker_mod
+    from worldline.daemon.capture.layers import WORKSPACE, Layer
+    from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+    from worldline.daemon.capture.trees import TreeReader
+    from worldline.daemon.storage.blobs import MemoryBlobStore
+    from worldline.daemon.storage.statcache import StatCache
+
+    monkeypatch.setattr(tracker_mod, "MAX_CHANGES", 50)
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    blobs = MemoryBlobStore()
+    monitor = tracker_mod.ChangeMonitor()
+    try:
+        tracker = monitor.tracker(str(ws))
+        layer = Layer(WORKSPACE, str(ws), WorkspaceSnapshotter(
+            str(ws), blobs, TreeReader(blobs), StatCache(None), tracker), tracker)
+        head, _ = layer.capture(None)
+        layer.committed(head)
+        (ws / "sub" / "one").write_text("one")
+        changes = tracker.peek()
+        assert not changes.full and changes.dirty == {"sub/one"}
+        with caplog.at_level(logging.INFO, logger="worldline.daemon.capture.tracker"):
+            for i in range(120):
+                (ws / "sub" / f"f{i}").write_text(str(i))
+            changes = tracker.peek()
+        assert changes.full
+        assert len(changes.dirty) + len(changes.closed) + len(changes.rescan) <= 50
+        assert "more than 50 paths changed since the last capture" in caplog.text
+        assert monitor.barrier()  # the flood's last events, read now rather than after
+        capture, _ = layer.capture(head.root)
+        assert capture.full and capture.entries == 122  # sub, one, and 120 more
+        layer.committed(capture)
+        (ws / "sub" / "f7").write_text("after the flood")
+        changes = tracker.peek()
+        assert not changes.full and changes.dirty == {"sub/f7"}  # tracking again
+    finally:
+        monitor.close()

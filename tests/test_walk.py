@@ -39,25 +39,27 @@ def _tree(root) -> None:
     (root / "locked").mkdir(mode=0o500)
 
 
-def _walk(impl, root, files=None, folders=None, inotify_fd=-1, max_depth=400, prefix=""):
+def _walk(impl, root, files=None, folders=None, inotify_fd=-1, max_depth=400, prefix="",
+          max_entries=None):
     fd = os.open(root, _DIR)
+    more = () if max_entries is None else (max_entries,)
     try:
         return impl(fd, inotify_fd, 0x2, max_depth, False, lambda: (files or {}, folders or {}),
-                    signature(os.fstat(fd)), prefix)
+                    signature(os.fstat(fd)), prefix, *more)
     finally:
         os.close(fd)
 
 
 def _normal(result):
     """Records with their entries sorted and watch descriptors reduced to a flag."""
-    records, reused, root = result
+    records, reused, root, listed = result
     return ([(rel, wd != 0, opaque, sorted(entries)) for rel, wd, opaque, entries in records],
-            sorted((rel, wd != 0) for rel, wd in reused), root)
+            sorted((rel, wd != 0, names) for rel, wd, names in reused), root, listed)
 
 
 def _memos(root, result):
     """What a committed full scan would remember: every file, and every folder's memo."""
-    records, _, _ = result
+    records, _, _, _ = result
     files, folders = {}, {}
     for rel, _wd, _opaque, entries in records:
         for name, sig, extra in entries:
@@ -78,7 +80,7 @@ def _memos(root, result):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_lists_every_kind_without_following_links(tmp_path, impl):
     _tree(tmp_path)
-    records, reused, root = _walk(impl, tmp_path)
+    records, reused, root, _ = _walk(impl, tmp_path)
     assert reused == [] and root == len(records) - 1
     by_rel = {rel: {name: (SIG.unpack(sig), extra) for name, sig, extra in entries}
               for rel, _wd, _o, entries in records}
@@ -118,29 +120,29 @@ def test_a_memo_holds_until_something_below_changes(tmp_path, impl):
     _tree(tmp_path)
     os.unlink(tmp_path / "a" / "fifo")  # a folder with a FIFO is always looked at again
     files, folders = _memos(tmp_path, _walk(impl, tmp_path))
-    records, reused, root = _walk(impl, tmp_path, files, folders)
+    records, reused, root, _ = _walk(impl, tmp_path, files, folders)
     assert records == [] and root == folders[""]
-    assert {rel for rel, _ in reused} == set(folders)
+    assert {rel for rel, *_ in reused} == set(folders)
 
     # a file's content changes: its folder and every folder above it are rebuilt
     with open(tmp_path / "a" / "b" / "two.py", "a") as f:
         f.write("more")
-    records, reused, root = _walk(impl, tmp_path, files, folders)
+    records, reused, root, _ = _walk(impl, tmp_path, files, folders)
     assert [r[0] for r in records] == ["a/b", "a", ""]
-    assert {rel for rel, _ in reused} == {"a/b/c", "empty", "locked"}
+    assert {rel for rel, *_ in reused} == {"a/b/c", "empty", "locked"}
     entries = dict((name, extra) for name, _s, extra in records[1][3])
     assert entries["b"] == 0 and entries["link"] == "../top.txt"
 
     # a name added to a folder changes the folder's own signature
     files, folders = _memos(tmp_path, _walk(impl, tmp_path))
     (tmp_path / "empty" / "new").write_text("x")
-    records, _, _ = _walk(impl, tmp_path, files, folders)
+    records, _, _, _ = _walk(impl, tmp_path, files, folders)
     assert [r[0] for r in records] == ["empty", ""]
 
     # a mode change of a folder is its own signature too
     files, folders = _memos(tmp_path, _walk(impl, tmp_path))
     os.chmod(tmp_path / "a" / "b" / "c", 0o700)
-    records, _, _ = _walk(impl, tmp_path, files, folders)
+    records, _, _, _ = _walk(impl, tmp_path, files, folders)
     assert [r[0] for r in records] == ["a/b/c", "a/b", "a", ""]
 
 
@@ -153,8 +155,49 @@ def test_depth_limit_and_prefix(tmp_path, impl):
     with pytest.raises(RecursionError) as err:
         _walk(impl, tmp_path, max_depth=4)
     assert str(err.value) == "l0/l1/l2/l3/l4"
-    records, _, _ = _walk(impl, tmp_path / "l0", prefix="l0")
+    records, _, _, _ = _walk(impl, tmp_path / "l0", prefix="l0")
     assert [r[0] for r in records][-2:] == ["l0/l1", "l0"]
+
+
+def _names_below(root) -> int:
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(root))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_counts_every_name_and_stops_past_the_most_entries(tmp_path, impl):
+    """``listed`` is every name in the tree, in the folders whose memo holds too; past
+    ``max_entries`` the walk raises TooManyEntries (a limit reached exactly is not
+    passed), whatever folder the names are in."""
+    _tree(tmp_path)
+    for i in range(300):  # one large folder, beside the small ones
+        (tmp_path / "empty" / f"n{i:03}").write_text("")
+    names = _names_below(tmp_path)
+    first = _walk(impl, tmp_path)
+    assert first[3] == names
+    files, folders = _memos(tmp_path, first)
+    records, reused, _, listed = _walk(impl, tmp_path, files, folders)
+    held = {rel: below for rel, _, below in reused}
+    assert listed == names and held["empty"] == 300  # the memos held: counted too
+    assert held["a/b"] == 3 and held["a/b/c"] == 1  # each folder's names, and below it
+    assert _walk(impl, tmp_path, max_entries=names)[3] == names
+    for limit in (0, 5, 200, names - 1):
+        with pytest.raises(walk_mod.TooManyEntries) as err:
+            _walk(impl, tmp_path, files, folders, max_entries=limit)
+        rel, seen = err.value.args
+        assert limit <= seen <= names and isinstance(rel, str)
+    with pytest.raises(ValueError):
+        _walk(impl, tmp_path, max_entries=-1)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_folder_of_many_names_is_cut_short_while_it_is_listed(tmp_path, impl):
+    """A single folder past the limit is not listed to its end first: the walk stops
+    within the limit (measured by what the exception says it had listed)."""
+    for i in range(5000):
+        (tmp_path / f"f{i}").write_text("")
+    with pytest.raises(walk_mod.TooManyEntries) as err:
+        _walk(impl, tmp_path, max_entries=100)
+    assert err.value.args == ("", 100)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -163,7 +206,7 @@ def test_watches_every_folder_before_listing_it(tmp_path, impl):
     libc = ctypes.CDLL(None, use_errno=True)
     ifd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        records, _, _ = _walk(impl, tmp_path, inotify_fd=ifd)
+        records, _, _, _ = _walk(impl, tmp_path, inotify_fd=ifd)
         wds = {rel: wd for rel, wd, _o, _e in records}
         assert all(wd > 0 for wd in wds.values()) and len(set(wds.values())) == len(wds)
         (tmp_path / "a" / "b" / "c" / "after").write_text("seen")

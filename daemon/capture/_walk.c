@@ -1,7 +1,7 @@
 /* worldline.daemon._walk: one pass over a folder tree, for full scans.
  *
- * walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix])
- *     -> (records, reused, root)
+ * walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix[, max_entries]])
+ *     -> (records, reused, root, listed)
  *
  * The pure-Python twin, the contract and the tests that hold both to it are in
  * daemon/capture/walk.py and tests/test_walk.py; this file does the same work without an
@@ -24,8 +24,8 @@
  * when the folder's own signature is the memo's, every file and symlink in it matches
  * the stat cache, every folder in it is held by its memo, no file in it has another
  * hard link, and it holds nothing but files, folders and symlinks. Such a folder gives no
- * record: it is listed in reused as (relpath, wd) and its parent's entry carries the
- * memo.
+ * record: it is listed in reused as (relpath, wd, names), names counting every name in
+ * it and below it, and its parent's entry carries the memo.
  *
  * A record is (relpath, wd, opaque, entries), children before their parent. An entry
  * is (name, signature, extra): extra is the child's record index or memo for a folder,
@@ -33,7 +33,11 @@
  * record index or memo. wd is the watch descriptor, minus the errno when the watch
  * could not be added, 0 when not watching. An entry that vanishes while it is read is
  * left out (as os.scandir would); any other failure raises OSError; a folder deeper
- * than max_depth raises RecursionError naming it.
+ * than max_depth raises RecursionError naming it. listed counts every name listed
+ * (in folders whose memo holds too); past max_entries the walk stops, its threads'
+ * listings cut short, and raises TooManyEntries((relpath, listed)): what it holds in
+ * memory stays within the limit (one thread's folder may overshoot by what the others
+ * listed meanwhile).
  */
 #define _GNU_SOURCE /* struct dirent64 */
 #define PY_SSIZE_T_CLEAN
@@ -83,6 +87,11 @@ typedef struct {
     int err;          /* errno of a failure that aborts the walk, 0 if none */
 } listing_t;
 
+#define TOO_DEEP (-1)  /* walk_t.err: a folder deeper than max_depth */
+#define TOO_MANY (-2)  /* walk_t.err and listing_t.err: more names than max_entries */
+
+static PyObject *TooManyEntries; /* the exception */
+
 typedef struct node node_t;
 
 /* One folder of the tree, filled in by phase 1 (without the GIL). */
@@ -94,6 +103,7 @@ struct node {
     int fd;           /* open while it is listed and while a child folder waits to open */
     int pending;      /* child folders not opened yet */
     int wd, opaque, vanished;
+    size_t below;     /* names in it and below it (phase 2) */
     char sig[SIG_LEN]; /* its own signature, from its parent's listing (the root's: given) */
     listing_t l;
     node_t **kids;    /* per listed item: the child folder's node, or NULL */
@@ -109,12 +119,14 @@ typedef struct {
     size_t outstanding; /* nodes pushed and not yet processed */
     node_t *all;
     int root_fd;
-    int err;            /* first failure: an errno, or -1 for "too deep" */
+    int err;            /* first failure: an errno, TOO_DEEP or TOO_MANY */
     char *err_rel;
+    size_t listed;      /* names listed so far */
     /* read-only settings */
     int inotify_fd;
     uint32_t mask;
     int max_depth;
+    size_t max_entries;
     int overlay;
     /* phase 2, with the GIL */
     PyObject *records; /* folders whose memo does not hold, children first */
@@ -149,9 +161,10 @@ static item_t *push_item(listing_t *l) {
     return &l->items[l->n++];
 }
 
-/* Runs without the GIL: watch, then list the folder open at dfd. */
-static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int *wd,
-                        int *opaque) {
+/* Runs without the GIL: watch, then list the folder open at dfd, stopping (TOO_MANY)
+ * past limit names. */
+static void list_folder(int dfd, int rewind, const walk_t *w, size_t limit, listing_t *l,
+                        int *wd, int *opaque) {
     *wd = 0;
     *opaque = 0;
     if (w->inotify_fd >= 0) {
@@ -189,6 +202,10 @@ static void list_folder(int dfd, int rewind, const walk_t *w, listing_t *l, int 
         if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0)))
             continue;
         size_t len = strlen(name);
+        if (l->n >= limit) {
+            l->err = TOO_MANY;
+            break;
+        }
         item_t *it = push_item(l);
         if (it == NULL || reserve(l, len + 1) < 0) {
             l->err = ENOMEM;
@@ -350,7 +367,7 @@ static void process(walk_t *w, node_t *n) {
     int err = 0;
     if (n->depth > w->max_depth) {
         pthread_mutex_lock(&w->mu);
-        fail_locked(w, -1, n->rel);
+        fail_locked(w, TOO_DEEP, n->rel);
         if (n->parent)
             release_parent_locked(n->parent);
         pthread_mutex_unlock(&w->mu);
@@ -370,7 +387,10 @@ static void process(walk_t *w, node_t *n) {
         n->fd = w->root_fd;
     }
     if (!err) {
-        list_folder(n->fd, n->parent == NULL, w, &n->l, &n->wd, &n->opaque);
+        pthread_mutex_lock(&w->mu);
+        size_t limit = w->listed < w->max_entries ? w->max_entries - w->listed : 0;
+        pthread_mutex_unlock(&w->mu);
+        list_folder(n->fd, n->parent == NULL, w, limit, &n->l, &n->wd, &n->opaque);
         err = n->l.err;
     }
     size_t dirs = 0;
@@ -382,6 +402,9 @@ static void process(walk_t *w, node_t *n) {
             err = ENOMEM;
     }
     pthread_mutex_lock(&w->mu);
+    w->listed += n->l.n;
+    if (!err && w->listed > w->max_entries)
+        err = TOO_MANY; /* others listed meanwhile */
     if (err) {
         fail_locked(w, err, n->rel);
         dirs = 0;
@@ -488,6 +511,7 @@ static PyObject *build(walk_t *w, node_t *n) {
                     goto done;
                 if (!PyTuple_Check(child))
                     reusable = 0; /* the child folder changed */
+                n->below += kid->below;
             }
         } else if (S_ISREG(it->st.st_mode) || it->is_link) {
             if (S_ISREG(it->st.st_mode) && it->st.st_nlink > 1)
@@ -509,8 +533,9 @@ static PyObject *build(walk_t *w, node_t *n) {
         }
         PyList_SET_ITEM(children, (Py_ssize_t)i, child ? child : Py_NewRef(Py_None));
     }
+    n->below += l->n;
     if (reusable) {
-        PyObject *pair = Py_BuildValue("(Oi)", rel_obj, n->wd);
+        PyObject *pair = Py_BuildValue("(Oin)", rel_obj, n->wd, (Py_ssize_t)n->below);
         if (pair == NULL || PyList_Append(w->reused, pair) < 0) {
             Py_XDECREF(pair);
             goto done;
@@ -585,10 +610,17 @@ static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t root_sig_len;
     PyObject *prefix = NULL; /* bytes, from the optional str */
     PyObject *caches;
-    if (!PyArg_ParseTuple(args, "iiIipOy#|O&", &w.root_fd, &w.inotify_fd, &mask,
+    Py_ssize_t max_entries = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "iiIipOy#|O&n", &w.root_fd, &w.inotify_fd, &mask,
                           &w.max_depth, &w.overlay, &caches, &root_sig, &root_sig_len,
-                          PyUnicode_FSConverter, &prefix))
+                          PyUnicode_FSConverter, &prefix, &max_entries))
         return NULL;
+    if (max_entries < 0) {
+        Py_XDECREF(prefix);
+        PyErr_SetString(PyExc_ValueError, "max_entries must not be negative");
+        return NULL;
+    }
+    w.max_entries = (size_t)max_entries;
     if (!PyCallable_Check(caches)) {
         Py_XDECREF(prefix);
         PyErr_SetString(PyExc_TypeError, "caches must be callable");
@@ -627,11 +659,20 @@ static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     for (int i = 0; i < started; i++)
         pthread_join(threads[i], NULL);
     Py_END_ALLOW_THREADS
-    if (w.err == -1) {
+    if (w.err == TOO_DEEP) {
         PyObject *path = PyUnicode_DecodeFSDefault(w.err_rel ? w.err_rel : "");
         if (path != NULL) {
             PyErr_SetObject(PyExc_RecursionError, path);
             Py_DECREF(path);
+        }
+        goto out;
+    }
+    if (w.err == TOO_MANY) {
+        PyObject *info = Py_BuildValue("(Nn)", PyUnicode_DecodeFSDefault(
+            w.err_rel ? w.err_rel : ""), (Py_ssize_t)w.listed);
+        if (info != NULL) {
+            PyErr_SetObject(TooManyEntries, info);
+            Py_DECREF(info);
         }
         goto out;
     }
@@ -657,7 +698,7 @@ static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *top = build(&w, root);
     if (top == NULL)
         goto out;
-    result = Py_BuildValue("(OON)", w.records, w.reused, top);
+    result = Py_BuildValue("(OONn)", w.records, w.reused, top, (Py_ssize_t)w.listed);
 out:
     Py_XDECREF(pair);
     Py_XDECREF(w.records);
@@ -670,8 +711,8 @@ out:
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
-     "walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix])"
-     " -> (records, reused, root)"},
+     "walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig[, prefix"
+     "[, max_entries]]) -> (records, reused, root, listed)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -680,4 +721,18 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__walk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__walk(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    TooManyEntries = PyErr_NewExceptionWithDoc(
+        "worldline.daemon.capture._walk.TooManyEntries",
+        "The walk listed more names than max_entries; args: (relpath, listed).",
+        NULL, NULL);
+    if (TooManyEntries == NULL || PyModule_AddObjectRef(m, "TooManyEntries",
+                                                        TooManyEntries) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -4,8 +4,9 @@ A checkpoint past any limit fails with RESOURCE_EXHAUSTED naming the file or the
 limit, before the file is read (sizes are known from ``fstat``), and nothing it
 stored is referenced by any record (garbage collection takes it back). A file that
 grows after its ``fstat`` is read within its ``allowance``: what it grew by counts
-too. Defaults suit a coding agent's workspace; an operator sets them with
-``worldline daemon`` options.
+too. A layer's names are counted by the capture (``max_entries``): a full scan's walk
+stops at the limit, before it holds more in memory. Defaults suit a coding agent's
+workspace; an operator sets them with ``worldline daemon`` options.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class Limits:
     max_file_size: int = 1 << 40  # logical size of one file (a sparse file's holes count)
     max_checkpoint_bytes: int = 16 * GiB  # bytes read from changed files in one checkpoint
     min_free_bytes: int = 1 * GiB  # free space the data root keeps
+    # names (files, folders, links...) one layer may hold: a full scan holds about a
+    # kilobyte of memory for each while it builds the trees
+    max_entries: int = 2_000_000
 
     def budget(self, data_root: str | None) -> "Budget":
         return Budget(self, data_root)
@@ -91,6 +95,20 @@ class Budget:
         return ResourceExhausted(f"{path} grew while it was read, from {_human(data_bytes)}"
                                  f" to more than {_human(allowed)},"
                                  f" past {why}")
+
+    def check_entries(self, entries: int, layer: str) -> None:
+        """After a capture: the names its layer holds."""
+        if entries > self.limits.max_entries:
+            raise self.too_many_entries(layer, entries)
+
+    def too_many_entries(self, layer: str, entries: int | None = None) -> ResourceExhausted:
+        """The error for a layer past ``max_entries`` (a walk stops there: ``entries``
+        unknown)."""
+        held = f"{entries:,}" if entries is not None else f"more than {self.limits.max_entries:,}"
+        return ResourceExhausted(
+            f"{layer} holds {held} entries (files, folders, links), past the most a layer"
+            f" may hold, {self.limits.max_entries:,} (--max-entries): remove some, or start"
+            " the daemon with a larger --max-entries")
 
     def take(self, n: int, path: str) -> None:
         self.used += n

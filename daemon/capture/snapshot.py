@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import stat as st_
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +68,16 @@ from .trees import (
     links_of,
     make_extra,
 )
-from .walk import MAX_DEPTH, OPAQUE_XATTR, SIG, folders_below, join_path, signature, walk
+from .walk import (
+    MAX_DEPTH,
+    OPAQUE_XATTR,
+    SIG,
+    TooManyEntries,
+    folders_below,
+    join_path,
+    signature,
+    walk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +102,7 @@ class Capture:
     links: dict[str, int] = field(default_factory=dict)  # files with hard links: inode
     # files mapped shared and writable as it read them: their stat cache entries go
     mapped: frozenset[str] = frozenset()
+    entries: int = 0  # names in the layer (every folder's), within --max-entries
 
 
 class Snapshotter(Protocol):
@@ -133,6 +144,8 @@ class _Scan:
         self.untrusted: frozenset[str] | set[str] = frozenset()
         self.mapped: frozenset[str] = frozenset()
         self.rescan_caches: Callable[[], tuple[dict, dict]] | None = None
+        self.entries = 0  # names in the layer's tree (``TreeReader.count``)
+        self.max_entries = budget.limits.max_entries if budget is not None else sys.maxsize
 
 
 def read_small(fd: int, size_hint: int, limit: int | None = None) -> bytes:
@@ -194,10 +207,14 @@ class WorkspaceSnapshotter:
                                      mapped)
         finally:
             os.close(root_fd)
+        if budget is not None and persist:  # a look that stores nothing goes on (a
+            # restore brings the layer back under the limit); its walk stopped at it
+            budget.check_entries(scan.entries, self._layer_name())
         if scan.deferred:
             self.blobs.put_many(scan.deferred)
         return Capture(scan.root, scan.size, scan.trees, scan.warnings, scan.seen, persist,
-                       full, scan.memos, scan.reused, scan.links, frozenset(mapped))
+                       full, scan.memos, scan.reused, scan.links, frozenset(mapped),
+                       scan.entries)
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
                  base: str | None, full: bool, budget: Budget | None,
@@ -205,13 +222,23 @@ class WorkspaceSnapshotter:
         scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
         scan.untrusted, scan.mapped = untrusted, mapped
         if full:
-            scan.root, scan.size, _, _ = self._scan_tree(root_fd, "", scan,
-                                                         self._caches(untrusted))
+            scan.root, scan.size, _, _, scan.entries = self._scan_tree(
+                root_fd, "", scan, self._caches(untrusted))
+            if persist:
+                self.trees.remember_count(scan.root, scan.entries, root=True)
         else:
-            scan.root, scan.size = self._update_dir(root_fd, "", base,
-                                                    _trie(changes, mapped), scan,
-                                                    self.stat_cache.entries(self.path))
+            scan.root, scan.size, added = self._update_dir(
+                root_fd, "", base, _trie(changes, mapped), scan,
+                self.stat_cache.entries(self.path))
+            # the head's count, kept from its capture (or read: a tree restored, say)
+            scan.entries = self.trees.count(base) + added
+            if persist:
+                self.trees.remember_count(scan.root, scan.entries, root=True)
         return scan
+
+    def _layer_name(self) -> str:
+        return ("the container's writable layer" if self.overlay
+                else f"the workspace {self.path}")
 
     def commit(self, capture: Capture) -> None:
         if not capture.persisted:
@@ -279,48 +306,60 @@ class WorkspaceSnapshotter:
         return scan.rescan_caches
 
     def _scan_tree(self, dfd: int, prefix: str, scan: _Scan,
-                   caches: Callable[[], tuple[dict, dict]]) -> tuple[str, int, str, str]:
+                   caches: Callable[[], tuple[dict, dict]]
+                   ) -> tuple[str, int, str, str, int]:
         """A full scan of the folder open at ``dfd`` (``prefix`` is its path, "" for the
         root): one walk (walk.py) lists, stats and watches everything, skipping the
         folders whose memo holds; the rest are rebuilt here, children first. Returns
-        the folder's tree digest, its size, its kind and its extras (xattrs)."""
+        the folder's tree digest, its size, its kind, its extras (xattrs) and the names
+        in its tree and below it (each folder's count is kept: ``TreeReader.count``). A
+        walk past ``--max-entries`` stops there: RESOURCE_EXHAUSTED."""
         depth = prefix.count("/") + 1 if prefix else 0
         root_sig = signature(os.fstat(dfd))
         watching = (scan.watcher.scanning() if scan.watcher is not None
                     else contextlib.nullcontext((-1, 0, None)))
         with watching as (inotify_fd, mask, register):
             try:
-                records, reused, root = walk(dfd, inotify_fd, mask, MAX_DEPTH - depth,
-                                             self.overlay, caches, root_sig, prefix)
+                records, reused, root, listed = walk(
+                    dfd, inotify_fd, mask, MAX_DEPTH - depth, self.overlay, caches,
+                    root_sig, prefix, scan.max_entries)
             except RecursionError as exc:
                 raise _too_deep(str(exc)) from None
+            except TooManyEntries:
+                raise scan.budget.too_many_entries(self._layer_name()) from None
             if register is not None:
-                register([(r[0], r[1]) for r in records] + reused)
-        scan.reused.update(rel for rel, _ in reused)
+                register([(r[0], r[1]) for r in records] + [r[:2] for r in reused])
+        names = {rel: below for rel, _, below in reused}  # of the folders whose memo held
+        scan.reused.update(names)
         cache = caches()[0]
-        built: list[tuple[str, int, str, bool, str]] = []
+        built: list[tuple[str, int, str, bool, str, int]] = []
         with _FolderOpener(dfd, prefix) as opener:
             for record in records:
-                built.append(self._build_folder(record, built, opener, scan, cache))
+                built.append(self._build_folder(record, built, names, opener, scan, cache))
         if not isinstance(root, int):
-            return root[1], root[2], root[3], root[4]
-        digest, size, kind, clean, extra = built[root]
+            if scan.persist:
+                self.trees.remember_count(root[1], names[prefix])
+            return root[1], root[2], root[3], root[4], names[prefix]
+        digest, size, kind, clean, extra, below = built[root]
         if scan.persist:
             scan.memos[prefix] = ((root_sig, digest, size, kind, extra)
                                   if clean and not is_racy_signature(root_sig) else None)
-        return digest, size, kind, extra
+        return digest, size, kind, extra, below
 
-    def _build_folder(self, record, built: list, opener: "_FolderOpener", scan: _Scan,
-                      cache) -> tuple[str, int, str, bool, str]:
+    def _build_folder(self, record, built: list, names: dict[str, int],
+                      opener: "_FolderOpener", scan: _Scan, cache
+                      ) -> tuple[str, int, str, bool, str, int]:
         """One folder of a walk whose memo did not hold: its tree, size, kind, whether a
-        memo may be written for it (everything in it was cached, nothing racy), and its
-        own extras (the folder's xattrs, for its parent's entry)."""
+        memo may be written for it (everything in it was cached, nothing racy), its own
+        extras (the folder's xattrs, for its parent's entry), and the names in its tree
+        and below it (``names``: the walk's count for each folder whose memo held)."""
         rel, _wd, opaque, entries = record
         folder = opener.open(rel)
         if folder is None:  # gone since the walk listed it: the tracker saw that
-            return self._store_tree(Tree(), scan, rel=rel), 0, DIR, False, ""
+            return self._store_tree(Tree(), scan, rel=rel), 0, DIR, False, "", 0
         tree = Tree()
         total = 0
+        below = 0  # names in the folders below
         clean = True
         for name, sig, extra in entries:
             if name.startswith(TEMP_PREFIX):
@@ -330,7 +369,7 @@ class WorkspaceSnapshotter:
             mode = fields[4]
             if st_.S_ISDIR(mode):
                 if isinstance(extra, int):
-                    digest, sub_size, kind, sub_clean, sub_extra = built[extra]
+                    digest, sub_size, kind, sub_clean, sub_extra, sub_names = built[extra]
                     memo = (sig, digest, sub_size, kind, sub_extra)
                     if not sub_clean or is_racy_signature(sig):
                         memo, clean = None, False
@@ -338,6 +377,10 @@ class WorkspaceSnapshotter:
                         scan.memos[path] = memo
                 else:
                     _, digest, sub_size, kind, sub_extra = extra
+                    sub_names = names[path]
+                    if scan.persist:
+                        self.trees.remember_count(digest, sub_names)
+                below += sub_names
                 entry = Entry(kind, st_.S_IMODE(mode), digest, sub_size, fields[5],
                               fields[6], fields[1], sub_extra)
             elif st_.S_ISREG(mode) or st_.S_ISLNK(mode):
@@ -354,18 +397,23 @@ class WorkspaceSnapshotter:
                 tree[name] = entry
                 total += entry.size if entry.kind != SOCKET else 0
         own_extra = make_extra(read_xattrs(folder)) if rel else ""
-        return (self._store_tree(tree, scan, rel=rel), total, OPAQUE if opaque else DIR,
-                clean, own_extra)
+        digest = self._store_tree(tree, scan, rel=rel)
+        if scan.persist:
+            self.trees.remember_count(digest, len(tree) + below)
+        return (digest, total, OPAQUE if opaque else DIR, clean, own_extra, len(tree) + below)
 
     def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
-                    cache) -> tuple[str, int]:
+                    cache) -> tuple[str, int, int]:
         """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``.
-        Its memo, and those of the folders on the way to it, no longer hold."""
+        Its memo, and those of the folders on the way to it, no longer hold. Returns its
+        digest, its size, and how many names below it were added (fewer than none:
+        removed)."""
         _check_depth(prefix)
         if scan.persist:
             scan.memos[prefix.rstrip("/")] = None
         was = self.trees.read(base)
         tree = Tree(was)
+        added = 0
         for name, child in node.items():
             if name == _RESCAN or name.startswith(TEMP_PREFIX):
                 continue
@@ -379,17 +427,19 @@ class WorkspaceSnapshotter:
                     try:
                         st = os.fstat(sub)  # the folder opened, not the name stat'ed
                         if child.get(_RESCAN) or old is None or not old.is_folder:
-                            digest, size, kind, extra = self._scan_tree(
+                            digest, size, kind, extra, below = self._scan_tree(
                                 sub, path, scan, self._rescan_caches(scan))
+                            change = 1 + below - self._names(old)
                         else:
-                            digest, size = self._update_dir(sub, path + "/", old.ref, child,
-                                                            scan, cache)
+                            digest, size, change = self._update_dir(
+                                sub, path + "/", old.ref, child, scan, cache)
                             kind = self._folder_kind(sub)
                             extra = make_extra(read_xattrs(sub))
                     finally:
                         os.close(sub)
                     tree[name] = Entry(kind, st_.S_IMODE(st.st_mode), digest, size,
                                        st.st_uid, st.st_gid, st.st_mtime_ns, extra)
+                    added += change
                     continue
                 sig = signature(st)
                 fields = SIG.unpack(sig)
@@ -408,12 +458,15 @@ class WorkspaceSnapshotter:
                     tree.pop(name, None)
                 else:
                     tree[name] = entry
+                added += (entry is not None) - self._names(old)
             except (FileNotFoundError, NotADirectoryError):
                 tree.pop(name, None)  # gone, or replaced while we looked
+                added -= self._names(old)
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
                 tree.pop(name, None)  # a folder swapped for a symlink while we looked
+                added -= self._names(old)
         if prefix == "":
             own = getattr(was, "own", None)
             tree.own = self._root_entry(scan, links_of(own))
@@ -421,7 +474,13 @@ class WorkspaceSnapshotter:
         digest = self._stored(tree, data, scan, base)
         if rows is not None and scan.persist:
             self.trees.keep_rows(digest, rows)
-        return digest, total
+        return digest, total, added
+
+    def _names(self, entry: Entry | None) -> int:
+        """The names an entry of a tree stands for: itself and, a folder, all below it."""
+        if entry is None:
+            return 0
+        return 1 + self.trees.count(entry.ref) if entry.is_folder else 1
 
     def _special(self, dfd: int, name: str, path: str, fields: tuple, rdev, scan: _Scan
                  ) -> Entry | None:

@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 READER_DELAY = 0.005  # seconds the reader thread waits after waking (see _run)
 EVENT_BUFFER = 1 << 18  # bytes of events per read (an event is at most 272 bytes)
 TEMP_PREFIX = ".worldline-tmp-"
+# Paths changed since the last capture that the tracker keeps, at most: past them it asks
+# for a full scan, as for a queue overflow, and keeps none (an agent that makes millions
+# of files between two checkpoints must not take the daemon's memory; the full scan is
+# bounded by --max-entries, and reads no more than the changes would have)
+MAX_CHANGES = 1 << 17
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
@@ -251,6 +256,9 @@ class WorkspaceTracker:
                 self._dirty.add(path)
                 if mask & IN_CLOSE_WRITE:
                     self._closed.add(path)
+            spilled = self._spill_locked()
+        if spilled:
+            self.invalidate(f"more than {MAX_CHANGES} paths changed since the last capture")
         if mask & IN_ISDIR and mask & IN_MOVED_FROM:
             self._unwatch_below(path)
         if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
@@ -270,6 +278,16 @@ class WorkspaceTracker:
             self._dirty.add(path)
             if mask & IN_CLOSE_WRITE:
                 self._closed.add(path)
+            spilled = self._spill_locked()
+        if spilled:
+            self.invalidate(f"more than {MAX_CHANGES} paths changed since the last capture")
+
+    def _spill_locked(self) -> bool:
+        """Past ``MAX_CHANGES`` paths kept: drop them all (a full scan comes instead)."""
+        if len(self._dirty) + len(self._rescan) + len(self._closed) <= MAX_CHANGES:
+            return False
+        self._dirty, self._rescan, self._closed = set(), set(), set()
+        return True
 
     def on_overflow(self) -> None:
         self.invalidate("the inotify queue overflowed")

@@ -193,6 +193,9 @@ TREES_KEPT = 8192  # decoded trees the reader keeps, at most ...
 # builds: a count of trees alone let a few large folders, each changed a few thousand
 # times, take everything the machine has.
 ENTRIES_KEPT = 1 << 20
+# Counts of names kept (``TreeReader.count``): of the folders counted last, and, apart,
+# of the layers' roots, so a full scan of a large tree never drops every session's head
+COUNTS_KEPT, ROOT_COUNTS_KEPT = 1 << 16, 1 << 12
 
 
 def _encoded_row(name: str, entry: Entry) -> bytes:
@@ -276,6 +279,8 @@ class TreeReader:
         self.blobs = blobs
         self._cache = _Kept(capacity, entries)
         self._rows = _Kept(*rows)
+        self._counts = _Kept(COUNTS_KEPT, COUNTS_KEPT)
+        self._root_counts = _Kept(ROOT_COUNTS_KEPT, ROOT_COUNTS_KEPT)
         self._lock = threading.Lock()
 
     def encode_update(self, tree: Tree, base: str, touched: Iterable[str]
@@ -342,6 +347,45 @@ class TreeReader:
         _settled(tree)
         with self._lock:
             self._cache.put(digest, tree, len(tree))
+
+    def count(self, digest: str) -> int:
+        """The names in the folder tree ``digest`` and in every folder below it: how
+        many entries a layer holds (``--max-entries``). Each folder's count is kept
+        (the last ones counted, ``remember_count``), so a tree that shares folders with
+        one counted before reads only the others."""
+        with self._lock:
+            known = self._root_counts.get(digest)
+            if known is None:
+                known = self._counts.get(digest)
+        if known is not None:
+            return known
+        counted: dict[str, int] = {}
+        stack: list[tuple[str, tuple[int, list[str]] | None]] = [(digest, None)]
+        while stack:
+            folder, read = stack.pop()
+            if read is None:
+                if folder in counted:
+                    continue
+                with self._lock:
+                    known = self._counts.get(folder)
+                if known is not None:
+                    counted[folder] = known
+                    continue
+                tree = self.read(folder)
+                below = [e.ref for e in tree.values() if e.is_folder]
+                stack.append((folder, (len(tree), below)))
+                stack.extend((ref, None) for ref in below)
+            else:
+                names, below = read
+                counted[folder] = total = names + sum(counted[ref] for ref in below)
+                self.remember_count(folder, total)
+        return counted[digest]
+
+    def remember_count(self, digest: str, names: int, root: bool = False) -> None:
+        """What a capture counted of a folder it built or found unchanged (``count``);
+        ``root``: a layer's root, kept apart."""
+        with self._lock:
+            (self._root_counts if root else self._counts).put(digest, names, 0)
 
     def link_groups(self, digest: str, pending: Mapping | None = None) -> list[list[str]]:
         """The hard-link groups a root tree's own entry names ([] for none);

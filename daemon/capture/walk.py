@@ -1,7 +1,7 @@
 """One pass over a folder tree, for full scans: list, stat, watch, and skip what is known.
 
-``walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig, prefix)``
-returns ``(records, reused, root)``:
+``walk(root_fd, inotify_fd, mask, max_depth, overlay, caches, root_sig, prefix,
+max_entries)`` returns ``(records, reused, root, listed)``:
 
 - Every folder is opened with ``O_NOFOLLOW`` relative to its parent's descriptor and,
   when ``inotify_fd >= 0``, watched through ``/proc/self/fd`` *before* it is listed, so
@@ -9,6 +9,11 @@ returns ``(records, reused, root)``:
   symlinks; one that vanishes while it is read is left out; any other failure raises
   ``OSError``; a folder more than ``max_depth`` below the root raises
   ``RecursionError`` naming it.
+- ``listed`` counts every name listed, in the folders whose memo holds too: the
+  folder tree's entries. Past ``max_entries`` the walk stops and raises
+  ``TooManyEntries((relpath, listed))``, having held no more than about that many
+  names in memory (a layer the agent filled with millions of names must not take the
+  daemon's memory with it).
 - ``caches()`` returns ``(files, folders)``: the stat cache (path -> (signature, ref,
   extra, kind), for files and symlinks) and the folder memos (path -> (signature, tree
   digest, size, kind, extra)). The C walk calls it after its system calls, so the stat
@@ -18,8 +23,8 @@ returns ``(records, reused, root)``:
   moves an entry's ctime), no file in it has another hard link (a write through a name
   elsewhere changes it without an event here), every folder in it holds, and it holds
   nothing but files, folders and symlinks. A folder that holds
-  gives no record: it is listed in ``reused`` as ``(relpath, wd)`` and its parent's
-  entry carries the memo.
+  gives no record: it is listed in ``reused`` as ``(relpath, wd, names)``, ``names``
+  counting every name in it and below it, and its parent's entry carries the memo.
 - A record is ``(relpath, wd, opaque, entries)``, children before their parent. An
   entry is ``(name, signature, extra)``: extra is the child's record index (int) or
   memo (tuple) for a folder, the target for a symlink, ``st_rdev`` for a device, None
@@ -39,6 +44,7 @@ import errno
 import os
 import stat as st_
 import struct
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,13 +118,18 @@ def folders_below(dfd: int, max_depth: int,
 
 
 def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,
-                caches: Callable[[], tuple[dict, dict]], root_sig: bytes, prefix: str = ""
-                ) -> tuple[list[Record], list[tuple[str, int]], Any]:
+                caches: Callable[[], tuple[dict, dict]], root_sig: bytes, prefix: str = "",
+                max_entries: int = sys.maxsize
+                ) -> tuple[list[Record], list[tuple[str, int, int]], Any, int]:
+    if max_entries < 0:
+        raise ValueError("max_entries must not be negative")
     files, folders = caches()
     records: list[Record] = []
-    reused: list[tuple[str, int]] = []
+    reused: list[tuple[str, int, int]] = []
+    listed = 0
 
-    def visit(dfd: int, rel: str, sig: bytes, depth: int) -> Any:
+    def visit(dfd: int, rel: str, sig: bytes, depth: int) -> tuple[Any, int]:
+        """The folder's record index or memo, and the names in it and below it."""
         if depth > max_depth:
             raise RecursionError(rel)
         wd = 0
@@ -132,9 +143,12 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                 opaque = os.getxattr(dfd, OPAQUE_XATTR) == b"y"
             except OSError:
                 pass
+        nonlocal listed
         listing = []
         with os.scandir(dfd) as it:
             for de in it:
+                if listed >= max_entries:
+                    raise TooManyEntries(rel, listed)
                 try:
                     st = de.stat(follow_symlinks=False)
                     target = (os.readlink(de.name, dir_fd=dfd)
@@ -142,9 +156,11 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                 except FileNotFoundError:
                     continue  # removed while we looked
                 listing.append((de.name, st, target))
+                listed += 1
         memo = folders.get(rel)
         reusable = memo is not None and len(memo) == 5 and memo[0] == sig
         entries = []
+        below = len(listing)
         for name, st, target in listing:
             entry_sig = signature(st)
             extra: Any = None
@@ -160,9 +176,10 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                     reusable = False  # swapped for a symlink while we looked
                     continue
                 try:
-                    extra = visit(sub, join_path(rel, name), entry_sig, depth + 1)
+                    extra, names = visit(sub, join_path(rel, name), entry_sig, depth + 1)
                 finally:
                     os.close(sub)
+                below += names
                 if not isinstance(extra, tuple):
                     reusable = False
             elif st_.S_ISREG(st.st_mode) or target is not None:
@@ -178,19 +195,23 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                     extra = st.st_rdev
             entries.append((name, entry_sig, extra))
         if reusable:
-            reused.append((rel, wd))
-            return memo
+            reused.append((rel, wd, below))
+            return memo, below
         records.append((rel, wd, opaque, entries))
-        return len(records) - 1
+        return len(records) - 1, below
 
-    root = visit(root_fd, prefix, root_sig, 0)
-    return records, reused, root
+    root, _ = visit(root_fd, prefix, root_sig, 0)
+    return records, reused, root, listed
 
 
 try:
+    from ._walk import TooManyEntries
     from ._walk import walk as walk_native
 except ImportError:  # built without a C compiler: the same walk, slower
     walk_native = None
+
+    class TooManyEntries(Exception):  # type: ignore[no-redef]
+        """The walk listed more names than max_entries; args: (relpath, listed)."""
 
 walk = walk_native or walk_python
 IMPLEMENTATION = "native" if walk_native is not None else "python"
