@@ -566,3 +566,73 @@ def test_every_capture_counts_the_names_its_layer_holds(tmp_path):
         assert incremental > 40
     finally:
         monitor.close()
+
+
+@pytest.mark.parametrize("where", ["file", "folder", "symlink", "fifo", "root"])
+def test_an_entry_carrying_too_many_xattrs_is_refused_naming_it(tmp_path, monkeypatch,
+                                                                   where):
+    """The kernel bounds an xattr's value and the list of names, not their number: on
+    XFS or btrfs one file may carry hundreds of megabytes, which a capture held in
+    memory and wrote into its folder's tree at every version. Past MAX_XATTR_BYTES
+    (scaled down here: this file system keeps a few kilobytes an inode) a capture is
+    RESOURCE_EXHAUSTED naming the entry; at the limit it is captured."""
+    from worldline.client.errors import ResourceExhausted
+    from worldline.daemon.capture import fsmeta
+    from worldline.daemon.capture.limits import Limits
+
+    monkeypatch.setattr(fsmeta, "MAX_XATTR_BYTES", 300)
+    blobs = MemoryBlobStore()
+    trees = TreeReader(blobs)
+    w = DirWorld(tmp_path / "ws", blobs, trees)
+    w.snap.limits = Limits()
+    w.write("src/keep.txt", b"kept\n")
+    target = {"file": "src/f", "folder": "src/d", "symlink": "src/l", "fifo": "src/p",
+              "root": ""}[where]
+    path = w.path / target
+    if where == "file":
+        w.write(target, b"data")
+    elif where == "folder":
+        path.mkdir()
+    elif where == "fifo":
+        os.mkfifo(path)
+    elif where == "symlink":
+        os.symlink("keep.txt", path)
+    trusted = where in ("symlink", "fifo")  # user.* xattrs only on files and folders
+
+    def carry(size: int) -> None:
+        name = "trusted.big" if trusted else "user.big"
+        os.setxattr(path, name, b"x" * (size - len(name)), follow_symlinks=False)
+
+    carry(300)  # names and values: exactly the limit
+    captured = w.snap.capture()
+    entry = (trees.read(captured.root).own if where == "root"
+             else entry_at(trees, captured.root, target))
+    assert len(b"".join(entry.xattrs().values())) == 300 - len("user.big" if not trusted
+                                                               else "trusted.big")
+    carry(301)
+    with pytest.raises(ResourceExhausted) as err:
+        w.snap.capture()
+    named = target or f"the workspace {w.path}"
+    assert err.value.message.startswith(f"{named} carries more than 300 bytes of extended")
+
+
+def test_entries_carrying_xattrs_weigh_their_bytes_in_the_kept_trees():
+    """A tree weighs its entries, or its encoding's bytes at ENTRY_BYTES an entry,
+    whichever is more, in the reader's bounds (and a folder's rows the same): entries
+    carrying kilobytes of xattrs each cannot fill the daemon's memory under a bound
+    counted in entries."""
+    from worldline.daemon.capture.trees import ENTRY_BYTES, Entry, Tree, encode, make_extra
+
+    blobs = MemoryBlobStore()
+    trees = TreeReader(blobs, entries=5000, rows=(4, 5000))
+    heavy = make_extra({"user.big": b"x" * 32768})  # 64 KiB of hex in its folder's tree
+    for i in range(20):
+        tree = Tree({f"f{j}": Entry(FILE, 0o644, digest_of(b"%d" % i), 1, 0, 0, 0, heavy)
+                     for j in range(10)})
+        data = encode(tree)
+        trees.read(blobs.put_bytes(data))
+        kept, entries, _, _ = trees.kept()
+        assert kept == 1 and entries + kept == len(data) // ENTRY_BYTES + 1
+    plain = Tree({f"f{j}": Entry(FILE, 0o644, "a" * 64, 1, 0, 0, 0) for j in range(10)})
+    trees.read(blobs.put_bytes(encode(plain)))
+    assert trees.kept()[:2] == (2, len(data) // ENTRY_BYTES + 10)  # plain: its entries

@@ -20,37 +20,64 @@ import errno
 import os
 import stat as st_
 
+from worldline.client.errors import ResourceExhausted
+
+from .limits import human
 from .trees import Entry, make_extra
 
 # The overlay's own markers are recorded as entry kinds (whiteout, opaque), never as
 # xattrs: copying them would corrupt the engine's view of a layer.
 _PRIVATE_PREFIXES = ("trusted.overlay.", "user.overlay.")
 PRIVILEGE_BITS = st_.S_ISUID | st_.S_ISGID
+# The most bytes of extended attributes (names and values) one entry may carry. The
+# kernel bounds a value (64 KiB) and the list of names (64 KiB), not their number: on
+# XFS or btrfs one file may carry hundreds of megabytes, which a capture would hold in
+# memory and write into its folder's tree, once per version of the folder.
+MAX_XATTR_BYTES = 64 << 10
 
 
 def _keep(name: str) -> bool:
     return not name.startswith(_PRIVATE_PREFIXES)
 
 
-def read_xattrs(target: int | str) -> dict[str, bytes]:
-    """Every xattr of an open descriptor (or of a ``/proc/self/fd/N/name`` path, read
-    without following its last component) except the overlay's markers."""
-    follow = isinstance(target, int)
+def xattr_names(target: int | str) -> list[str]:
+    """The names of an entry's xattrs (an open descriptor, or a ``/proc/self/fd/N/name``
+    path, whose last component is not followed) but the overlay's markers."""
     try:
-        names = os.listxattr(target, follow_symlinks=follow)
+        names = os.listxattr(target, follow_symlinks=isinstance(target, int))
     except OSError as exc:
         if exc.errno in (errno.ENOTSUP, errno.ENOENT, errno.EPERM, errno.EACCES):
-            return {}
+            return []
         raise
-    out = {}
-    for name in names:
-        if not _keep(name):
+    return [name for name in names if _keep(name)]
+
+
+def xattr_value(target: int | str, name: str) -> bytes | None:
+    """One xattr's value (None: gone meanwhile)."""
+    try:
+        return os.getxattr(target, name, follow_symlinks=isinstance(target, int))
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            raise
+        return None
+
+
+def read_xattrs(target: int | str, path: str = "") -> dict[str, bytes]:
+    """Every xattr of an entry (as ``xattr_names``), for a capture: past
+    ``MAX_XATTR_BYTES`` RESOURCE_EXHAUSTED names ``path``, having read no more than that
+    (and one value)."""
+    out, total = {}, 0
+    for name in xattr_names(target):
+        value = xattr_value(target, name)
+        if value is None:
             continue
-        try:
-            out[name] = os.getxattr(target, name, follow_symlinks=follow)
-        except OSError as exc:
-            if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
-                raise
+        total += len(name.encode()) + len(value)
+        if total > MAX_XATTR_BYTES:
+            raise ResourceExhausted(
+                f"{path or 'the layer root'} carries more than {human(MAX_XATTR_BYTES)}"
+                " of extended attributes (names and values), past the most one entry may"
+                " carry: remove some")
+        out[name] = value
     return out
 
 
@@ -131,15 +158,16 @@ class Applier:
         return mode & ~PRIVILEGE_BITS
 
     def _set_xattrs(self, target, want: dict[str, bytes], path: str, follow: bool) -> None:
-        have = read_xattrs(target)
-        for name in have.keys() - want.keys():
+        # One value at a time: what an entry carries now is the agent's, unbounded
+        have = xattr_names(target)
+        for name in set(have) - want.keys():
             try:
                 os.removexattr(target, name, follow_symlinks=follow)
             except OSError as exc:
                 if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
                     raise
         for name, value in sorted(want.items()):
-            if have.get(name) == value:
+            if name in have and xattr_value(target, name) == value:
                 continue
             try:
                 os.setxattr(target, name, value, follow_symlinks=follow)

@@ -35,7 +35,8 @@ class Limits:
         return Budget(self, data_root)
 
 
-def _human(n: int) -> str:
+def human(n: int) -> str:
+    """A size as people read it: 1.5 GiB, 300 bytes."""
     for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
@@ -55,24 +56,24 @@ class Budget:
             spare = free - limits.min_free_bytes
             if spare <= 0:
                 raise ResourceExhausted(
-                    f"the data root {data_root} has {_human(free)} free,"
-                    f" below its floor of {_human(limits.min_free_bytes)}"
+                    f"the data root {data_root} has {human(free)} free,"
+                    f" below its floor of {human(limits.min_free_bytes)}"
                     " (--min-free-bytes): free space or run gc")
             if spare < self.left:
                 self.left = spare
                 self.floor_reason = (f"the data root's free space above its floor of"
-                                     f" {_human(limits.min_free_bytes)}")
+                                     f" {human(limits.min_free_bytes)}")
 
     def check_file(self, path: str, st: os.stat_result, data_bytes: int) -> None:
         """Before a changed file is read: its logical size and its data bytes."""
         if st.st_size > self.limits.max_file_size:
             raise ResourceExhausted(
-                f"{path} is {_human(st.st_size)}, past the largest file size captured,"
-                f" {_human(self.limits.max_file_size)} (--max-file-size)")
+                f"{path} is {human(st.st_size)}, past the largest file size captured,"
+                f" {human(self.limits.max_file_size)} (--max-file-size)")
         if data_bytes > self.limits.max_file_bytes:
             raise ResourceExhausted(
-                f"{path} holds {_human(data_bytes)} of data, past the largest file"
-                f" captured, {_human(self.limits.max_file_bytes)} (--max-file-bytes)")
+                f"{path} holds {human(data_bytes)} of data, past the largest file"
+                f" captured, {human(self.limits.max_file_bytes)} (--max-file-bytes)")
         self.take(data_bytes, path)
 
     def allowance(self, data_bytes: int) -> int:
@@ -86,14 +87,14 @@ class Budget:
         """The error for a file that held more than its ``allowance`` when read."""
         allowed = self.allowance(data_bytes)
         if allowed >= self.limits.max_file_bytes:
-            why = (f"the largest file captured, {_human(self.limits.max_file_bytes)}"
+            why = (f"the largest file captured, {human(self.limits.max_file_bytes)}"
                    " (--max-file-bytes)")
         else:
             why = self.floor_reason or (f"the most new bytes per checkpoint,"
-                                        f" {_human(self.limits.max_checkpoint_bytes)}"
+                                        f" {human(self.limits.max_checkpoint_bytes)}"
                                         " (--max-checkpoint-bytes)")
-        return ResourceExhausted(f"{path} grew while it was read, from {_human(data_bytes)}"
-                                 f" to more than {_human(allowed)},"
+        return ResourceExhausted(f"{path} grew while it was read, from {human(data_bytes)}"
+                                 f" to more than {human(allowed)},"
                                  f" past {why}")
 
     def check_entries(self, entries: int, layer: str) -> None:
@@ -114,7 +115,7 @@ class Budget:
         self.used += n
         if self.used > self.left:
             why = self.floor_reason or (f"the most new bytes per checkpoint,"
-                                        f" {_human(self.limits.max_checkpoint_bytes)}"
+                                        f" {human(self.limits.max_checkpoint_bytes)}"
                                         " (--max-checkpoint-bytes)")
-            raise ResourceExhausted(f"the changed files reach {_human(self.used)} at {path},"
+            raise ResourceExhausted(f"the changed files reach {human(self.used)} at {path},"
                                     f" past {why}")

@@ -396,7 +396,7 @@ class WorkspaceSnapshotter:
             if entry is not None:
                 tree[name] = entry
                 total += entry.size if entry.kind != SOCKET else 0
-        own_extra = make_extra(read_xattrs(folder)) if rel else ""
+        own_extra = make_extra(read_xattrs(folder, rel)) if rel else ""
         digest = self._store_tree(tree, scan, rel=rel)
         if scan.persist:
             self.trees.remember_count(digest, len(tree) + below)
@@ -434,7 +434,7 @@ class WorkspaceSnapshotter:
                             digest, size, change = self._update_dir(
                                 sub, path + "/", old.ref, child, scan, cache)
                             kind = self._folder_kind(sub)
-                            extra = make_extra(read_xattrs(sub))
+                            extra = make_extra(read_xattrs(sub, path))
                     finally:
                         os.close(sub)
                     tree[name] = Entry(kind, st_.S_IMODE(st.st_mode), digest, size,
@@ -473,7 +473,7 @@ class WorkspaceSnapshotter:
         data, total, rows = self.trees.encode_update(tree, base, node)
         digest = self._stored(tree, data, scan, base)
         if rows is not None and scan.persist:
-            self.trees.keep_rows(digest, rows)
+            self.trees.keep_rows(digest, rows, len(data))
         return digest, total, added
 
     def _names(self, entry: Entry | None) -> int:
@@ -490,7 +490,7 @@ class WorkspaceSnapshotter:
             # Invisible in the container, but part of the layer (`docker commit` and
             # `docker diff` read it): its owner, mode and time come back with it.
             return entry_of(WHITEOUT, fields)
-        xattrs = read_xattrs(at(dfd, name))
+        xattrs = read_xattrs(at(dfd, name), path)
         if st_.S_ISFIFO(mode):
             return entry_of(FIFO, fields, xattrs=xattrs)
         if st_.S_ISCHR(mode) or st_.S_ISBLK(mode):
@@ -515,7 +515,7 @@ class WorkspaceSnapshotter:
 
     def _read_symlink(self, dfd: int, name: str, path: str, target: str, sig: bytes,
                       fields: tuple, scan: _Scan) -> Entry:
-        entry = entry_of(SYMLINK, fields, target, xattrs=read_xattrs(at(dfd, name)))
+        entry = entry_of(SYMLINK, fields, target, xattrs=read_xattrs(at(dfd, name), path))
         if not is_racy_signature(sig):
             scan.seen[path] = (sig, target, entry.extra, SYMLINK)
         return entry
@@ -565,7 +565,7 @@ class WorkspaceSnapshotter:
                     raise budget.overread(path, before.st_size) from None
                 if size > before.st_size and budget is not None:
                     budget.take(size - before.st_size, path)  # it grew: within allowance
-            xattrs = read_xattrs(fd)
+            xattrs = read_xattrs(fd, path)
             after = os.fstat(fd)
         finally:
             os.close(fd)
@@ -616,12 +616,12 @@ class WorkspaceSnapshotter:
         if scan.persist and base is None:
             digest = digest_of(data)
             scan.deferred.append(data)
-            self.trees.remember(digest, tree)
+            self.trees.remember(digest, tree, len(data))
         elif scan.persist:
             digest = digest_of(data)
             if digest != base:
                 self.blobs.put_bytes(data, base=base)
-            self.trees.remember(digest, tree)
+            self.trees.remember(digest, tree, len(data))
         else:
             digest = digest_of(data)
             scan.trees[digest] = tree
@@ -640,7 +640,8 @@ class WorkspaceSnapshotter:
             elif not scan.persist:  # readable from the capture, as its trees are
                 scan.trees[links] = groups
         st = os.fstat(scan.root_fd)
-        return entry_of(DIR, st, xattrs=read_xattrs(scan.root_fd), links=links)
+        return entry_of(DIR, st, xattrs=read_xattrs(scan.root_fd, self._layer_name()),
+                        links=links)
 
     def remove_leftovers(self) -> list[str]:
         """Remove the temporary files a write aside left behind when the daemon died

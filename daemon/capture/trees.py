@@ -193,6 +193,11 @@ TREES_KEPT = 8192  # decoded trees the reader keeps, at most ...
 # builds: a count of trees alone let a few large folders, each changed a few thousand
 # times, take everything the machine has.
 ENTRIES_KEPT = 1 << 20
+# An entry's weight in both bounds: one, or its share of the tree's encoding at this
+# many bytes an entry (about what an entry without xattrs takes), whichever is more: an
+# entry carrying kilobytes of xattrs (fsmeta.MAX_XATTR_BYTES) weighs as much as the
+# plain entries its bytes would make.
+ENTRY_BYTES = 160
 # Counts of names kept (``TreeReader.count``): of the folders counted last, and, apart,
 # of the layers' roots, so a full scan of a large tree never drops every session's head
 COUNTS_KEPT, ROOT_COUNTS_KEPT = 1 << 16, 1 << 12
@@ -326,10 +331,11 @@ class TreeReader:
             return (len(self._cache), self._cache.weight - len(self._cache),
                     len(self._rows), self._rows.weight - len(self._rows))
 
-    def keep_rows(self, digest: str, rows: Rows) -> None:
+    def keep_rows(self, digest: str, rows: Rows, size: int = 0) -> None:
+        """Keep a folder's rows (``size``: the bytes of its encoding, for their weight)."""
         untrack((rows.names, rows.rows, rows))  # strings and bytes: no cycle (_settled)
         with self._lock:
-            self._rows.put(digest, rows, len(rows.rows))
+            self._rows.put(digest, rows, max(len(rows.rows), size // ENTRY_BYTES))
 
     def read(self, digest: str, pending: Mapping[str, dict[str, Entry]] | None = None
              ) -> dict[str, Entry]:
@@ -339,14 +345,16 @@ class TreeReader:
             tree = self._cache.get(digest)
         if tree is not None:
             return tree
-        tree = decode(self.blobs.read_bytes(digest), digest)
-        self.remember(digest, tree)
+        data = self.blobs.read_bytes(digest)
+        tree = decode(data, digest)
+        self.remember(digest, tree, len(data))
         return tree
 
-    def remember(self, digest: str, tree: dict[str, Entry]) -> None:
+    def remember(self, digest: str, tree: dict[str, Entry], size: int = 0) -> None:
+        """Keep a decoded tree (``size``: the bytes of its encoding, for its weight)."""
         _settled(tree)
         with self._lock:
-            self._cache.put(digest, tree, len(tree))
+            self._cache.put(digest, tree, max(len(tree), size // ENTRY_BYTES))
 
     def count(self, digest: str) -> int:
         """The names in the folder tree ``digest`` and in every folder below it: how

@@ -130,8 +130,9 @@ class Views:
                 out[name] = replace(et, kind=DIR, ref=ref, size=size)
             else:
                 out[name] = et
-        digest = self.blobs.put_bytes(encode(out))
-        self.trees.remember(digest, out)
+        data = encode(out)
+        digest = self.blobs.put_bytes(data)
+        self.trees.remember(digest, out, len(data))
         return digest, sum(e.size for e in out.values() if e.kind != WHITEOUT)
 
     def lowers(self, tree: str, size: int = 0) -> list[str]:
