@@ -159,8 +159,8 @@ class Applier:
 
     def _set_xattrs(self, target, want: dict[str, bytes], path: str, follow: bool) -> None:
         # One value at a time: what an entry carries now is the agent's, unbounded
-        have = xattr_names(target)
-        for name in set(have) - want.keys():
+        have = set(xattr_names(target))
+        for name in have - want.keys():
             try:
                 os.removexattr(target, name, follow_symlinks=follow)
             except OSError as exc:

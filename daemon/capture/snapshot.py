@@ -397,10 +397,10 @@ class WorkspaceSnapshotter:
                 tree[name] = entry
                 total += entry.size if entry.kind != SOCKET else 0
         own_extra = make_extra(read_xattrs(folder, rel)) if rel else ""
-        digest = self._store_tree(tree, scan, rel=rel)
+        digest, names_here = self._store_tree(tree, scan, rel=rel), len(tree) + below
         if scan.persist:
-            self.trees.remember_count(digest, len(tree) + below)
-        return (digest, total, OPAQUE if opaque else DIR, clean, own_extra, len(tree) + below)
+            self.trees.remember_count(digest, names_here)
+        return digest, total, OPAQUE if opaque else DIR, clean, own_extra, names_here
 
     def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
                     cache) -> tuple[str, int, int]:
