@@ -192,7 +192,9 @@ static int put(out_t *o, const char *s, size_t n) {
     return 0;
 }
 
-/* A JSON string as json.dumps(ensure_ascii=True) writes it (lowercase \u escapes). */
+/* A JSON string as json.dumps(ensure_ascii=True) writes it (lowercase \u escapes). An
+ * ASCII string with nothing to escape (names, digests, codes: nearly every one) is one
+ * scan and one copy; any other goes character by character. */
 static int put_string(out_t *o, PyObject *text) {
     static const char HEX[] = "0123456789abcdef";
     if (!PyUnicode_Check(text)) {
@@ -200,6 +202,22 @@ static int put_string(out_t *o, PyObject *text) {
         return -1;
     }
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if (PyUnicode_IS_ASCII(text)) {
+        const unsigned char *a = PyUnicode_1BYTE_DATA(text);
+        Py_ssize_t i = 0;
+        while (i < n && a[i] >= ' ' && a[i] <= '~' && a[i] != '\\' && a[i] != '"')
+            i++;
+        if (i == n) {
+            if (grow(o, (size_t)n + 2) < 0)
+                return -1;
+            char *w = o->buf + o->len;
+            *w++ = '"';
+            memcpy(w, a, (size_t)n);
+            w[n] = '"';
+            o->len += (size_t)n + 2;
+            return 0;
+        }
+    }
     int kind = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
     if (grow(o, (size_t)n * 12 + 2) < 0) /* the longest escape: a surrogate pair */
@@ -245,6 +263,8 @@ static int put_string(out_t *o, PyObject *text) {
     return 0;
 }
 
+/* An int as json writes it (its decimal digits, a minus sign before a negative one).
+ * One that does not fit 64 bits is written by Python's own str(). */
 static int put_int(out_t *o, PyObject *value) {
     if (!PyLong_CheckExact(value)) {
         PyErr_SetString(PyExc_TypeError, "tree modes and sizes are int");
@@ -264,9 +284,17 @@ static int put_int(out_t *o, PyObject *value) {
     }
     if (v == -1 && PyErr_Occurred())
         return -1;
+    /* digits from the last: unsigned, so that the most negative value negates too */
     char digits[24];
-    int n = snprintf(digits, sizeof digits, "%lld", v);
-    return put(o, digits, (size_t)n);
+    char *end = digits + sizeof digits, *d = end;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--d = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--d = '-';
+    return put(o, d, (size_t)(end - d));
 }
 
 static PyObject *encode_tree(PyObject *Py_UNUSED(self), PyObject *args) {

@@ -239,7 +239,16 @@ names = st.one_of(
     st.integers(min_value=0, max_value=0o7777),
     st.one_of(st.text(max_size=80), st.text(alphabet="0123456789abcdef", min_size=64,
                                              max_size=64)),
-    st.integers(min_value=0, max_value=1 << 70)), max_size=12))
+    st.integers(min_value=0, max_value=1 << 70),
+    # owner, group, time (ns, before 1970 too) and extras; no owner: a tree of 0.3
+    st.one_of(st.just(()), st.tuples(
+        st.integers(min_value=0, max_value=(1 << 32) - 1),
+        st.integers(min_value=0, max_value=(1 << 32) - 1),
+        st.one_of(st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+                  st.sampled_from([-(1 << 63), (1 << 63) - 1, -1, 0, 1 << 64,
+                                   -(1 << 64)])),
+        st.one_of(st.just(""), st.text(max_size=40))))).map(
+            lambda r: r[:4] + r[4]), max_size=12))
 def test_tree_encoding_in_c_is_the_python_encoding(rows):
     """Trees are content-addressed: the C encoder (daemon/_codec.c) must write exactly
     the bytes json.dumps writes, or one folder would get two digests."""
