@@ -46,14 +46,32 @@ def _cpu(pid: int) -> tuple[float, float, float]:
             idle / tick)
 
 
+def _cpus(pids: list[int]) -> tuple[float, float, float] | None:
+    """As ``_cpu``, the processes' CPU summed; None without a process."""
+    if not pids:
+        return None
+    each = [_cpu(pid) for pid in pids]
+    return sum(c[0] for c in each), each[0][1], each[0][2]
+
+
 def run(address: str, sessions: list[str], workspaces: list[str], seconds: float,
         django: str, daemon_pid: int | None = None) -> dict:
+    """The load on one daemon at ``address``: a worker per session."""
+    return run_on([(address, s, w) for s, w in zip(sessions, workspaces, strict=True)],
+                  seconds, django, [daemon_pid] if daemon_pid else [])
+
+
+def run_on(targets: list[tuple[str, str, str]], seconds: float, django: str,
+           daemon_pids: list[int]) -> dict:
+    """A worker per (daemon's address, session, workspace); the parent lists the first
+    daemon's sessions meanwhile. ``cpu``: the daemons' CPU together, per checkpoint."""
     from worldline.client import Client
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 3.0
-    procs = [ctx.Process(target=_worker, args=(address, s, w, django, seconds, start_at, out))
-             for s, w in zip(sessions, workspaces, strict=True)]
+    procs = [ctx.Process(target=_worker, args=(a, s, w, django, seconds, start_at, out))
+             for a, s, w in targets]
+    address = targets[0][0]
     for p in procs:
         p.start()
     list_latencies = []
@@ -61,13 +79,13 @@ def run(address: str, sessions: list[str], workspaces: list[str], seconds: float
         while time.time() < start_at:
             time.sleep(0.01)
         end = time.monotonic() + seconds
-        before = _cpu(daemon_pid) if daemon_pid else None
+        before = _cpus(daemon_pids)
         while time.monotonic() < end:
             t = time.perf_counter()
             client.list_sessions()
             list_latencies.append(time.perf_counter() - t)
             time.sleep(0.25)
-    after = _cpu(daemon_pid) if daemon_pid else None
+    after = _cpus(daemon_pids)
     latencies = []
     for _ in procs:
         latencies.extend(out.get(timeout=60))
@@ -125,3 +143,25 @@ def turns(before: dict[str, float], after: dict[str, float], seconds: float) -> 
             f" the load, a turn {held / count * 1000:.2f} ms ({cpu / count * 1000:.2f} ms"
             f" of its thread's CPU), a checkpoint's wait for one {waited / count * 1000:.2f}"
             " ms")
+
+
+def two_daemons(run_dir: Path, copy, django: str, seconds: float) -> dict:
+    """The same load on two daemons, each on a data root of its own with four of the
+    eight sessions: no cache, lock or interpreter shared between the halves. Context,
+    not a target: the bound on what captures in two processes could give on this
+    machine, where the daemon's captures take turns on one interpreter lock."""
+    from worldline.client import Client
+
+    from ..conftest import DaemonProcess
+    daemons = [DaemonProcess(run_dir / f"load-half-{k}").start() for k in range(2)]
+    try:
+        targets = []
+        for i in range(8):
+            daemon, ws = daemons[i % 2], copy(f"load-half-ws-{i}")
+            with Client(daemon.address) as client:
+                targets.append((daemon.address, client.create_session(str(ws)).id, str(ws)))
+        os.sync()
+        return run_on(targets, seconds, django, [d.proc.pid for d in daemons])
+    finally:
+        for d in daemons:
+            d.stop()

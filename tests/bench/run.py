@@ -347,6 +347,18 @@ class Bench:
                          f" checkpoint; the machine {result['cpu']['machine_idle']:.0%} idle"
                          " during the load")
         case.note += ("; " if case.note else "") + waits
+        halves = load.two_daemons(self.run_dir, self.copy, str(self.django), 10.0)
+        if halves["count"]:
+            rate2, p99 = halves["count"] / halves["seconds"], round(halves["p99"] * 1000, 3)
+            case.peers["two daemons, four sessions each: checkpoints/s"] = Stat(
+                round(rate2, 1), round(rate2, 1), halves["count"], "checkpoints/s")
+            case.peers["two daemons, four sessions each: p99 latency"] = Stat(
+                p99, p99, halves["count"])
+            case.note += (f"; the same load on two daemons with a data root each (context:"
+                          f" the bound of captures on both cores) {rate2:.1f}/s, p99"
+                          f" {p99:.1f} ms, daemon CPU"
+                          f" {halves['cpu']['daemon_ms_per_checkpoint']:.2f} ms per checkpoint,"
+                          f" the machine {halves['cpu']['machine_idle']:.0%} idle")
         return self.add(case)
 
     # -- checkpoint-sparse ---------------------------------------------------------------
