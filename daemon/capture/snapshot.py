@@ -224,16 +224,14 @@ class WorkspaceSnapshotter:
         if full:
             scan.root, scan.size, _, _, scan.entries = self._scan_tree(
                 root_fd, "", scan, self._caches(untrusted))
-            if persist:
-                self.trees.remember_count(scan.root, scan.entries, root=True)
         else:
             scan.root, scan.size, added = self._update_dir(
                 root_fd, "", base, _trie(changes, mapped), scan,
                 self.stat_cache.entries(self.path))
             # the head's count, kept from its capture (or read: a tree restored, say)
             scan.entries = self.trees.count(base) + added
-            if persist:
-                self.trees.remember_count(scan.root, scan.entries, root=True)
+        if persist:
+            self.trees.remember_count(scan.root, scan.entries, root=True)
         return scan
 
     def _layer_name(self) -> str:
