@@ -35,6 +35,9 @@ def source(cache: Path) -> tuple[Path, list[str]]:
     """The bundle cloned once into the cache, and its commits oldest first."""
     repo = cache / "flask-400"
     if not (repo / ".git").exists():
+        if not BUNDLE.is_file():  # git clone would say only "exit status 128"
+            raise FileNotFoundError(f"{BUNDLE} is missing: the bench reads ../shared/"
+                                    "bench-data beside the project's folder")
         shutil.rmtree(repo, ignore_errors=True)
         subprocess.run(["git", "clone", "-q", "--no-checkout", str(BUNDLE), str(repo)],
                        check=True, capture_output=True)
