@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench soak proto proto-check lint docker test-tools postgres clean bytecode
+.PHONY: install run test bench stages soak proto proto-check lint docker test-tools postgres clean bytecode
 
 install: $(STAMP)
 
@@ -81,6 +81,11 @@ test: install proto-check lint docker test-tools postgres
 
 bench: install docker bytecode
 	$(BIN)/python -m tests.bench.run
+
+# Where a checkpoint's time goes, stage by stage, in the daemon's own process (not part of
+# `make bench`): STAGES=history (the default), idle or edits; STAGES_ARGS=--sql and so on.
+stages: install
+	$(BIN)/python -m tests.bench.stages $(or $(STAGES),history) $(STAGES_ARGS)
 
 # A long load of checkpoints, restores, forks and gc with periodic SIGKILLs (not part of
 # `make test`): SOAK_MINUTES (default 20), SOAK_SESSIONS (4), SOAK_SEED.
