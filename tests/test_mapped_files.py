@@ -104,6 +104,98 @@ def test_a_file_closed_after_writing_is_read_again_whatever_its_stat_says(
     assert db.read_bytes() == _content((0, "first"), (100, "written"))
 
 
+class _HeldBack:
+    """A workspace layer on its own change monitor (no daemon), with a file ``db`` that
+    uid 1000's mapwrite maps, whose stat the layer's head vouches for; the monitor's
+    reader thread held back, as a busy daemon's is, so that only a capture's own
+    barrier reads what is queued; MAX_CHANGES lowered to 50."""
+
+    def __init__(self, ws: Path, monkeypatch, mapwrite: Path) -> None:
+        from worldline.daemon.capture import tracker as tracker_mod
+        from worldline.daemon.capture.layers import WORKSPACE, Layer
+        from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+        from worldline.daemon.capture.trees import TreeReader
+        from worldline.daemon.storage.blobs import MemoryBlobStore
+        from worldline.daemon.storage.statcache import StatCache
+
+        monkeypatch.setattr(tracker_mod, "MAX_CHANGES", 50)
+        monkeypatch.setattr(tracker_mod, "READER_DELAY", 2.0)
+        (ws / "sub").mkdir()
+        for i in range(60):
+            (ws / "sub" / f"f{i}").write_text(str(i))
+        for path in (ws, ws / "sub", *(ws / "sub").iterdir()):
+            os.chown(path, AGENT_UID, AGENT_UID)
+        self.ws = ws
+        self.monitor = tracker_mod.ChangeMonitor()
+        self.mapper = Mapper([str(mapwrite), "db", str(SIZE)], user=AGENT_UID,
+                             group=AGENT_UID, extra_groups=[], cwd=ws)
+        blobs = MemoryBlobStore()
+        self.tracker = self.monitor.tracker(str(ws))
+        self.snap = WorkspaceSnapshotter(str(ws), blobs, TreeReader(blobs), StatCache(None),
+                                         self.tracker)
+        self.layer = Layer(WORKSPACE, str(ws), self.snap, self.tracker)
+        self.mapper.do("p 8191 z")  # both pages written: no hole, so a plain file
+        self.mapper.do("w 0 first")  # the page becomes writable, and the file's time moves
+        time.sleep(RACY)
+        self.head, _ = self.layer.capture(None)
+        self.layer.committed(self.head)  # the stat cache vouches for db from now on
+
+    def agent(self, script: str) -> None:
+        subprocess.run(["sh", "-c", script], cwd=self.ws / "sub", user=AGENT_UID,
+                       group=AGENT_UID, extra_groups=[], check=True)
+
+    def captured_db(self):
+        capture, _ = self.layer.capture(self.head.root)
+        assert capture.full
+        return self.snap.trees.read(capture.root)["db"].ref
+
+    def close(self) -> None:
+        self.mapper.kill()
+        self.monitor.close()
+
+
+def test_a_close_just_before_a_full_scan_is_read_again(workspace, monkeypatch, mapwrite):
+    """A full scan (after a flood of changes, or an overflow) trusts the stat cache as
+    an incremental capture does, so it must take the closes still queued when it
+    starts: until 0.7.37 it skipped the barrier, and a write through a page already
+    writable, its file closed just before the checkpoint, waited for the next one."""
+    from worldline.daemon.storage.blobs import digest_of
+
+    w = _HeldBack(workspace, monkeypatch, mapwrite)
+    try:
+        w.mapper.do("w 8 second")  # the same page: no event, no new time
+        w.agent("chmod 600 f*")  # 60 changed paths, none closed: a full scan next
+        assert w.monitor.barrier() and w.tracker.full_scan_next
+        w.mapper.do("c")
+        w.mapper.do("u")  # the last close, queued behind the held-back reader
+        assert w.captured_db() == digest_of(
+            _content((0, "first"), (8, "second"), (8191, "z")))
+    finally:
+        w.close()
+
+
+def test_past_the_cap_of_closed_files_the_next_capture_trusts_no_stat(
+        workspace, monkeypatch, mapwrite):
+    """Past MAX_CHANGES files closed after writing between two captures the tracker
+    keeps none of them (its memory stays bounded), so the next capture cannot know
+    which stats to distrust: it reads every file. Until 0.7.37 any flood dropped the
+    closes and the full scan after it kept the content the stat cache vouched for."""
+    from worldline.daemon.storage.blobs import digest_of
+
+    w = _HeldBack(workspace, monkeypatch, mapwrite)
+    try:
+        w.mapper.do("w 8 second")
+        w.mapper.do("c")
+        w.mapper.do("u")  # closed: the first of many
+        w.agent("for i in $(seq 120); do echo $i > g$i; done")  # 120 more closed
+        assert w.monitor.barrier()
+        assert w.tracker.peek().distrust
+        assert w.captured_db() == digest_of(
+            _content((0, "first"), (8, "second"), (8191, "z")))
+    finally:
+        w.close()
+
+
 @pytest.fixture
 def sandbox(workspace, containers, mapwrite) -> str:
     """A container of the busybox image with the workspace at /workspace, and mapwrite

@@ -195,16 +195,17 @@ class WorkspaceSnapshotter:
         budget = (self.limits.budget(self.data_root if persist else None)
                   if self.limits is not None else None)
         untrusted = (changes.closed | mapped) if changes is not None else mapped
+        trust = changes is None or not changes.distrust  # the stat cache may vouch
         root_fd = self._open_root()
         try:
             scan = self._capture(root_fd, persist, changes, base, full, budget, untrusted,
-                                 mapped)
+                                 mapped, trust)
             if not full and any(p not in changes.linked for p in scan.links):
                 # A new hard link: its other names may be anywhere, only a full scan
                 # finds them all.
                 full = True
                 scan = self._capture(root_fd, persist, None, None, True, budget, untrusted,
-                                     mapped)
+                                     mapped, trust)
         finally:
             os.close(root_fd)
         if budget is not None and persist:  # a look that stores nothing goes on (a
@@ -218,12 +219,16 @@ class WorkspaceSnapshotter:
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
                  base: str | None, full: bool, budget: Budget | None,
-                 untrusted: frozenset[str] | set[str], mapped: frozenset[str]) -> _Scan:
+                 untrusted: frozenset[str] | set[str], mapped: frozenset[str],
+                 trust: bool = True) -> _Scan:
+        """``trust`` False: a full scan that trusts no stat (the tracker dropped the
+        files closed after writing, any of which a mapping may have written): it lists
+        every folder and reads every file."""
         scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
         scan.untrusted, scan.mapped = untrusted, mapped
         if full:
             scan.root, scan.size, _, _, scan.entries = self._scan_tree(
-                root_fd, "", scan, self._caches(untrusted))
+                root_fd, "", scan, self._caches(untrusted) if trust else _nothing_cached)
         else:
             scan.root, scan.size, added = self._update_dir(
                 root_fd, "", base, _trie(changes, mapped), scan,
@@ -799,6 +804,11 @@ def _make_tree_writable(dfd: int, name: str) -> None:
 
 
 _RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
+
+
+def _nothing_cached() -> tuple[dict, dict]:
+    """The caches of a scan that trusts no stat: no file, no folder memo."""
+    return {}, {}
 
 
 def _without_parents(folders: dict, untrusted: frozenset[str] | set[str]) -> dict:

@@ -90,6 +90,8 @@ class Changes:
     linked: set[str] = field(default_factory=set)
     # Files closed after being open for writing: read again whatever their stat says.
     closed: set[str] = field(default_factory=set)
+    # More of those than MAX_CHANGES: the next capture, a full scan, trusts no stat.
+    distrust: bool = False
 
 
 class WorkspaceTracker:
@@ -103,6 +105,7 @@ class WorkspaceTracker:
         self._dirty: set[str] = set()
         self._rescan: set[str] = set()
         self._closed: set[str] = set()
+        self._distrust = False  # closes dropped (_spill_locked): trust no stat next time
         self._paths: dict[int, str] = {}  # wd -> relative folder path ("" is the root)
         self._wds: dict[str, int] = {}  # relative folder path -> wd (the latest watched there)
         self._degraded = False  # past the watch limit: every capture scans
@@ -192,9 +195,9 @@ class WorkspaceTracker:
         self._keep_mirror()
         with self._lock:
             changes = Changes(self._full, self._dirty, self._rescan, set(self.linked),
-                              self._closed)
+                              self._closed, self._distrust)
             self._full, self._dirty, self._rescan = self._degraded, set(), set()
-            self._closed = set()
+            self._closed, self._distrust = set(), False
         # A full scan re-adds every folder's watch as it goes: the kernel hands back the
         # same watch for a folder already watched, so nothing is removed (removing
         # thousands of watches floods the queue with IN_IGNORED events and overflows it).
@@ -206,7 +209,7 @@ class WorkspaceTracker:
         self._keep_mirror()
         with self._lock:
             return Changes(self._full, set(self._dirty), set(self._rescan), set(self.linked),
-                           set(self._closed))
+                           set(self._closed), self._distrust)
 
     def give_back(self, changes: Changes) -> None:
         """A capture that was not committed returns what it took."""
@@ -215,6 +218,10 @@ class WorkspaceTracker:
             self._dirty |= changes.dirty
             self._rescan |= changes.rescan
             self._closed |= changes.closed
+            self._distrust = self._distrust or changes.distrust
+            spilled = self._spill_locked()
+        if spilled:
+            self.invalidate(spilled)
 
     def invalidate(self, reason: str) -> None:
         with self._lock:
@@ -250,15 +257,10 @@ class WorkspaceTracker:
             return  # the daemon's own temporaries
         path = f"{folder}/{name}" if folder else name
         with self._lock:
-            if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
-                self._rescan.add(path)
-            else:
-                self._dirty.add(path)
-                if mask & IN_CLOSE_WRITE:
-                    self._closed.add(path)
+            self._note_locked(path, mask, mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO))
             spilled = self._spill_locked()
         if spilled:
-            self.invalidate(f"more than {MAX_CHANGES} paths changed since the last capture")
+            self.invalidate(spilled)
         if mask & IN_ISDIR and mask & IN_MOVED_FROM:
             self._unwatch_below(path)
         if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
@@ -275,28 +277,45 @@ class WorkspaceTracker:
             return
         path = f"{folder}/{name}" if folder and name else folder or name
         with self._lock:
-            self._dirty.add(path)
-            if mask & IN_CLOSE_WRITE:
-                self._closed.add(path)
+            self._note_locked(path, mask, False)
             spilled = self._spill_locked()
         if spilled:
-            self.invalidate(f"more than {MAX_CHANGES} paths changed since the last capture")
+            self.invalidate(spilled)
 
-    def _spill_locked(self) -> bool:
-        """Past ``MAX_CHANGES`` paths kept: drop them all (a full scan comes instead)."""
+    def _note_locked(self, path: str, mask: int, appeared_folder: bool) -> None:
+        """Keep what the next capture must look at. A full scan comes: it looks at every
+        path, so only the closed files are kept (it trusts the stat cache, whose stat a
+        write through a mapping leaves as it was)."""
+        if not self._full:
+            (self._rescan if appeared_folder else self._dirty).add(path)
+        if mask & IN_CLOSE_WRITE and not appeared_folder:
+            self._closed.add(path)
+
+    def _spill_locked(self) -> str | None:
+        """Past ``MAX_CHANGES`` paths kept (an agent making millions of files between two
+        checkpoints must not take the daemon's memory): drop the changed paths, and a
+        full scan comes instead, which finds them by itself; the reason, or None. Past
+        ``MAX_CHANGES`` closed files as well: drop them too, and the next capture trusts
+        no stat (``distrust``): it reads every file, since one of them may have been
+        written through a mapping."""
         if len(self._dirty) + len(self._rescan) + len(self._closed) <= MAX_CHANGES:
-            return False
-        self._dirty, self._rescan, self._closed = set(), set(), set()
-        return True
+            return None
+        if self._dirty or self._rescan:
+            self._dirty, self._rescan = set(), set()
+            return f"more than {MAX_CHANGES} paths changed since the last capture"
+        self._closed, self._distrust = set(), True
+        return (f"more than {MAX_CHANGES} files closed after writing since the last"
+                " capture: the next one reads every file")
 
     def on_overflow(self) -> None:
         self.invalidate("the inotify queue overflowed")
 
     # -- internals -----------------------------------------------------------------------
     def _barrier(self) -> None:
-        with self._lock:
-            if self._full:
-                return  # a full scan needs no barrier: it reads everything
+        # A full scan too: it trusts the stat cache, and a file closed after writing
+        # (through a mapping, say, which leaves the stat as it was) is read again only
+        # if its close is in the changes taken (until 0.7.37 a full scan after a flood
+        # or an overflow left the closes still queued for the next capture).
         if not self.monitor.barrier():
             self.invalidate("the inotify queue could not be read")
 
