@@ -129,16 +129,20 @@ class _HeldBack:
         self.monitor = tracker_mod.ChangeMonitor()
         self.mapper = Mapper([str(mapwrite), "db", str(SIZE)], user=AGENT_UID,
                              group=AGENT_UID, extra_groups=[], cwd=ws)
-        blobs = MemoryBlobStore()
-        self.tracker = self.monitor.tracker(str(ws))
-        self.snap = WorkspaceSnapshotter(str(ws), blobs, TreeReader(blobs), StatCache(None),
-                                         self.tracker)
-        self.layer = Layer(WORKSPACE, str(ws), self.snap, self.tracker)
-        self.mapper.do("p 8191 z")  # both pages written: no hole, so a plain file
-        self.mapper.do("w 0 first")  # the page becomes writable, and the file's time moves
-        time.sleep(RACY)
-        self.head, _ = self.layer.capture(None)
-        self.layer.committed(self.head)  # the stat cache vouches for db from now on
+        try:
+            blobs = MemoryBlobStore()
+            self.tracker = self.monitor.tracker(str(ws))
+            self.snap = WorkspaceSnapshotter(str(ws), blobs, TreeReader(blobs),
+                                             StatCache(None), self.tracker)
+            self.layer = Layer(WORKSPACE, str(ws), self.snap, self.tracker)
+            self.mapper.do("p 8191 z")  # both pages written: no hole, so a plain file
+            self.mapper.do("w 0 first")  # the page becomes writable, the file's time moves
+            time.sleep(RACY)
+            self.head, _ = self.layer.capture(None)
+            self.layer.committed(self.head)  # the stat cache vouches for db from now on
+        except BaseException:
+            self.close()
+            raise
 
     def agent(self, script: str) -> None:
         subprocess.run(["sh", "-c", script], cwd=self.ws / "sub", user=AGENT_UID,
