@@ -256,14 +256,15 @@ class WorkspaceTracker:
         if name.startswith(TEMP_PREFIX):
             return  # the daemon's own temporaries
         path = f"{folder}/{name}" if folder else name
+        appeared_folder = bool(mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO))
         with self._lock:
-            self._note_locked(path, mask, mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO))
+            self._note_locked(path, mask, appeared_folder)
             spilled = self._spill_locked()
         if spilled:
             self.invalidate(spilled)
         if mask & IN_ISDIR and mask & IN_MOVED_FROM:
             self._unwatch_below(path)
-        if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+        if appeared_folder:
             self._watch_new_folder(path)
 
     def _on_mirror_event(self, folder: str, mask: int, name: str) -> None:

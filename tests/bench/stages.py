@@ -86,8 +86,7 @@ class Timers:
             self.current[name] = self.current.get(name, 0.0) + took
 
     def wrap(self, owner: object, attr: str, name: str) -> None:
-        original = owner.__dict__[attr]
-        func = original.__func__ if isinstance(original, staticmethod) else original
+        func = owner.__dict__[attr]  # a plain function: a method or a context manager
         timers = self
         if _is_context_manager(func):  # its entry and exit, not the block it holds
             @functools.wraps(func)
@@ -111,9 +110,8 @@ class Timers:
             def wrapper(*args, **kwargs):
                 with timers._outermost(name):
                     return func(*args, **kwargs)
-        setattr(owner, attr, staticmethod(wrapper) if isinstance(original, staticmethod)
-                else wrapper)
-        self._undo.append((owner, attr, original))
+        setattr(owner, attr, wrapper)
+        self._undo.append((owner, attr, func))
 
     @contextlib.contextmanager
     def _outermost(self, name: str) -> Iterator[None]:
@@ -171,27 +169,25 @@ class _TimedConnection:
         return self._timed("executemany", sql, *args)
 
 
-def _history(cache: Path, work: Path) -> tuple[Path, Callable[[int], bool], int]:
+def _history(cache: Path, work: Path) -> tuple[Path, Callable[[int], None], int]:
     repo, commits = source(cache)
     replay = Replay(repo, work / "ws", work / "index")
     replay.first(commits[0])
 
-    def step(i: int) -> bool:
+    def step(i: int) -> None:
         replay.step(commits[i], commits[i + 1])
-        return True
     return work / "ws", step, len(commits) - 1
 
 
-def _edits(cache: Path, work: Path, files: int) -> tuple[Path, Callable[[int], bool], int]:
+def _edits(cache: Path, work: Path, files: int) -> tuple[Path, Callable[[int], None], int]:
     tree = wide_tree(cache, files=files, seed=7)
     ws = work / "ws"
     shutil.copytree(tree, ws, symlinks=True)
     names = sorted(str(p.relative_to(ws)) for p in ws.rglob("*") if p.is_file())
     rng = random.Random(7)
 
-    def step(i: int) -> bool:
+    def step(i: int) -> None:
         edit(ws, rng.sample(names, 3), f"stages {i}")
-        return True
     return ws, step, 1 << 30
 
 
