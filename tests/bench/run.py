@@ -343,9 +343,7 @@ class Bench:
                     None, "", "≥ 150 checkpoints/s, p99 ≤ 50 ms; session list ≤ 100 ms",
                     rate >= 150 and result["p99"] <= 0.050 and listing.p90 <= 100)
         if result["cpu"]:
-            case.note = (f"daemon CPU {result['cpu']['daemon_ms_per_checkpoint']:.2f} ms per"
-                         f" checkpoint; the machine {result['cpu']['machine_idle']:.0%} idle"
-                         " during the load")
+            case.note = _cpu(result["cpu"]) + " during the load"
         case.note += ("; " if case.note else "") + waits
         halves = load.two_daemons(self.run_dir, self.copy, str(self.django), 10.0)
         if halves["count"]:
@@ -356,9 +354,7 @@ class Bench:
                 p99, p99, halves["count"])
             case.note += (f"; the same load on two daemons with a data root each (context:"
                           f" the bound of captures on both cores) {rate2:.1f}/s, p99"
-                          f" {p99:.1f} ms, daemon CPU"
-                          f" {halves['cpu']['daemon_ms_per_checkpoint']:.2f} ms per checkpoint,"
-                          f" the machine {halves['cpu']['machine_idle']:.0%} idle")
+                          f" {p99:.1f} ms, {_cpu(halves['cpu'], ',')}")
         return self.add(case)
 
     # -- checkpoint-sparse ---------------------------------------------------------------
@@ -473,6 +469,12 @@ def revision() -> str:
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def _cpu(cpu: dict, between: str = ";") -> str:
+    """A load's CPU, as its case's note says it: the daemon's a checkpoint, the idle."""
+    return (f"daemon CPU {cpu['daemon_ms_per_checkpoint']:.2f} ms per checkpoint{between}"
+            f" the machine {cpu['machine_idle']:.0%} idle")
 
 
 def fmt(s: Stat | None) -> str:
