@@ -7,8 +7,17 @@ import hashlib
 import os
 import random
 
+from worldline.daemon.storage import repack
 from worldline.daemon.storage.blobs import LocalBlobStore
-from worldline.daemon.storage.packs import COPIES, DELTA, ZDELTA, Pack, Row, encode_delta
+from worldline.daemon.storage.packs import (
+    COPIES,
+    DELTA,
+    ZDELTA,
+    Pack,
+    Row,
+    best_delta,
+    encode_delta,
+)
 from worldline.daemon.storage.repack import Repacker
 
 from .conftest import pack_of
@@ -315,6 +324,40 @@ def test_a_repack_step_stops_between_rows_when_a_call_arrives(tmp_path):
     while repacker.step():
         pass
     assert blobs.pack.mark("repacked") == 10
+
+
+def test_a_repack_step_stops_between_a_rows_encodings_when_a_call_arrives(
+        tmp_path, monkeypatch):
+    """A row is encoded against each candidate base in turn, each at zstd's strongest
+    level (half a second for a blob of 1 MiB): the step asks ``idle()`` before each,
+    not only before the row (0.7.37 tried every candidate of a row a call waited on),
+    and the mark leaves that row for the next idle moment."""
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    versions = [_text(300, "v0")]
+    for i in range(1, 3):  # each version a delta from the one before: its candidate
+        versions.append(versions[-1] + _text(5, f"v{i}"))
+    digests = [blobs.put_bytes(versions[0])]
+    for data in versions[1:]:
+        digests.append(blobs.put_bytes(data, base=digests[-1]))
+    blobs.sync()
+    calls: list[None] = []
+    encoded: list[int] = []  # at which call to idle() each candidate was tried
+    monkeypatch.setattr(repack, "best_delta",
+                        lambda *a, **kw: encoded.append(len(calls)) or best_delta(*a, **kw))
+
+    def idle() -> bool:  # 3 reads, rows 1 and 2; then the call, before row 2's candidate
+        calls.append(None)
+        return len(calls) <= 5
+
+    assert Repacker(blobs).step(idle) is False
+    assert encoded == []  # no candidate of row 2 was tried
+    assert blobs.pack.mark("repacked") == 1
+    monkeypatch.undo()
+    repacker = Repacker(blobs)
+    while repacker.step():
+        pass
+    assert blobs.pack.mark("repacked") == 3
+    _all_read_back(blobs, dict(zip(digests, versions, strict=True)))
 
 
 def test_a_repack_step_reads_no_row_once_a_call_has_arrived(tmp_path, monkeypatch):
