@@ -148,10 +148,14 @@ class _HeldBack:
         subprocess.run(["sh", "-c", script], cwd=self.ws / "sub", user=AGENT_UID,
                        group=AGENT_UID, extra_groups=[], check=True)
 
-    def captured_db(self):
+    def captured(self):
+        """The root tree of a capture, which must be a full scan."""
         capture, _ = self.layer.capture(self.head.root)
         assert capture.full
-        return self.snap.trees.read(capture.root)["db"].ref
+        return self.snap.trees.read(capture.root)
+
+    def captured_db(self):
+        return self.captured()["db"].ref
 
     def close(self) -> None:
         self.mapper.kill()
@@ -184,18 +188,32 @@ def test_past_the_cap_of_closed_files_the_next_capture_trusts_no_stat(
     keeps none of them (its memory stays bounded), so the next capture cannot know
     which stats to distrust: it reads every file. Until 0.7.37 any flood dropped the
     closes and the full scan after it kept the content the stat cache vouched for."""
+    from worldline.daemon.capture.trees import SYMLINK
     from worldline.daemon.storage.blobs import digest_of
 
+    from .conftest import tree_state
+
+    canary = workspace.parent / "canary"  # outside, open to the agent: reading every
+    canary.mkdir()  # file must not mean following its links there
+    (canary / "keep.txt").write_text("keep\n")
+    os.chmod(canary, 0o777)
+    before = tree_state(canary)
     w = _HeldBack(workspace, monkeypatch, mapwrite)
     try:
         w.mapper.do("w 8 second")
         w.mapper.do("c")
         w.mapper.do("u")  # closed: the first of many
+        w.agent(f"ln -s {canary} out && ln -s {canary}/keep.txt outfile")
         w.agent("for i in $(seq 120); do echo $i > g$i; done")  # 120 more closed
         assert w.monitor.barrier()
         assert w.tracker.peek().distrust
-        assert w.captured_db() == digest_of(
+        root = w.captured()
+        assert root["db"].ref == digest_of(
             _content((0, "first"), (8, "second"), (8191, "z")))
+        sub = w.snap.trees.read(root["sub"].ref)
+        assert [(sub[n].kind, sub[n].ref) for n in ("out", "outfile")] == [
+            (SYMLINK, str(canary)), (SYMLINK, f"{canary}/keep.txt")]
+        assert tree_state(canary) == before
     finally:
         w.close()
 
