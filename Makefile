@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench stages soak proto proto-check lint docker test-tools postgres clean bytecode
+.PHONY: install run test bench stages soak proto proto-check lint docker test-tools postgres agents clean bytecode
 
 install: $(STAMP)
 
@@ -76,7 +76,12 @@ test-tools:
 postgres:
 	bash deploy/ensure-postgres.sh
 
-test: install proto-check lint docker test-tools postgres
+# The real agents' programs (Claude Code, Gemini CLI, Codex), pinned, from the npm registry,
+# cached under ~/.cache/worldline/agents (Node from Debian's packages when absent).
+agents:
+	bash deploy/ensure-agents.sh
+
+test: install proto-check lint docker test-tools postgres agents
 	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install docker bytecode
