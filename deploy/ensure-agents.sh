@@ -13,6 +13,10 @@ pins=(
   "gemini-cli @google/gemini-cli 0.61.0"
   "codex @openai/codex 0.171.0"
 )
+if ! command -v ip >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  # tests/agents/sandbox.py runs each agent where only loopback exists (unshare, ip)
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "ensure-agents: install Node.js 20 or newer and npm (needs root and apt)" >&2; exit 1
