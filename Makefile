@@ -12,6 +12,7 @@ PYTHON ?= $(or $(shell for p in /usr/bin/python3; do \
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTO  := proto/worldline/v1/worldline.proto
 GEN    := proto/worldline/v1/worldline_pb2.py proto/worldline/v1/worldline_pb2.pyi \
           proto/worldline/v1/worldline_pb2_grpc.py
@@ -21,9 +22,13 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench stages soak proto proto-check lint docker test-tools postgres agents clean bytecode
+.PHONY: install runtime run test bench stages soak proto proto-check lint docker test-tools postgres agents clean bytecode
 
 install: $(STAMP)
+
+# The daemon and the CLI with their runtime dependencies only (what `make run` needs): no
+# test tools, no benchmark peers. `make install` adds the dev dependencies to the same venv.
+runtime: $(RUNTIME_STAMP)
 
 # A strict editable install: the package is a tree of symlinks to these folders (no
 # import hook at every start, which cost each `worldline hook` process ~25 ms). A new or
@@ -35,7 +40,14 @@ $(STAMP): pyproject.toml daemon/capture/_walk.c daemon/_codec.c $(PKG_DIRS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
 	$(MAKE) --no-print-directory bytecode
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml daemon/capture/_walk.c daemon/_codec.c $(PKG_DIRS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e . --config-settings editable_mode=strict
+	$(MAKE) --no-print-directory bytecode
+	touch $(RUNTIME_STAMP)
 
 # Compiled bytecode beside the package's link tree, so that a new process reads it even
 # where PYTHONDONTWRITEBYTECODE is set (compiling cli.py and the hooks anew cost every
@@ -45,7 +57,9 @@ bytecode:
 	  [compileall.compile_dir(d, quiet=1) for d in glob.glob('build/__editable__.*')]"
 
 # Start the daemon in the foreground on the embedded default (SQLite + local blobs).
-run: install
+run: runtime
+	@echo "worldline: the CLI is $(CURDIR)/$(BIN)/worldline;" \
+	  "put it on your PATH with: export PATH=\"$(CURDIR)/$(BIN):\$$PATH\"" >&2
 	$(BIN)/worldline daemon
 
 # Regenerate the committed gRPC code from the .proto files.
