@@ -7,7 +7,7 @@ import os
 
 import grpc
 
-from .config import unix_path
+from .config import connect_errno, unix_path, unreachable
 from .errors import Unavailable, WorldlineError, error_for_code
 from .wire import MAX_MESSAGE
 
@@ -45,7 +45,9 @@ def open_channel(address: str, token: str | None = None, tls_ca: str | None = No
 def mapped(exc: grpc.RpcError, address: str) -> WorldlineError:
     """The worldline error a failed call stands for."""
     code, details = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.UNAVAILABLE and unix_path(address) is not None:
-        return Unavailable(f"cannot reach the worldline daemon at {address}"
-                           f" (start it with `worldline daemon`): {details}")
+    path = unix_path(address)
+    if code == grpc.StatusCode.UNAVAILABLE and path is not None:
+        err = connect_errno(path)  # None: the daemon listens, and its answer stands
+        if err is not None:
+            return Unavailable(unreachable(address, err))
     return error_for_code(code.name, details)

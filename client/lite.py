@@ -15,7 +15,7 @@ import _socket  # the C module: `socket` would add selectors, enum and more to s
 import time
 
 from . import _json as json
-from .config import default_address, normalize_address, unix_path
+from .config import default_address, normalize_address, unix_path, unreachable
 from .errors import Unavailable, WorldlineError, error_for_code
 
 TYPE_CHECKING = False
@@ -46,8 +46,7 @@ class LiteClient:
             sock.connect(self.path)
         except OSError as exc:
             sock.close()
-            raise Unavailable(f"cannot reach the worldline daemon at {self.address}"
-                              f" (start it with `worldline daemon`): {exc.strerror}") from None
+            raise Unavailable(unreachable(self.address, exc.errno)) from None
         self._sock, self._buffer = sock, b""
 
     def _readline(self, deadline: float) -> bytes:

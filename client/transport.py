@@ -20,7 +20,7 @@ import time
 from worldline.v1 import worldline_pb2 as pb
 
 from . import wire
-from .config import unix_path
+from .config import unix_path, unreachable
 from .errors import DeadlineExceeded, ResourceExhausted, Unavailable, error_for_code
 
 GATEWAY_SUFFIX = ".json"
@@ -149,8 +149,7 @@ class FrameTransport:
             sock.close()
             if self._fallback and isinstance(exc, _NO_GATEWAY):
                 return None, False  # gRPC then answers, or says that nothing listens
-            raise Unavailable(f"cannot reach the worldline daemon at {self.address}"
-                              f" (start it with `worldline daemon`): {exc.strerror}") from None
+            raise Unavailable(unreachable(self.address, exc.errno)) from None
         return sock, False
 
     def _give(self, sock: socket.socket) -> None:

@@ -116,7 +116,20 @@ class Engine:
                 return docker.APIClient(base_url=self.base_url, timeout=self.timeout)
             return docker.from_env(timeout=self.timeout).api
         except docker.errors.DockerException as exc:
-            raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+            raise Unavailable(self._unreachable(exc)) from None
+
+    def _unreachable(self, exc: BaseException) -> str:
+        """One line for a person: why the engine could not be reached and what to do,
+        rather than the repr of the exception requests and urllib3 nested inside."""
+        where = self.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        err = _os_error(exc)
+        if isinstance(err, PermissionError):
+            return (f"the Docker engine at {where} refused uid {os.getuid()} (permission"
+                    " denied): run the daemon as root or as a member of the docker group")
+        if isinstance(err, (FileNotFoundError, ConnectionRefusedError)):
+            return (f"no Docker engine listens at {where}: start it (`make docker`, or"
+                    " `systemctl start docker`), or point DOCKER_HOST at yours")
+        return f"the Docker engine at {where} is unreachable: {err or exc}"
 
     def starts(self, label: str, value: str):
         """The engine's stream of ``start`` events of the containers labelled
@@ -141,7 +154,7 @@ class Engine:
         except docker.errors.APIError as exc:
             raise FailedPrecondition(f"the Docker engine refused: {exc.explanation}") from None
         except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
-            raise Unavailable(f"the Docker engine is unreachable: {exc}") from None
+            raise Unavailable(self._unreachable(exc)) from None
 
     def ping(self) -> bool:
         try:
@@ -469,3 +482,18 @@ class StartWatch:
             log.warning("container watch: checking container %s of session %s: %s",
                         container[:12], session, exc)
 
+
+def _os_error(exc: BaseException, depth: int = 0) -> OSError | None:
+    """The OSError at the bottom of an exception that requests or urllib3 wrapped (in its
+    args, its cause or its context), if there is one."""
+    if depth > 8 or exc is None:
+        return None
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc
+    for inner in (*[a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)],
+                  getattr(exc, "reason", None), exc.__cause__, exc.__context__):
+        if isinstance(inner, BaseException):
+            found = _os_error(inner, depth + 1)
+            if found is not None:
+                return found
+    return None
