@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install runtime run test bench stages soak proto proto-check lint docker test-tools postgres agents clean bytecode
+.PHONY: install runtime run test bench stages soak proto proto-check lint docker test-tools postgres agents browser clean bytecode
 
 install: $(STAMP)
 
@@ -33,7 +33,8 @@ runtime: $(RUNTIME_STAMP)
 # A strict editable install: the package is a tree of symlinks to these folders (no
 # import hook at every start, which cost each `worldline hook` process ~25 ms). A new or
 # removed module changes its folder, and the tree is made again.
-PKG_DIRS := daemon daemon/capture daemon/edge daemon/storage client client/hooks client/langgraph proto/worldline/v1
+PKG_DIRS := daemon daemon/capture daemon/edge daemon/storage client client/hooks client/console \
+  client/console/templates client/console/static client/langgraph proto/worldline/v1
 
 $(STAMP): pyproject.toml daemon/capture/_walk.c daemon/_codec.c $(PKG_DIRS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,7 +96,11 @@ postgres:
 agents:
 	bash deploy/ensure-agents.sh
 
-test: install proto-check lint docker test-tools postgres agents
+# Debian's chromium, which the console's tests drive headless (Playwright, system browser).
+browser:
+	bash deploy/ensure-browser.sh
+
+test: install proto-check lint docker test-tools postgres agents browser
 	GRPC_ENABLE_FORK_SUPPORT=false $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install docker bytecode

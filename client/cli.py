@@ -539,6 +539,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="zsh: load it after `autoload -U bashcompinit && bashcompinit`")
     comp.set_defaults(fn=None)
 
+    con = sub.add_parser("console", parents=[common],
+                         help="serve the operators' console in a browser (as this user)")
+    con.add_argument("--listen", default="127.0.0.1:0",
+                     help="HOST:PORT (default 127.0.0.1 and any free port; beyond loopback"
+                          " only with --tls-cert and --tls-key)")
+    con.add_argument("--open", action="store_true", help="open the URL in a browser")
+    con.add_argument("--tls-cert")
+    con.add_argument("--tls-key")
+    con.set_defaults(fn=None)
+
     m = sub.add_parser("mcp", parents=[common], help="serve worldline's calls as MCP tools")
     m.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
     m.set_defaults(fn=None)
@@ -816,6 +826,15 @@ def _main(argv: list[str] | None = None) -> int:
     as_json = getattr(args, "json", False)
     if args.command == "init":
         return _init(args, Output(as_json))
+    if args.command == "console":
+        from .console import serve as console
+        try:
+            return console(getattr(args, "address", None), args.listen, args.open,
+                           args.tls_cert, args.tls_key)
+        except WorldlineError as exc:
+            return _failed(exc, as_json)
+        except KeyboardInterrupt:
+            return 0
     if args.command == "mcp":
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
