@@ -195,12 +195,14 @@ def test_the_async_client_upgrades_the_same(daemon, client, session, workspace):
 
 
 # -- the LangGraph saver -------------------------------------------------------------------
-class StateV1(TypedDict):
+class StateV1(TypedDict, total=False):
     todo: Annotated[list[str], operator.add]
+    owner: str
 
 
-class StateV3(TypedDict):
+class StateV3(TypedDict, total=False):
     plan: Annotated[list[dict], operator.add]
+    owner: dict
 
 
 def graph_v1(saver):
@@ -233,6 +235,8 @@ def graph_schema(calls: list, fail_at: int | None = None) -> StateMigrations:
         calls.append(2)
         if "plan" in values:
             values["plan"] = [{"step": s, "done": False} for s in values["plan"]]
+        if "owner" in values:
+            values["owner"] = {"name": values["owner"]}
         return values
 
     return StateMigrations(3, {1: v1_to_v2, 2: v2_to_v3})
@@ -241,7 +245,8 @@ def graph_schema(calls: list, fail_at: int | None = None) -> StateMigrations:
 def test_the_saver_upgrades_channel_values_when_read_and_keeps_history(daemon, tmp_path):
     config = {"configurable": {"thread_id": f"mig-{uuid.uuid4()}"}}
     with WorldlineSaver(daemon.address, workspace=str(tmp_path)) as old:
-        graph_v1(old).invoke({"todo": ["read the issue"]}, config, durability="sync")
+        graph_v1(old).invoke({"todo": ["read the issue"], "owner": "ana"}, config,
+                             durability="sync")
         stored = old.get_tuple(config)
         v1_history = list(old.list(config))
         assert stored.checkpoint["channel_values"]["todo"] == ["read the issue", "write the test"]
@@ -254,6 +259,7 @@ def test_the_saver_upgrades_channel_values_when_read_and_keeps_history(daemon, t
         assert "todo" not in t.checkpoint["channel_values"]
         assert "todo" not in t.checkpoint["channel_versions"]
         assert "__schema__" not in t.checkpoint
+        assert t.checkpoint["channel_values"]["owner"] == {"name": "ana"}
         listed = list(saver.list(config))
         assert all("todo" not in h.checkpoint["channel_values"] for h in listed)
         # the v3 graph goes on from the upgraded state, and stores it as upgraded
@@ -264,15 +270,70 @@ def test_the_saver_upgrades_channel_values_when_read_and_keeps_history(daemon, t
         calls.clear()
         assert saver.get_tuple(config).checkpoint["channel_values"]["plan"] == result["plan"]
         assert calls == []  # written at v3: no step runs
+        assert "__schema__" not in saver.get_tuple(config).checkpoint
     with WorldlineSaver(daemon.address) as raw:
         history = list(raw.list(config))
         assert history[0].checkpoint["channel_values"]["plan"] == result["plan"]
         assert "todo" not in history[0].checkpoint["channel_values"]
+        # a value the migration made and no step wrote since is stored with it
+        assert history[0].checkpoint["channel_values"]["owner"] == {"name": "ana"}
+        assert "__schema__" not in history[0].checkpoint
         # the v1 checkpoints are as they were written
         assert [h.checkpoint for h in history[-3:]] == [
             h.checkpoint for h in v1_history]
         assert history[-1].checkpoint["channel_values"]["__start__"] == {
-            "todo": ["read the issue"]}
+            "todo": ["read the issue"], "owner": "ana"}
+
+
+def paused_graph(state: type, saver, done: list):
+    """START -> think -> review (interrupted before) -> END."""
+    g = StateGraph(state)
+    g.add_node("think", lambda s: {})
+    g.add_node("review", lambda s: done.append("review") or {})
+    g.add_edge(START, "think")
+    g.add_edge("think", "review")
+    g.add_edge("review", END)
+    return g.compile(checkpointer=saver, interrupt_before=["review"])
+
+
+def test_a_graph_paused_at_v1_resumes_at_v3_where_it_stood(daemon, tmp_path):
+    """The agent was upgraded while a run waited for review: the new graph goes on
+    from the upgraded state to the node it stopped before, once, and not again."""
+    config = {"configurable": {"thread_id": f"mig-{uuid.uuid4()}"}}
+    done: list[str] = []
+    with WorldlineSaver(daemon.address, workspace=str(tmp_path)) as old:
+        paused_graph(StateV1, old, done).invoke({"todo": ["a"], "owner": "ana"}, config,
+                                                durability="sync")
+        assert old.get_tuple(config) is not None and done == []
+    with WorldlineSaver(daemon.address, migrations=graph_schema([])) as saver:
+        graph = paused_graph(StateV3, saver, done)
+        assert graph.get_state(config).next == ("review",)
+        result = graph.invoke(None, config, durability="sync")
+        assert done == ["review"]
+        assert result == {"plan": [{"step": "a", "done": False}], "owner": {"name": "ana"}}
+        assert graph.get_state(config).next == ()
+
+
+def test_an_upgraded_channel_does_not_run_the_nodes_that_had_read_it_again(daemon):
+    """A step's version of a value it changed sorts below the stored one: a node that
+    subscribes to the channel and had read it is not scheduled again."""
+    from langgraph.channels import LastValue
+    from langgraph.pregel import NodeBuilder, Pregel
+
+    def build(saver):
+        echo = NodeBuilder().subscribe_only("todo").do(lambda x: x).write_to("out")
+        return Pregel(nodes={"echo": echo}, channels={"todo": LastValue(list),
+                                                      "out": LastValue(list)},
+                      input_channels=["todo"], output_channels=["out"], checkpointer=saver)
+
+    config = {"configurable": {"thread_id": f"mig-{uuid.uuid4()}"}}
+    with WorldlineSaver(daemon.address) as old:
+        assert build(old).invoke({"todo": ["a"]}, config) == {"out": ["a"]}
+    upgrade = StateMigrations(2, {1: lambda v: {**v, "todo": [*v["todo"], "b"]}})
+    with WorldlineSaver(daemon.address, migrations=upgrade) as saver:
+        state = build(saver).get_state(config)
+        assert state.values["todo"] == ["a", "b"]
+        assert state.next == ()
 
 
 def test_the_saver_refuses_a_newer_state_and_surfaces_a_failing_step(daemon, tmp_path):
