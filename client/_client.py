@@ -49,10 +49,18 @@ class Client:
         schema of the agent's checkpoint state: states written by this client are
         marked with its current version, and older ones are upgraded when read
         (``show``, and the state a restore returns); docs/state-migrations.md."""
-        self.migrations = StateMigrations.of(migrations)
+        self.migrations = migrations
         self.address = normalize_address(address) if address else default_address()
         self.timeout = timeout
         self._transport = open_transport(self.address, token, tls_ca, transport)
+
+    @property
+    def migrations(self) -> StateMigrations | None:
+        return self._migrations
+
+    @migrations.setter
+    def migrations(self, migrations: Migrations) -> None:
+        self._migrations = StateMigrations.of(migrations)
 
     def __enter__(self) -> Client:
         return self

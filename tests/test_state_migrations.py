@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import uuid
+from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
@@ -161,6 +162,22 @@ def test_a_migration_must_return_a_dict_and_a_version_must_be_one(daemon, client
         assert err.value.step == 1
 
 
+def test_the_documented_example_resumes_an_old_checkpoint(daemon, client, session,
+                                                          monkeypatch):
+    """The example of docs/state-migrations.md, pasted as it is."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "state-migrations.md").read_text()
+    example = doc.split("## An example to paste")[1].split("```python")[1].split("```")[0]
+    monkeypatch.setenv("WORLDLINE_ADDRESS", daemon.address)
+    names: dict = {}
+    exec(compile(example, "docs/state-migrations.md", "exec"), names)
+    v1 = session.checkpoint(state={"todo": ["ship"]})
+    assert names["resume"](session.id, v1.id) == {
+        "plan": [{"step": "ship", "done": False}], "__schema__": 3}
+    v9 = session.checkpoint(state={"__schema__": 9})
+    with pytest.raises(SystemExit, match="newer agent"):
+        names["resume"](session.id, v9.id)
+
+
 def test_bad_migrations_are_refused_when_they_are_made():
     f = lambda s: s  # noqa: E731
     for current, steps in [(3, {1: f}), (3, {2: f, 3: f}), (0, {}), (3, {0: f, 1: f, 2: f}),
@@ -169,6 +186,11 @@ def test_bad_migrations_are_refused_when_they_are_made():
             StateMigrations(current, steps)
     with pytest.raises(ValueError):
         Client("unix:///nowhere", migrations={})
+    with Client("unix:///nowhere") as c:
+        c.migrations = {1: f}
+        assert (c.migrations.current, c.migrations.steps) == (2, {1: f})
+        c.migrations = None
+        assert c.migrations is None
     assert StateMigrations(1).upgrade({"a": 1}) == {"a": 1}
 
 
