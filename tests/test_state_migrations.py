@@ -211,6 +211,8 @@ def test_the_async_client_upgrades_the_same(daemon, client, session, workspace):
             with pytest.raises(StateMigrationError) as err:
                 await reader.restore(session.id, v1.id)
             assert err.value.step == 1
+            reader.migrations = None  # the plain client's view: as stored
+            assert (await reader.show(v1.id)).state == V1
 
     asyncio.run(run())
     assert client.show(v1.id).state == V1
