@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
-from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from worldline.client import (
     AsyncClient,
@@ -25,6 +24,8 @@ from worldline.client import (
     WorldlineError,
 )
 from worldline.langgraph import WorldlineSaver
+
+from .test_langgraph import passes_the_conformance_suite
 
 V1 = {"todo": ["read the issue", "write the test"], "note": "kept"}
 V3 = {"plan": [{"step": "read the issue", "done": False},
@@ -402,15 +403,6 @@ def test_the_saver_async_methods_upgrade_the_same(daemon, tmp_path):
 
 
 def test_the_conformance_suite_passes_with_migrations(daemon):
-    """A saver that stamps and upgrades is still a LangGraph checkpointer."""
-    @checkpointer_test(name="WorldlineSaver with migrations")
-    async def saver():
-        s = WorldlineSaver(daemon.address, migrations=StateMigrations(2, {1: lambda v: v}))
-        yield s
-        await s.aclose()
-
-    report = asyncio.run(validate(saver))
-    assert report.passed_all_base()
-    failures = {cap: (r.detected, r.passed, r.failures) for cap, r in report.results.items()
-                if not (r.detected and r.passed)}
-    assert failures == {}, failures
+    """A saver that marks and upgrades is still a LangGraph checkpointer."""
+    passes_the_conformance_suite("WorldlineSaver with migrations", lambda: WorldlineSaver(
+        daemon.address, migrations=StateMigrations(2, {1: lambda v: v})))
