@@ -361,6 +361,43 @@ def test_an_upgraded_channel_does_not_run_the_nodes_that_had_read_it_again(daemo
         assert state.next == ()
 
 
+def test_each_schema_and_each_checkpoint_upgrades_into_values_of_its_own(daemon, tmp_path):
+    """Two readers of different schemas fork the same v1 checkpoint (``update_state`` on
+    it), and one forks two v1 checkpoints whose "owner" is the same stored value but
+    whose other channels differ: each fork stores the value made for it. (The v3 fork
+    comes last: a v2 reader refuses a thread where v3 has written.)"""
+    thread = f"mig-{uuid.uuid4()}"
+    config = {"configurable": {"thread_id": thread}}
+    with WorldlineSaver(daemon.address, workspace=str(tmp_path)) as old:
+        graph_v1(old).invoke({"todo": ["a"], "owner": "ana"}, config, durability="sync")
+        first, second = [h.checkpoint["id"] for h in old.list(config)][:2]  # newest first
+        versions = [old.get_tuple({"configurable": {"thread_id": thread, "checkpoint_id": c}})
+                    .checkpoint["channel_versions"]["owner"] for c in (first, second)]
+        assert versions[0] == versions[1]
+
+    def owner(values: dict) -> dict:  # a step that reads another channel
+        values["owner"] = {"name": values["owner"], "tasks": len(values.get("todo", []))}
+        return values
+
+    def role(values: dict) -> dict:
+        values["owner"] = {**values["owner"], "role": "dev"}
+        return values
+
+    forks = {}
+    for name, m, at in [("v2", StateMigrations(2, {1: owner}), first),
+                        ("v2 of the older", StateMigrations(2, {1: owner}), second),
+                        ("v3", StateMigrations(3, {1: owner, 2: role}), first)]:
+        at = {"configurable": {"thread_id": thread, "checkpoint_id": at}}
+        with WorldlineSaver(daemon.address, migrations=m) as saver:
+            forks[name] = graph_v1(saver).update_state(at, {"todo": ["b"]})
+    with WorldlineSaver(daemon.address) as raw:
+        got = {name: raw.get_tuple(c).checkpoint["channel_values"]["owner"]
+               for name, c in forks.items()}
+    assert got == {"v2": {"name": "ana", "tasks": 2}, "v3": {"name": "ana", "tasks": 2,
+                                                             "role": "dev"},
+                   "v2 of the older": {"name": "ana", "tasks": 1}}
+
+
 def test_the_saver_refuses_a_newer_state_and_surfaces_a_failing_step(daemon, tmp_path):
     config = {"configurable": {"thread_id": f"mig-{uuid.uuid4()}"}}
     with WorldlineSaver(daemon.address, workspace=str(tmp_path)) as old:

@@ -52,8 +52,8 @@ PAGE = 100
 EMPTY = "empty"  # the type of a channel's blob when the channel holds no value
 
 Workspace = str | Callable[[str], str | None] | None
-# The version of a channel's value that a migration made: below the version it replaces
-# (so no node that saw that one runs again), and stored by the next ``put``.
+# Marks the version of a channel's value that a migration made (``_upgrade``); the next
+# ``put`` stores it.
 MIGRATED = ".!"
 
 
@@ -220,8 +220,11 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
 
     def _upgrade(self, checkpoint: Checkpoint, version: int | None, checkpoint_id: str) -> None:
         """Bring the checkpoint's channel values to the current schema, in place. The
-        channels a step changed get a version of their own (below the stored one) and
-        those it dropped lose theirs, so the next put stores the state as upgraded."""
+        channels a step dropped lose their versions, and each value it left gets a
+        version of its own, so the next put stores the state as upgraded: the stored
+        version with "!" after its counter (so it sorts below it, and no node that had
+        read the stored one runs again), the schema and this checkpoint's id (a value
+        made from another checkpoint's state, or for another schema, is another)."""
         m, before = self.migrations, checkpoint["channel_values"]
         state = dict(before) if version is None else {**before, m.key: version}
         after = m.upgrade(state, checkpoint_id)
@@ -233,7 +236,7 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
             versions.pop(ch, None)
         for ch in after:
             head, _, tail = str(versions.get(ch, "0" * 32)).partition(".")
-            versions[ch] = f"{head}{MIGRATED}{m.current}.{tail}"
+            versions[ch] = f"{head}{MIGRATED}{tail}!{m.current}!{checkpoint_id}"
         checkpoint["channel_values"] = after
 
     @staticmethod
