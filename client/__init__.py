@@ -26,6 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._client import Client
     from .helpers import ApprovalDenied, AsyncClient, guarded, recorded, require_approval
+    from .migrations import StateMigrationError, StateMigrations, StateVersionTooNew
     from .models import (
         Approval,
         AuditEvent,
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 # load on first use, so `worldline hook`, which runs on every tool call, never pays it.
 _LAZY = {"Client": "_client", "ApprovalDenied": "helpers", "AsyncClient": "helpers",
          "guarded": "helpers", "recorded": "helpers", "require_approval": "helpers",
+         "StateMigrationError": "migrations", "StateMigrations": "migrations",
+         "StateVersionTooNew": "migrations",
          **{name: "models" for name in (
              "Approval", "AuditEvent", "Checkpoint", "CheckpointDetail", "Diff",
              "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task", "ToolCall")}}
@@ -85,6 +88,9 @@ __all__ = [
     "RestoreResult",
     "Session",
     "SideEffect",
+    "StateMigrationError",
+    "StateMigrations",
+    "StateVersionTooNew",
     "Task",
     "ToolCall",
     "Unauthenticated",

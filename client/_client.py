@@ -9,6 +9,7 @@ from typing import Any
 from worldline.v1 import worldline_pb2 as pb
 
 from .config import default_address, normalize_address
+from .migrations import Migration, StateMigrations
 from .models import (
     Approval,
     AuditEvent,
@@ -24,6 +25,8 @@ from .models import (
 )
 from .transport import open_transport
 
+Migrations = StateMigrations | dict[int, Migration] | None
+
 
 def _dumps(value: Any) -> str:
     return "" if value is None else json.dumps(value, ensure_ascii=False)
@@ -35,15 +38,29 @@ class Client:
 
     def __init__(self, address: str | None = None, timeout: float = 120.0,
                  token: str | None = None, tls_ca: str | None = None,
-                 transport: str = "auto") -> None:
+                 transport: str = "auto", migrations: Migrations = None) -> None:
         """On TCP (``host:port``) the channel is TLS, trusting ``tls_ca`` (a PEM file;
         default ``$WORLDLINE_TLS_CA``, else the system's roots), and every call carries
         the bearer ``token`` (default ``$WORLDLINE_TOKEN``). On a Unix socket the calls
         go as frames to the daemon's gateway (gRPC when it has none); ``transport``
-        ("grpc" or "frames") forces one (client/transport.py)."""
+        ("grpc" or "frames") forces one (client/transport.py).
+
+        ``migrations`` (a ``StateMigrations``, or ``{from_version: function}``) is the
+        schema of the agent's checkpoint state: states written by this client are
+        marked with its current version, and older ones are upgraded when read
+        (``show``, and the state a restore returns); docs/state-migrations.md."""
+        self.migrations = migrations
         self.address = normalize_address(address) if address else default_address()
         self.timeout = timeout
         self._transport = open_transport(self.address, token, tls_ca, transport)
+
+    @property
+    def migrations(self) -> StateMigrations | None:
+        return self._migrations
+
+    @migrations.setter
+    def migrations(self, migrations: Migrations) -> None:
+        self._migrations = StateMigrations.of(migrations)
 
     def __enter__(self) -> Client:
         return self
@@ -106,7 +123,7 @@ class Client:
         return Checkpoint.from_pb(self._call("CreateCheckpoint", pb.CheckpointRequest(
             session_id=session_id, label=label or "", reasoning=reasoning or "",
             trace_id=trace_id or "", messages_json=_dumps(messages) if messages else "",
-            state_json=_dumps(state), expected_head=expected_head or "")))
+            state_json=_dumps(self._stamped(state)), expected_head=expected_head or "")))
 
     def checkpoint_raw(self, session_id: str, messages_json: str = "", state_json: str = "",
                        **kw) -> Checkpoint:
@@ -117,8 +134,16 @@ class Client:
             trace_id=kw.get("trace_id") or "", expected_head=kw.get("expected_head") or "")))
 
     def show(self, checkpoint_id: str) -> CheckpointDetail:
-        return CheckpointDetail.from_pb(self._call("GetCheckpoint", pb.GetCheckpointRequest(
+        """With migrations, ``state`` is upgraded to their current version (the stored
+        state is not changed): StateMigrationError, StateVersionTooNew when it cannot be."""
+        detail = CheckpointDetail.from_pb(self._call("GetCheckpoint", pb.GetCheckpointRequest(
             checkpoint_id=checkpoint_id)))
+        if self.migrations is not None:
+            detail.state = self.migrations.upgrade(detail.state, detail.id)
+        return detail
+
+    def _stamped(self, state: dict | None) -> dict | None:
+        return state if self.migrations is None or state is None else self.migrations.stamp(state)
 
     def log(self, session_id: str) -> list[Checkpoint]:
         return [Checkpoint.from_pb(c) for c in self._call("ListCheckpoints",
@@ -134,12 +159,19 @@ class Client:
                 from_other_session: bool = False) -> RestoreResult:
         """With ``operation_id``, ``progress(operation_id)`` follows it from another thread.
         A checkpoint of another session's history restores only with
-        ``from_other_session``."""
-        return RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
+        ``from_other_session``.
+
+        With migrations, the checkpoint's state is read and upgraded first (a state
+        this client cannot read restores nothing: StateMigrationError), and the
+        result's ``state`` is the upgraded state the session has from then on."""
+        state = self.show(checkpoint_id).state if self.migrations is not None else None
+        result = RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
             session_id=session_id, checkpoint_id=checkpoint_id,
             acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
             expected_head=expected_head or "", operation_id=operation_id or "",
             from_other_session=from_other_session)))
+        result.state = state
+        return result
 
     def resolve_session(self, session_id: str, complete: bool) -> Session:
         """An operator's decision on a session that needs attention: complete the

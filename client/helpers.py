@@ -131,6 +131,15 @@ class AsyncClient(_Async):
     def __init__(self, address: str | None = None, **kwargs: Any) -> None:
         super().__init__(Client(address, **kwargs))
 
+    @property
+    def migrations(self) -> Any:
+        """The client's state migrations (docs/state-migrations.md); may be set."""
+        return self._target.migrations
+
+    @migrations.setter
+    def migrations(self, migrations: Any) -> None:
+        self._target.migrations = migrations
+
     async def __aenter__(self) -> "AsyncClient":
         return self
 

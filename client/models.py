@@ -23,7 +23,7 @@ class _Record:
     def to_dict(self) -> dict:
         out = {}
         for f in fields(self):
-            if f.name.startswith("_"):
+            if f.name.startswith("_") or f.metadata.get("local"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, _Record):
@@ -132,6 +132,9 @@ class RestoreResult(_Record):
     dry_run: bool
     container: LayerRestore | None = None  # None when the session has no container
     warnings: list[str] = field(default_factory=list)
+    # The restored state, upgraded by the client's migrations (None without them: read
+    # it with ``show``); not part of the CLI's JSON.
+    state: dict | None = field(default=None, metadata={"local": True})
 
     @classmethod
     def from_pb(cls, m) -> RestoreResult:

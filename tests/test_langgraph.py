@@ -19,10 +19,12 @@ from worldline.v1 import worldline_pb2 as pb
 from .conftest import tree_state
 
 
-def test_the_official_conformance_suite_passes_every_capability(daemon):
-    @checkpointer_test(name="WorldlineSaver")
+def passes_the_conformance_suite(name: str, make) -> None:
+    """LangGraph's conformance suite on the savers ``make()`` gives: every base and
+    optional capability claimed, and passed."""
+    @checkpointer_test(name=name)
     async def saver():
-        s = WorldlineSaver(daemon.address)
+        s = make()
         yield s
         await s.aclose()
 
@@ -32,6 +34,10 @@ def test_the_official_conformance_suite_passes_every_capability(daemon):
                 if not (r.detected and r.passed)}
     assert failures == {}, failures  # every optional capability is claimed, and passes
     assert {cap.value for cap in ALL_CAPABILITIES} == set(report.results)
+
+
+def test_the_official_conformance_suite_passes_every_capability(daemon):
+    passes_the_conformance_suite("WorldlineSaver", lambda: WorldlineSaver(daemon.address))
 
 
 class State(TypedDict):

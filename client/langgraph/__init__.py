@@ -13,6 +13,10 @@ bytes.
 Both the blocking methods (``put``, ``get_tuple``, ``list``...) and the asyncio
 ones (``aput``, ``aget_tuple``, ``alist``...) call the daemon directly: the async
 ones over a ``grpc.aio`` channel, never through a thread pool.
+
+``migrations`` (a ``StateMigrations`` or ``{from_version: function}``) upgrade the
+graph's state (the root namespace's channel values) of checkpoints written in an
+older schema when they are read; see docs/state-migrations.md.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from worldline.client.channel import mapped, open_channel
 from worldline.client.config import default_address
+from worldline.client.migrations import SCHEMA_KEY, Migration, StateMigrations
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
@@ -47,6 +52,9 @@ PAGE = 100
 EMPTY = "empty"  # the type of a channel's blob when the channel holds no value
 
 Workspace = str | Callable[[str], str | None] | None
+# Marks the version of a channel's value that a migration made (``_upgrade``); the next
+# ``put`` stores it.
+MIGRATED = ".!"
 
 
 class WorldlineSaver(BaseCheckpointSaver[str]):
@@ -55,12 +63,20 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
 
     ``workspace`` is the folder a new thread's session captures: a path, or a
     function of the thread id returning one; None (or a function returning None)
-    gives each thread a new empty folder under the daemon's data root."""
+    gives each thread a new empty folder under the daemon's data root.
+
+    ``migrations``: the schema of the graph's state. The root namespace's checkpoints
+    are stored with its current version, and one written in an older version reads
+    (``get_tuple``, ``list`` and their async twins) with its channel values upgraded,
+    oldest step first: each step takes and returns the dict of channel values.
+    The stored checkpoint is not changed; the next ``put`` stores the upgraded values."""
 
     def __init__(self, address: str | None = None, *, workspace: Workspace = None,
                  serde: SerializerProtocol | None = None, timeout: float = 60.0,
-                 token: str | None = None, tls_ca: str | None = None) -> None:
+                 token: str | None = None, tls_ca: str | None = None,
+                 migrations: StateMigrations | dict[int, Migration] | None = None) -> None:
         super().__init__(serde=serde)
+        self.migrations = StateMigrations.of(migrations)
         self.address = address or default_address()
         self.timeout = timeout
         self._workspace = workspace
@@ -138,10 +154,16 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
         thread_id, ns = str(conf["thread_id"]), conf.get("checkpoint_ns", "")
         body = dict(checkpoint)
         values = body.pop("channel_values", None) or {}
+        if self.migrations is not None and ns == "":
+            body[SCHEMA_KEY] = self.migrations.current
+        # Values a migration made (on the read this checkpoint comes from) are stored
+        # with it though the graph did not write them: they are new to the daemon.
+        migrated = {ch: v for ch, v in checkpoint["channel_versions"].items()
+                    if ch in values and ch not in new_versions and MIGRATED in str(v)}
         blobs = [pb.GraphBlob(channel=ch, version=str(v),
                               value=self._typed(values[ch]) if ch in values
                               else pb.TypedValue(type=EMPTY))
-                 for ch, v in new_versions.items()]
+                 for ch, v in {**new_versions, **migrated}.items()]
         versions = {ch: str(v) for ch, v in checkpoint["channel_versions"].items()}
         return pb.PutGraphCheckpointRequest(
             checkpoint=pb.GraphCheckpoint(
@@ -180,8 +202,11 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
     def _tuple(self, t: pb.GraphTuple) -> CheckpointTuple:
         c = t.checkpoint
         checkpoint = self._value(c.checkpoint)
+        version = checkpoint.pop(SCHEMA_KEY, None)
         checkpoint["channel_values"] = {b.channel: self._value(b.value) for b in t.blobs
                                         if b.value.type != EMPTY}
+        if self.migrations is not None and c.checkpoint_ns == "":
+            self._upgrade(checkpoint, version, c.checkpoint_id)
 
         def conf(checkpoint_id: str) -> RunnableConfig:
             return {"configurable": {"thread_id": c.thread_id, "checkpoint_ns": c.checkpoint_ns,
@@ -192,6 +217,27 @@ class WorldlineSaver(BaseCheckpointSaver[str]):
             metadata=json.loads(c.metadata_json),
             parent_config=conf(c.parent_id) if c.parent_id else None,
             pending_writes=[(w.task_id, w.channel, self._value(w.value)) for w in t.writes])
+
+    def _upgrade(self, checkpoint: Checkpoint, version: int | None, checkpoint_id: str) -> None:
+        """Bring the checkpoint's channel values to the current schema, in place. The
+        channels a step dropped lose their versions, and each value it left gets a
+        version of its own, so the next put stores the state as upgraded: the stored
+        version with "!" after its counter (so it sorts below it, and no node that had
+        read the stored one runs again), the schema and this checkpoint's id (a value
+        made from another checkpoint's state, or for another schema, is another)."""
+        m, before = self.migrations, checkpoint["channel_values"]
+        state = dict(before) if version is None else {**before, m.key: version}
+        after = m.upgrade(state, checkpoint_id)
+        if after is state:
+            return
+        after.pop(m.key, None)
+        versions = checkpoint["channel_versions"] = dict(checkpoint["channel_versions"])
+        for ch in before.keys() - after.keys():
+            versions.pop(ch, None)
+        for ch in after:
+            head, _, tail = str(versions.get(ch, "0" * 32)).partition(".")
+            versions[ch] = f"{head}{MIGRATED}{tail}!{m.current}!{checkpoint_id}"
+        checkpoint["channel_values"] = after
 
     @staticmethod
     def _list_request(config: RunnableConfig | None, filter: dict[str, Any] | None,
