@@ -149,6 +149,15 @@ class Client:
         return [Checkpoint.from_pb(c) for c in self._call("ListCheckpoints",
                 pb.ListCheckpointsRequest(session_id=session_id)).checkpoints]
 
+    def log_page(self, session_id: str, limit: int,
+                 before_seq: int | None = None) -> tuple[list[Checkpoint], int]:
+        """A page of a long history: the newest ``limit`` checkpoints with a seq below
+        ``before_seq`` (None: the newest of all), oldest first, and how many the
+        session has in all."""
+        m = self._call("ListCheckpoints", pb.ListCheckpointsRequest(
+            session_id=session_id, limit=limit, before_seq=before_seq or 0))
+        return [Checkpoint.from_pb(c) for c in m.checkpoints], m.total
+
     def diff(self, from_id: str, to_id: str, patch: bool = False) -> Diff:
         return Diff.from_pb(self._call("Diff", pb.DiffRequest(from_id=from_id, to_id=to_id,
                                                               patch=patch)))
@@ -223,9 +232,12 @@ class Client:
             effect=effect or "", idempotency_key=idempotency_key or "",
             approval_id=approval_id or "")))
 
-    def tool_calls(self, session_id: str) -> list[ToolCall]:
+    def tool_calls(self, session_id: str,
+                   after: list[str] | None = None) -> list[ToolCall]:
+        """The session's tool calls; with ``after``, only those recorded while one of
+        these checkpoints was the head (the calls that led to the next checkpoint)."""
         return [ToolCall.from_pb(t) for t in self._call("ListToolCalls", pb.ListToolCallsRequest(
-            session_id=session_id)).tool_calls]
+            session_id=session_id, checkpoint_ids=after or [])).tool_calls]
 
     def explain_policy(self, tool: str, args_json: str = "") -> PolicyDecision:
         m = self._call("ExplainPolicy", pb.ExplainPolicyRequest(tool=tool, args_json=args_json))

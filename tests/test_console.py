@@ -343,3 +343,23 @@ def test_the_pages_for_audit_storage_and_rates_answer(page, world):
     page.goto(f"{base}/rates")
     row = page.locator("#rates-sessions tbody tr", has_text="fix-the-parser")
     assert row.locator("td").nth(2).inner_text() == "1"  # one restore
+
+
+def test_a_long_timeline_is_paged_newest_first(page, world, tmp_path):
+    from worldline.client.console.views import PAGE
+    ws = tmp_path / "long"
+    ws.mkdir()
+    with world["daemon"].client() as c:
+        s = c.create_session(str(ws), name="long-history")
+        for i in range(PAGE + 20):
+            c.record_tool_call(s.id, "Bash", {"command": f"echo {i}"})
+            c.checkpoint(s.id)
+    page.goto(f"{world['console'].base}/s/{s.id}")
+    seqs = page.locator("svg.timeline text.seq").all_text_contents()
+    assert len(seqs) == PAGE and seqs[0] == f"#{PAGE + 20}" and seqs[-1] == "#21"
+    assert page.locator("svg.timeline text.title").first.text_content() == \
+        f"Bash echo {PAGE + 19}"
+    page.click("text=older")
+    seqs = page.locator("svg.timeline text.seq").all_text_contents()
+    assert seqs == [f"#{i}" for i in range(20, -1, -1)]
+    assert page.locator("svg.timeline text.title").last.text_content() == "session created"

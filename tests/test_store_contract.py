@@ -110,6 +110,22 @@ def test_append_moves_head_and_assigns_seq(store):
     assert store.lineage(b.id) == [(b.id, s.id), (a.id, s.id), (first.id, s.id)]
 
 
+def test_a_long_history_is_read_a_page_at_a_time(store):
+    s, first = new_session(store)
+    head, ids_ = first, [first.id]
+    for _ in range(9):
+        head = store.append_checkpoint(make_cp(s.id, head.id), [], head.id, None, [])
+        ids_.append(head.id)
+    other, _ = new_session(store)  # another session's checkpoints never join a page
+    store.append_checkpoint(make_cp(other.id, _.id), [], _.id, None, [])
+    assert store.count_checkpoints(s.id) == 10
+    assert [c.id for c in store.list_checkpoints(s.id, limit=4)] == ids_[6:]
+    assert [c.id for c in store.list_checkpoints(s.id, limit=4, before_seq=6)] == ids_[2:6]
+    assert [c.id for c in store.list_checkpoints(s.id, limit=4, before_seq=2)] == ids_[:2]
+    assert [c.id for c in store.list_checkpoints(s.id, before_seq=3)] == ids_[:3]
+    assert store.list_checkpoints(s.id, limit=4, before_seq=0) == []
+
+
 @pytest.mark.parametrize("with_events", [True, False])
 def test_an_existing_checkpoint_id_is_already_exists_and_changes_nothing(store, with_events):
     """Pipelined on PostgreSQL, the duplicate surfaces at a later round trip or at the

@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -84,11 +85,16 @@ class Console:
     def session(self, request: Request):
         sid = request.path_params["sid"]
         session = self.client.get_session(sid)
-        cps = self.client.log(sid)
-        tools = self.client.tool_calls(sid)
+        page = max(0, _int(request.query_params.get("page"), 0))
+        head = self.client.log_page(sid, 1)
+        total = head[1]
+        before = None if page == 0 else head[0][-1].seq + 1 - page * views.PAGE
+        cps, _ = self.client.log_page(sid, views.PAGE, before) if before is None or \
+            before > 0 else ([], total)
+        tools = self.client.tool_calls(sid, after=[cp.parent_id for cp in cps
+                                                   if cp.parent_id]) if cps else []
         others = self.client.list_sessions(include_deleted=True)
-        page = _int(request.query_params.get("page"), 0)
-        line = views.timeline(cps, tools, others, page)
+        line = views.timeline(cps, tools, others, page, total)
         origin = self.client.show(session.forked_from) if session.forked_from else None
         return self.page(request, "session.html", session=session, timeline=line,
                          origin=origin, tasks=self.client.tasks(sid)[0],
@@ -318,9 +324,14 @@ class _Guard(BaseHTTPMiddleware):
         self.secure = secure
 
     async def dispatch(self, request: Request, call_next):
+        started = time.perf_counter()
         response = await self._check(request, call_next)
         for k, v in HEADERS.items():
             response.headers.setdefault(k, v)
+        # the page's whole server time (the daemon's calls and the rendering), for the
+        # browser's developer tools and `make bench`
+        response.headers["Server-Timing"] = (
+            f"app;dur={(time.perf_counter() - started) * 1000:.1f}")
         return response
 
     async def _check(self, request: Request, call_next):

@@ -69,10 +69,11 @@ def tool_summary(t: ToolCall) -> str:
 
 
 def timeline(checkpoints: list[Checkpoint], tools: list[ToolCall],
-             sessions: list[Session], page: int = 0) -> Timeline:
-    """The session's checkpoints newest first, ``PAGE`` to a page, each with the tool
-    calls recorded after its parent (the calls that led to it), the sessions forked
-    from it, and the restore it was; restore edges join checkpoints on the same page."""
+             sessions: list[Session], page: int = 0, total: int | None = None) -> Timeline:
+    """A page of a session's checkpoints (``checkpoints``: that page, oldest first, of
+    ``total``) drawn newest first, each with the tool calls recorded after its parent
+    (the calls that led to it), the sessions forked from it, and the restore it was;
+    restore edges join checkpoints on the same page."""
     by_head: dict[str, list[ToolCall]] = {}
     for t in tools:
         by_head.setdefault(t.checkpoint_id, []).append(t)
@@ -81,10 +82,9 @@ def timeline(checkpoints: list[Checkpoint], tools: list[ToolCall],
         if s.forked_from:
             forks.setdefault(s.forked_from, []).append(s)
     seq_of = {cp.id: cp.seq for cp in checkpoints}
-    newest_first = list(reversed(checkpoints))
-    pages = max(1, -(-len(newest_first) // PAGE))
-    page = min(max(page, 0), pages - 1)
-    shown = newest_first[page * PAGE:(page + 1) * PAGE]
+    shown = list(reversed(checkpoints))
+    total = len(checkpoints) if total is None else total
+    pages = max(1, -(-total // PAGE))
     nodes, y_of = [], {}
     for i, cp in enumerate(shown):
         node = Node(cp, 24 + i * ROW, by_head.get(cp.parent_id or "", []) if
@@ -104,7 +104,7 @@ def timeline(checkpoints: list[Checkpoint], tools: list[ToolCall],
         bend = NODE_X - 18 - 6 * (lane % 3)
         edges.append(Edge(f"M {NODE_X - 7} {node.y} C {bend} {node.y}, {bend} {target},"
                           f" {NODE_X - 7} {target}", "restore"))
-    return Timeline(nodes, edges, 24 + len(nodes) * ROW, page, pages, len(checkpoints))
+    return Timeline(nodes, edges, 24 + len(nodes) * ROW, page, pages, total)
 
 
 @dataclass

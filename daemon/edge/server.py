@@ -195,8 +195,17 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     def ListCheckpoints(self, r, context):
         self.world.session(r.session_id)
-        return pb.ListCheckpointsResponse(checkpoints=[
-            checkpoint_pb(c) for c in self.world.store.list_checkpoints(r.session_id)])
+        store = self.world.store
+        if not r.limit and not r.before_seq:
+            cps = store.list_checkpoints(r.session_id)
+            return pb.ListCheckpointsResponse(checkpoints=[checkpoint_pb(c) for c in cps],
+                                              total=len(cps))
+        if r.before_seq < 0:
+            raise InvalidArgument("before_seq is a checkpoint's seq (0: no bound)")
+        cps = store.list_checkpoints(r.session_id, limit=r.limit or None,
+                                     before_seq=r.before_seq or None)
+        return pb.ListCheckpointsResponse(checkpoints=[checkpoint_pb(c) for c in cps],
+                                          total=store.count_checkpoints(r.session_id))
 
     def Diff(self, r, context):
         changes, box, patch = self.world.diff(r.from_id, r.to_id, r.patch)
@@ -239,7 +248,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def ListToolCalls(self, r, context):
         self.world.session(r.session_id)
         return pb.ListToolCallsResponse(tool_calls=[
-            tool_call_pb(c) for c in self.world.store.list_tool_calls(session_id=r.session_id)])
+            tool_call_pb(c) for c in self.world.store.list_tool_calls(
+                session_id=r.session_id, checkpoint_ids=list(r.checkpoint_ids) or None)])
 
     def ExplainPolicy(self, r, context):
         d = self.gates.explain(r.tool, r.args_json)

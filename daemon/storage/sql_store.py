@@ -256,14 +256,30 @@ class SqlStore:
             raise NotFound(f"checkpoint {checkpoint_id} does not exist")
         return _cp(row)
 
-    def list_checkpoints(self, session_id=None):
+    def list_checkpoints(self, session_id=None, limit=None, before_seq=None):
         if session_id is None:
             rows = self._all(f"SELECT {_CP_COLS} FROM checkpoints ORDER BY session_id, seq")
-        else:
+        elif limit is None and before_seq is None:
             self.get_session(session_id)
             rows = self._all(f"SELECT {_CP_COLS} FROM checkpoints WHERE session_id = ?"
                              " ORDER BY seq", (session_id,))
+        else:
+            self.get_session(session_id)
+            sql, args = f"SELECT {_CP_COLS} FROM checkpoints WHERE session_id = ?", [session_id]
+            if before_seq is not None:
+                sql += " AND seq < ?"
+                args.append(before_seq)
+            sql += " ORDER BY seq DESC"
+            if limit is not None:
+                sql += " LIMIT ?"
+                args.append(limit)
+            rows = self._all(sql, tuple(args))[::-1]
         return [_cp(r) for r in rows]
+
+    def count_checkpoints(self, session_id):
+        self.get_session(session_id)
+        return self._all("SELECT count(*) FROM checkpoints WHERE session_id = ?",
+                         (session_id,))[0][0]
 
     def prune_checkpoints(self, checkpoint_ids, events):
         with self._tx() as db:

@@ -113,7 +113,12 @@ class Store(Protocol):
         the same transaction; a store with no blob index takes none."""
 
     def get_checkpoint(self, checkpoint_id: str) -> Checkpoint: ...
-    def list_checkpoints(self, session_id: str | None = None) -> list[Checkpoint]: ...
+    def list_checkpoints(self, session_id: str | None = None, limit: int | None = None,
+                         before_seq: int | None = None) -> list[Checkpoint]:
+        """Checkpoints oldest first (all sessions' by session, then seq); of one session,
+        with ``limit`` and ``before_seq``, only its newest ``limit`` with a seq below
+        ``before_seq`` (a page of a long history, still oldest first)."""
+    def count_checkpoints(self, session_id: str) -> int: ...
     def prune_checkpoints(self, checkpoint_ids: list[str], events: list[AuditEvent]) -> None:
         """Mark checkpoints pruned: their records stay (lineage, conversation, audit),
         their trees are no longer kept by garbage collection."""
@@ -328,13 +333,21 @@ class MemoryStore:
             except KeyError:
                 raise NotFound(f"checkpoint {checkpoint_id} does not exist") from None
 
-    def list_checkpoints(self, session_id=None):
+    def list_checkpoints(self, session_id=None, limit=None, before_seq=None):
         with self._lock:
             if session_id is not None:
                 self.get_session(session_id)
-            cps = [c for c in self._checkpoints.values()
-                   if session_id is None or c.session_id == session_id]
-            return sorted(cps, key=lambda c: (c.session_id, c.seq))
+            cps = sorted((c for c in self._checkpoints.values()
+                          if session_id is None or c.session_id == session_id),
+                         key=lambda c: (c.session_id, c.seq))
+            if before_seq is not None:
+                cps = [c for c in cps if c.seq < before_seq]
+            return cps[-limit:] if limit is not None and session_id is not None else cps
+
+    def count_checkpoints(self, session_id):
+        with self._lock:
+            self.get_session(session_id)
+            return sum(1 for c in self._checkpoints.values() if c.session_id == session_id)
 
     def prune_checkpoints(self, checkpoint_ids, events):
         with self._lock:

@@ -414,6 +414,10 @@ class Bench:
         from . import fleet
         return self.add(fleet.case(self))
 
+    def console_case(self) -> Case:
+        from . import console
+        return self.add(console.case(self))
+
     def container_case(self) -> Case:
         from . import container
         return self.add(container.case(self))
@@ -523,6 +527,7 @@ def main() -> int:
         ("throughput", bench.throughput_case),
         ("history-400", bench.history_case),
         ("fleet", bench.fleet_case),
+        ("console", bench.console_case),
         ("context", bench.context_case),
     ]
     needs = {"checkpoint-flat": "checkpoint-small", "checkpoint-rescan": "checkpoint-small",

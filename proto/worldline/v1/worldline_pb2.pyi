@@ -175,16 +175,22 @@ class CheckpointDetail(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., skipped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "limit", "before_seq")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    limit: int
+    before_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., limit: _Optional[int] = ..., before_seq: _Optional[int] = ...) -> None: ...
 
 class ListCheckpointsResponse(_message.Message):
-    __slots__ = ("checkpoints",)
+    __slots__ = ("checkpoints", "total")
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
-    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ...) -> None: ...
+    total: int
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
 class DiffRequest(_message.Message):
     __slots__ = ("from_id", "to_id", "patch")
@@ -357,10 +363,12 @@ class RecordToolCallRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ...) -> None: ...
 
 class ListToolCallsRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "checkpoint_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    checkpoint_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., checkpoint_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListToolCallsResponse(_message.Message):
     __slots__ = ("tool_calls",)
