@@ -856,12 +856,18 @@ def _failed(exc: WorldlineError, as_json: bool) -> int:
 
 
 def _init(a, out: Output) -> int:
+    from .hooks import support
     from .hooks.settings import init
     command = a.hook_command
+    # The installed client's version: the hook answers only what that version honours
+    # (ask where it is not honoured, or for a version worldline does not know: deny).
+    program, version = ("", "") if a.remove else support.detect(a.agent)
+    version = version or support.UNKNOWN
+    approval, note = support.approval_mode(a.agent, version, a.approval or "")
     if not command:
         exe = sys.argv[0] if os.path.basename(sys.argv[0]) == "worldline" else "worldline"
         command = " ".join([os.path.abspath(exe) if os.sep in exe else exe, "hook", a.agent]
-                           + ([f"--approval {a.approval}"] if a.approval else [])
+                           + [f"--approval {approval}", f"--client-version {version}"]
                            + ([f"--wait {a.wait:g}"] if a.wait is not None else [])
                            + ([f"--address {a.address}"] if getattr(a, "address", None)
                               else []))
@@ -871,10 +877,23 @@ def _init(a, out: Output) -> int:
                  dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
     except WorldlineError as exc:
         return _failed(exc, out.as_json)
+    if not a.remove:
+        d["client"] = {"program": program or None, "version": version,
+                       "approval": approval, "note": note or None}
+
+    def client() -> str:
+        if a.remove:
+            return ""
+        found = (f"{a.agent} {version} at {program}" if version != support.UNKNOWN else
+                 f"{a.agent} at {program}, its version unreadable," if program else
+                 f"{a.agent} not found on PATH,")
+        how = {"ask": "put to the person at the agent", "deny": "refused until approved",
+               "wait": "held for an operator's decision"}[approval]
+        return f"\n{found}: gated calls are {how}" + (f" ({note})" if note else "")
 
     def human() -> str:
         if not d["changed"]:
-            return f"{d['path']}: already as wanted, nothing changed"
+            return f"{d['path']}: already as wanted, nothing changed" + client()
         events = ", ".join(d["events"])
         if d["removed"]:
             what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
@@ -885,7 +904,7 @@ def _init(a, out: Output) -> int:
             text += f"\nthe old file is kept as {d['backup']}"
         if d["dry_run"]:
             text += "\n" + d["diff"].rstrip("\n")
-        return text
+        return text + client()
     out.emit(d, human)
     return 0
 
