@@ -9,13 +9,15 @@ A turn (one model response) is a dict with any of:
   ``exec_command`` tool) and ``{"patch": PATCH}`` (an ``apply_patch`` envelope that
   the model sends through the shell tool, as models do).
 
-Each call gets the id ``call_<turn>_<n>``. Past the script's end the model answers
+Each call gets the id ``call_<server>_<turn>_<n>`` (``<server>`` this server's process
+id: a conversation resumed by a later run keeps its ids apart, as the real API does). Past the script's end the model answers
 "done". ``GET .../models`` answers an empty list (Codex asks for the catalog at start).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from . import ScriptedHandler
 
@@ -30,8 +32,9 @@ def call_item(turn: int, n: int, call: dict) -> dict:
                                        + "\nEOF\n"}
     else:
         name, arguments = call["name"], call["arguments"]
-    return {"type": "function_call", "id": f"fc_{turn}_{n}", "status": "completed",
-            "call_id": f"call_{turn}_{n}", "name": name, "arguments": json.dumps(arguments)}
+    tag = f"{os.getpid()}_{turn}_{n}"
+    return {"type": "function_call", "id": f"fc_{tag}", "status": "completed",
+            "call_id": f"call_{tag}", "name": name, "arguments": json.dumps(arguments)}
 
 
 def response_events(turn_no: int, turn: dict) -> list[tuple[str, dict]]:
