@@ -76,8 +76,8 @@ def _checkpoint_rows(cps: list[dict]) -> str:
 def _effects_human(effects: list[dict]) -> str:
     if not effects:
         return ""
-    rows = [[e["tool_call_id"], e["tool"], e["created_at"][:19], e["args_summary"][:60]]
-            for e in effects]
+    rows = [[e["tool_call_id"], e["tool"] + (" (gate bypassed)" if e.get("gate") else ""),
+             e["created_at"][:19], e["args_summary"][:60]] for e in effects]
     return "side effects no restore can undo:\n" + _table(rows, ["TOOL CALL", "TOOL", "AT", "ARGS"])
 
 
@@ -255,8 +255,9 @@ def cmd_tool(c: Client, a, out: Output) -> int:
 
 def cmd_tools(c: Client, a, out: Output) -> int:
     calls = [t.to_dict() for t in c.tool_calls(a.session)]
-    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"], t["created_at"][:19]]
-                                    for t in calls], ["ID", "TOOL", "EFFECT", "AT"]))
+    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"] + (
+        f" (gate {t['gate']})" if t["gate"] else ""), t["created_at"][:19]] for t in calls],
+        ["ID", "TOOL", "EFFECT", "AT"]))
     return 0
 
 

@@ -167,7 +167,7 @@ class Hook:
             st.setdefault("pending", {})[key] = approval["id"]
             answer = self._gate(event, decision, approval)
             out = answer[0]
-            if out == ALLOW or (out == PASS and approval["status"] == "approved"):
+            if out in (ALLOW, PASS):  # an approved call (_gate passes no other)
                 self._opened(st, key, event, approval["id"])
             if out == ASK and self.config.honours(ASK):
                 st.setdefault("asked", {})[key] = approval["id"]

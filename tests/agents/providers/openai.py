@@ -10,8 +10,11 @@ A turn (one model response) is a dict with any of:
   the model sends through the shell tool, as models do).
 
 Each call gets the id ``call_<server>_<turn>_<n>`` (``<server>`` this server's process
-id: a conversation resumed by a later run keeps its ids apart, as the real API does). Past the script's end the model answers
-"done". ``GET .../models`` answers an empty list (Codex asks for the catalog at start).
+id: a conversation resumed by a later run keeps its ids apart, as the real API does).
+Past the script's end the model answers "done". ``GET .../models`` answers an empty
+list. Codex 0.171.0 sends, for a model it has no metadata of, the tools
+``exec_command`` (``{"cmd": ...}``), ``write_stdin``, ``view_image``, goals and
+sub-agents, and no ``apply_patch`` tool: its model applies patches through the shell.
 """
 
 from __future__ import annotations
