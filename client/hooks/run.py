@@ -165,20 +165,24 @@ class Hook:
                 return agents.answer(event, PASS)
             approval = self._approval_for(sid, event, args)
             st.setdefault("pending", {})[key] = approval["id"]
-            answer = self._gate(event, decision, approval)
-            out = answer[0]
-            if out in (ALLOW, PASS):  # an approved call (_gate passes no other)
-                self._opened(st, key, event, approval["id"])
-            if out == ASK and self.config.honours(ASK):
-                st.setdefault("asked", {})[key] = approval["id"]
+        answer = self._gate(event, decision, approval)  # (may wait: not holding the state)
+        out = answer[0]
+        asked = out == ASK and self.config.honours(ASK)
+        if asked or out in (ALLOW, PASS):  # (_gate passes only an approved call)
+            with state.held(event.agent, event.session_id) as st:
+                if asked:  # the person's yes, if the call runs, is their approval
+                    st.setdefault("asked", {})[key] = approval["id"]
+                else:
+                    self._opened(st, key, event, approval["id"])
         return agents.answer(event, *answer)
 
     def _opened(self, st: dict, key: str, event: Event, approval_id: str = "") -> None:
         """A call let through, at a client that may fire no after-tool event for it:
         kept until its after-tool event or the next event."""
         if self.config.may_skip_after_event():
-            st.setdefault("open", {})[key] = {"tool": event.tool, "input": event.tool_input,
-                                          "id": event.tool_use_id, "approval": approval_id}
+            st.setdefault("open", {})[key] = {
+                "tool": event.tool, "input": event.tool_input, "id": event.tool_use_id,
+                "approval": approval_id}
 
     def _gate(self, event: Event, decision: dict, approval: dict) -> tuple[str, str]:
         """The answer to a gated call, as (decision, reason), in what the client honours.
