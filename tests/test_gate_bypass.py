@@ -170,3 +170,31 @@ def test_init_with_no_client_found_writes_a_mode_that_fails_closed(tmp_path):
     hooks = json.loads((tmp_path / ".claude" / "settings.json").read_text())["hooks"]
     command = hooks["PreToolUse"][0]["hooks"][0]["command"]
     assert command.endswith("hook claude-code --approval deny --client-version unknown")
+
+
+def test_a_bypass_of_a_local_call_is_still_among_a_restore_s_side_effects(tmp_path, workspace):
+    """A policy rule may gate a call whose effect is local: a restore lists it only
+    because it bypassed the gate."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[command]]\nmatch = "make release*"\neffect = "local"\n'
+                      'require_approval = true\n')
+    d = DaemonProcess(tmp_path / "root", extra=["--policy", str(policy)]).start()
+    try:
+        with d.client() as client:
+            s = client.create_session(str(workspace))
+            first = client.checkpoint(s.id)
+            args = json.dumps({"command": "make release"})
+            with connect(d.address) as lite:
+                call = lite.call("RecordToolCall", {"session_id": s.id, "name": "Bash",
+                                                    "args_json": args, "gate": "bypassed"})
+                plain = lite.call("RecordToolCall", {"session_id": s.id, "name": "Bash",
+                                                     "args_json": json.dumps(
+                                                         {"command": "make test"})})
+            assert call["effect"] == "local" and call["gate"] == "bypassed"
+            assert plain["gate"] == ""
+            client.checkpoint(s.id)
+            result = client.restore(s.id, first.id, dry_run=True)
+            assert [(e.tool_call_id, e.gate) for e in result.side_effects] == [
+                (call["id"], "bypassed")]
+    finally:
+        assert d.stop() == 0
