@@ -90,7 +90,10 @@ class Gates:
         asked_for = ""
         if gate:
             if approval_id:
-                asked_for = self.get_approval(check_id("approval", approval_id)).id
+                asked = self.get_approval(check_id("approval", approval_id))
+                if asked.session_id != session.id:
+                    raise FailedPrecondition(f"approval {approval_id} is not of this session")
+                asked_for = asked.id
             approval_id = ""
         elif decision.requires_approval or approval_id:
             self._check_approved(session_id, name, approval_id)

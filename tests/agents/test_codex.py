@@ -167,9 +167,15 @@ def test_codex_edits_and_patches_recorded_and_its_push_waits_for_the_operator(da
     assert [(a.id, a.reason) for a in approved] == [(approval.id, "ship it")]
     assert [e for e in client.audit(s.id) if e.kind == "gate_bypassed"] == []
 
-    # Rewind: the workspace exactly as at the first run's end; the push is a side effect.
-    result = client.restore(s.id, stop_id, acknowledge_side_effects=True)
-    assert [e.tool_call_id for e in result.side_effects] == [pushed[0].id]
+    # Rewind: the workspace exactly as at the first run's end; the push is a side effect
+    # no rewind undoes; the command that resumes Codex's conversation names its session.
+    res = subprocess.run(WORLDLINE + ["rewind", "--to", stop_id, "--yes", "--json",
+                                      "--address", daemon.address],
+                         cwd=codex.ws, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert [e["tool_call_id"] for e in result["side_effects"]] == [pushed[0].id]
+    assert result["resume_command"].startswith(f"codex resume {thread_id(first)}")
     assert tree_state(codex.ws) == snapshot
 
 
