@@ -84,8 +84,9 @@ class Config:
         return decision == DENY or self.unchecked or self.honours(decision)
 
     def may_skip_after_event(self) -> bool:
-        """Whether a call that ran may fire no after-tool event at this client."""
-        return self.support is None or self.support.skips_after_event
+        """Whether a call that ran may fire no after-tool event at this client (an
+        unknown version: as the newest known one does)."""
+        return (self.support or support.support(self.agent)).skips_after_event
 
 
 class Hook:
