@@ -76,8 +76,8 @@ def _checkpoint_rows(cps: list[dict]) -> str:
 def _effects_human(effects: list[dict]) -> str:
     if not effects:
         return ""
-    rows = [[e["tool_call_id"], e["tool"], e["created_at"][:19], e["args_summary"][:60]]
-            for e in effects]
+    rows = [[e["tool_call_id"], e["tool"] + (" (gate bypassed)" if e.get("gate") else ""),
+             e["created_at"][:19], e["args_summary"][:60]] for e in effects]
     return "side effects no restore can undo:\n" + _table(rows, ["TOOL CALL", "TOOL", "AT", "ARGS"])
 
 
@@ -255,8 +255,9 @@ def cmd_tool(c: Client, a, out: Output) -> int:
 
 def cmd_tools(c: Client, a, out: Output) -> int:
     calls = [t.to_dict() for t in c.tool_calls(a.session)]
-    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"], t["created_at"][:19]]
-                                    for t in calls], ["ID", "TOOL", "EFFECT", "AT"]))
+    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"] + (
+        f" (gate {t['gate']})" if t["gate"] else ""), t["created_at"][:19]] for t in calls],
+        ["ID", "TOOL", "EFFECT", "AT"]))
     return 0
 
 
@@ -875,12 +876,18 @@ def _failed(exc: WorldlineError, as_json: bool) -> int:
 
 
 def _init(a, out: Output) -> int:
+    from .hooks import support
     from .hooks.settings import init
     command = a.hook_command
+    # The installed client's version: the hook answers only what that version honours
+    # (ask where it is not honoured, or for a version worldline does not know: deny).
+    program, version = ("", "") if a.remove else support.detect(a.agent)
+    version = version or support.UNKNOWN
+    approval, note = support.approval_mode(a.agent, version, a.approval or "")
     if not command:
         exe = sys.argv[0] if os.path.basename(sys.argv[0]) == "worldline" else "worldline"
         command = " ".join([os.path.abspath(exe) if os.sep in exe else exe, "hook", a.agent]
-                           + ([f"--approval {a.approval}"] if a.approval else [])
+                           + [f"--approval {approval}", f"--client-version {version}"]
                            + ([f"--wait {a.wait:g}"] if a.wait is not None else [])
                            + ([f"--address {a.address}"] if getattr(a, "address", None)
                               else []))
@@ -890,10 +897,23 @@ def _init(a, out: Output) -> int:
                  dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
     except WorldlineError as exc:
         return _failed(exc, out.as_json)
+    if not a.remove:
+        d["client"] = {"program": program or None, "version": version,
+                       "approval": approval, "note": note or None}
+
+    def client() -> str:
+        if a.remove:
+            return ""
+        found = (f"{a.agent} {version} at {program}" if version != support.UNKNOWN else
+                 f"{a.agent} at {program}, its version unreadable," if program else
+                 f"{a.agent} not found on PATH,")
+        how = {"ask": "put to the person at the agent", "deny": "refused until approved",
+               "wait": "held for an operator's decision"}[approval]
+        return f"\n{found}: gated calls are {how}" + (f" ({note})" if note else "")
 
     def human() -> str:
         if not d["changed"]:
-            return f"{d['path']}: already as wanted, nothing changed"
+            return f"{d['path']}: already as wanted, nothing changed" + client()
         events = ", ".join(d["events"])
         if d["removed"]:
             what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
@@ -904,7 +924,7 @@ def _init(a, out: Output) -> int:
             text += f"\nthe old file is kept as {d['backup']}"
         if d["dry_run"]:
             text += "\n" + d["diff"].rstrip("\n")
-        return text
+        return text + client()
     out.emit(d, human)
     return 0
 

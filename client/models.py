@@ -100,11 +100,12 @@ class SideEffect(_Record):
     created_at: str
     checkpoint_id: str
     effect: str
+    gate: str | None = None  # "bypassed": a gated call that ran without an approval
 
     @classmethod
     def from_pb(cls, m) -> SideEffect:
         return cls(m.tool_call_id, m.tool, m.args_summary, m.created_at, m.checkpoint_id,
-                   m.effect)
+                   m.effect, _opt(m.gate))
 
 
 @dataclass
@@ -175,12 +176,13 @@ class ToolCall(_Record):
     replayed: bool
     rule: str
     approval_id: str | None
+    gate: str | None = None  # "bypassed": a gated call that ran without an approval
 
     @classmethod
     def from_pb(cls, m) -> ToolCall:
         return cls(m.id, m.session_id, m.name, _json(m.args_json), _json(m.result_json),
                    m.effect, _opt(m.idempotency_key), m.checkpoint_id, m.created_at, m.replayed,
-                   m.rule, _opt(m.approval_id))
+                   m.rule, _opt(m.approval_id), _opt(m.gate))
 
 
 @dataclass

@@ -7,7 +7,11 @@
 - Tasks are the session's working task list; every checkpoint captures them.
 - Approval gates: a request checkpoints the world, then waits for an operator's
   decision or the deadline. A tool the policy gates cannot be recorded without an
-  approved approval for it in the same session.
+  approved approval for it in the same session, except as what it is: a gate bypass
+  (``gate="bypassed"``), a gated call that ran though the gate refused it or could
+  not ask (its agent ignored the answer). A bypass is never an approval: it has an
+  audit event of its own (``gate_bypassed``), a metric, and it is among a restore's
+  side effects.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import replace
 from worldline.client.errors import FailedPrecondition, InvalidArgument
 
 from . import ids
+from .observe import GATE_BYPASSES
 from .policy import Decision, Policy, parse_args_json
 from .records import (
     APPROVAL_STATUSES,
@@ -32,13 +37,14 @@ from .records import (
     Task,
     ToolCall,
 )
-from .storage.store import calls_on_path, ordered_tasks
+from .storage.store import calls_on_path, ordered_tasks, with_gates
 from .validate import check_id, check_text, load_json
 from .world import World
 
 DEFAULT_APPROVAL_TTL = 3600.0
 MAX_APPROVAL_TTL = 7 * 24 * 3600.0
 MAX_WAIT = 3600.0
+BYPASSED = "bypassed"
 
 
 class Gates:
@@ -54,9 +60,14 @@ class Gates:
 
     def record_tool_call(self, session_id: str, name: str, *, args_json: str = "",
                          result_json: str = "", effect: str = "", idempotency_key: str = "",
-                         approval_id: str = "") -> ToolCall:
+                         approval_id: str = "", gate: str = "") -> ToolCall:
+        """Record a call. ``gate="bypassed"``: a gated call that ran without an approval
+        (``approval_id`` then names the approval the gate asked for, if any: it is
+        cited by the audit event, not by the call, and stays as it is)."""
         if not name:
             raise InvalidArgument("a tool call needs a tool name")
+        if gate not in ("", BYPASSED):
+            raise InvalidArgument(f"gate {gate!r} is not one of \"\", {BYPASSED!r}")
         check_text("tool name", name)
         check_text("idempotency key", idempotency_key)
         args = parse_args_json(args_json)
@@ -75,17 +86,40 @@ class Gates:
                     self.store.append_audit([AuditEvent(
                         "tool_call.replay", session_id, call.id,
                         {"idempotency_key": idempotency_key}, ids.now())])
-                    return replace(call, replayed=True)
-        if decision.requires_approval or approval_id:
+                    return replace(with_gates(self.store, [call])[0], replayed=True)
+        asked_for = ""
+        if gate:
+            if approval_id:
+                asked = self.get_approval(check_id("approval", approval_id))
+                if asked.session_id != session.id:
+                    raise FailedPrecondition(f"approval {approval_id} is not of this session")
+                asked_for = asked.id
+            approval_id = ""
+        elif decision.requires_approval or approval_id:
             self._check_approved(session_id, name, approval_id)
         call = ToolCall(ids.new_id(), session_id, name,
                         json.dumps(args, ensure_ascii=False, sort_keys=True),
                         result_json or None, effect, idempotency_key or None, session.head,
-                        ids.now(), rule, approval_id or None)
-        self.store.add_tool_call(call, [AuditEvent(
-            "tool_call", session_id, call.id,
-            {"tool": name, "effect": effect, "checkpoint": session.head}, ids.now())])
+                        ids.now(), rule, approval_id or None, gate=gate)
+        events = [AuditEvent("tool_call", session_id, call.id,
+                             {"tool": name, "effect": effect, "checkpoint": session.head},
+                             ids.now())]
+        if gate:
+            events.append(AuditEvent("gate_bypassed", session_id, call.id, {
+                "tool": name, "effect": effect, "rule": rule, "checkpoint": session.head,
+                "approval": asked_for or None}, ids.now()))
+        self.store.add_tool_call(call, events)
+        if gate:
+            GATE_BYPASSES.inc()
         return call
+
+    def tool_calls(self, session_id: str,
+                   checkpoint_ids: list[str] | None = None) -> list[ToolCall]:
+        """The session's calls (with ``checkpoint_ids``, those that followed these
+        heads), gate bypasses marked."""
+        session = self.world.session(session_id)
+        return with_gates(self.store, self.store.list_tool_calls(
+            session_id=session.id, checkpoint_ids=checkpoint_ids))
 
     def _check_approved(self, session_id: str, tool: str, approval_id: str) -> None:
         if not approval_id:

@@ -8,6 +8,8 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
   worldline_dedup_ratio                         reused / (reused + written)
   worldline_pending_approvals                   approvals waiting for an operator
   worldline_tracker_fallbacks_total             full scans forced by overflow, limits...
+  worldline_gate_bypasses_total                 gated tool calls that ran without an
+                                               approval (recorded as gate bypasses)
   worldline_bucket_requests_total{op}           requests to the fleet's bucket (put, get,
                                                delete)
   worldline_staged_bytes                        bytes this host's checkpoints staged in the
@@ -60,6 +62,8 @@ DEDUP = Gauge("worldline_dedup_ratio", "Share of put bytes found already stored"
 DEDUP.set_function(lambda: BLOB_REUSED._value.get() / max(
     1.0, BLOB_REUSED._value.get() + BLOB_WRITTEN._value.get()))
 PENDING_APPROVALS = Gauge("worldline_pending_approvals", "Approvals waiting for a decision")
+GATE_BYPASSES = Counter("worldline_gate_bypasses_total",
+                        "Gated tool calls recorded as having run without an approval")
 TRACKER_FALLBACKS = Counter("worldline_tracker_fallbacks_total",
                             "Captures forced to scan everything (overflow, watch limit, ...)")
 BUCKET_REQUESTS = Counter("worldline_bucket_requests_total",

@@ -18,6 +18,7 @@ AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "session.c
                "side_effects.acknowledge", "fork",
                "container.recreate", "image.export", "tool_call", "tool_call.replay", "task",
                "approval.request", "approval.approved", "approval.denied", "approval.expired",
+               "gate_bypassed",
                "retention.prune", "gc", "graph.thread_deleted", "graph.runs_deleted",
                "graph.pruned", "graph.thread_copied")
 
@@ -88,6 +89,7 @@ class ToolCall:
     rule: str = ""
     approval_id: str | None = None
     replayed: bool = False
+    gate: str = ""  # "bypassed": from its gate_bypassed audit event, not a column
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ from .storage.blobs import BlobStore, digest_of
 from .storage.durable import out_of_space
 from .storage.sqlite_store import flushes_deferred
 from .storage.statcache import StatCache
-from .storage.store import Store, calls_on_path
+from .storage.store import Store, calls_on_path, with_gates
 from .validate import (
     EMPTY_STATE,
     check_id,
@@ -689,9 +689,10 @@ class World:
 
     # -- side effects --------------------------------------------------------------------
     def side_effects_since(self, head_id: str, target_id: str) -> list[ToolCall]:
-        """Non-idempotent tool calls recorded after ``target_id`` on the way to ``head_id``."""
-        return [c for c in calls_on_path(self.store, head_id, since=target_id)
-                if c.effect == "external_non_idempotent"]
+        """Non-idempotent tool calls recorded after ``target_id`` on the way to
+        ``head_id``, and gate bypasses (gated calls that ran without an approval)."""
+        calls = with_gates(self.store, calls_on_path(self.store, head_id, since=target_id))
+        return [c for c in calls if c.effect == "external_non_idempotent" or c.gate]
 
     # -- restore -------------------------------------------------------------------------
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,

@@ -172,7 +172,8 @@ def test_a_gated_command_gets_the_agents_deny_or_ask(name, daemon, client, works
     assert len(pending) == 1
     approval = pending[0]
     assert client.log(s.id)[-1].id == approval.checkpoint_id  # checkpointed first
-    if name == "gemini":  # no "ask": refused with the id and the approve command
+    refused = name in ("gemini", "codex")  # no "ask" honoured (client/hooks/support.py)
+    if refused:  # refused with the id and the approve command
         assert decision(name, out) == "deny"
         assert f"worldline approve {approval.id}" in reason(name, out)
     else:
@@ -181,7 +182,7 @@ def test_a_gated_command_gets_the_agents_deny_or_ask(name, daemon, client, works
     # Asked again (the agent retried): the same approval, not a second one.
     agent.run("pre_push")
     assert len(client.list_approvals(s.id)) == 1
-    if name == "gemini":
+    if refused:
         client.decide_approval(approval.id, approve=True, reason="ok")
         out, _ = agent.run("pre_push")  # the retry after approval goes through
         assert decision(name, out) == "pass"

@@ -8,8 +8,10 @@ The references these follow (read them before changing a shape):
   ``tool_response``. A PreToolUse answer is ``hookSpecificOutput.permissionDecision``
   (allow | deny | ask) with ``permissionDecisionReason`` (shown to the model on deny,
   to the person on ask).
-- Codex: the same wire format (codex-rs/hooks/schema): PreToolUse answers allow | deny
-  | ask the same way; ``transcript_path`` is the session's rollout JSONL (may be null).
+- Codex: the same wire format (codex-rs/hooks/schema); but 0.171.0 honours only deny
+  (and exit 2): allow and ask fail open and the call runs (support.py says, per
+  version, what each client honours); ``transcript_path`` is the session's rollout
+  JSONL (may be null).
 - Gemini CLI: "Hooks reference" (geminicli.com/docs/hooks/reference): BeforeTool /
   AfterTool with ``tool_name``, ``tool_input``, ``tool_response``; BeforeAgent,
   AfterAgent, SessionStart; ``transcript_path`` is one JSON document. A BeforeTool
@@ -151,11 +153,6 @@ def _cursor_tool(event: Event, payload: dict) -> None:
 
 # -- answers ---------------------------------------------------------------------------
 PASS, ALLOW, ASK, DENY = "pass", "allow", "ask", "deny"
-
-
-def can_ask(agent: str) -> bool:
-    """Whether the agent can put a decision to the person at it."""
-    return agent != "gemini"
 
 
 def answer(event: Event, decision: str = PASS, reason: str = "") -> dict:

@@ -12,7 +12,17 @@
   to its owner, ``approver`` "owner" in the policy's decision), ask is refuse.
 - after a tool call: record it (name, input, response; the agent's tool-use id as
   the idempotency key; the approval it was allowed by), then checkpoint with the
-  transcript entries appended since the last checkpoint and where they end.
+  transcript entries appended since the last checkpoint and where they end. A gated
+  call that ran though the gate refused it, or asked at a client that does not honour
+  ask, is recorded as a gate bypass: never as an approval.
+- a call that fired no after-tool event (Codex applies an ``apply_patch`` sent through
+  its shell tool itself, firing only PreToolUse): the next event records it and
+  checkpoints its changes before anything else, so they are attributed to it.
+
+The hook never answers a decision the client ignores (support.py, per client
+version): where ``ask`` is not honoured it refuses the call with the approval's id and
+the command that approves it; where ``allow`` is not honoured it passes an approved
+call to the client's own rules; an unknown version gets refusals for gated calls.
 - prompt submitted, stop: checkpoint.
 """
 
@@ -30,30 +40,53 @@ from ..errors import (
     Unavailable,
     WorldlineError,
 )
-from . import agents, state, transcripts
+from . import agents, state, support, transcripts
 from .agents import ALLOW, ASK, DENY, PASS, POST, PRE, PROMPT, START, STOP, Event
 
 GATED = "external_non_idempotent"
+BYPASSED = "bypassed"  # a tool call's gate: it ran though the gate did not let it
 MAX_RESULT = 1 << 20
 
 
 class Config:
     def __init__(self, agent: str, address: str | None = None, workspace: str = "",
                  container: str = "", image: str = "", approval: str = "",
-                 wait: float = 300.0, unavailable: str = "", ttl: float = 0.0) -> None:
+                 wait: float = 300.0, unavailable: str = "", ttl: float = 0.0,
+                 client_version: str = "") -> None:
         env = os.environ
         self.agent = agent
         self.address = address
         self.workspace = workspace or env.get("WORLDLINE_HOOK_WORKSPACE", "")
         self.container = container
         self.image = image
+        # The client's version as `worldline init` found it ("unknown": it could not);
+        # none given: the client as worldline last knew it.
+        self.client_version = client_version or env.get("WORLDLINE_HOOK_CLIENT_VERSION", "")
+        self.support = None if self.client_version == support.UNKNOWN else \
+            support.support(agent, self.client_version)
+        # For tests of clients that ignore the gate: answer as configured even where
+        # the client is known not to honour that answer.
+        self.unchecked = env.get("WORLDLINE_HOOK_UNCHECKED") == "1"
         self.approval = approval or env.get("WORLDLINE_HOOK_APPROVAL", "") or (
-            ASK if agents.can_ask(agent) else DENY)
-        if self.approval == ASK and not agents.can_ask(agent):
+            ASK if self.honours(ASK) else DENY)
+        if self.approval == ASK and not self.answers(ASK):
             self.approval = DENY
         self.wait = float(env.get("WORLDLINE_HOOK_WAIT", wait))
         self.unavailable = unavailable or env.get("WORLDLINE_HOOK_UNAVAILABLE", "")
         self.ttl = ttl
+
+    def honours(self, decision: str) -> bool:
+        """Whether the client, as its version is known, honours this answer."""
+        return self.support is not None and self.support.honours(decision)
+
+    def answers(self, decision: str) -> bool:
+        """Whether the hook may give this answer (deny always: it fails closed)."""
+        return decision == DENY or self.unchecked or self.honours(decision)
+
+    def may_skip_after_event(self) -> bool:
+        """Whether a call that ran may fire no after-tool event at this client (an
+        unknown version: as the newest known one does)."""
+        return (self.support or support.support(self.agent)).skips_after_event
 
 
 class Hook:
@@ -111,54 +144,81 @@ class Hook:
             if event.kind == START:
                 self.session(event, st)
             elif event.kind == POST:
+                self.close_open(event, st)
                 self.after_tool(event, st)
             elif event.kind in (PROMPT, STOP):
+                self.close_open(event, st)
                 self.withdraw_stale(st)
                 label = "stop" if event.kind == STOP else "prompt: " + _short(event.prompt)
                 self.checkpoint(event, st, label)
         return agents.answer(event)
 
     def before_tool(self, event: Event) -> dict:
+        key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
         with state.held(event.agent, event.session_id) as st:
             sid = self.session(event, st)
+            self.close_open(event, st)
             args = json.dumps(event.tool_input)
             decision = self.client.call("ExplainPolicy", {"tool": event.tool,
                                                           "args_json": args})
             if decision["effect"] != GATED and not decision["requires_approval"]:
+                self._opened(st, key, event)
                 return agents.answer(event, PASS)
-            key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
             approval = self._approval_for(sid, event, args)
             st.setdefault("pending", {})[key] = approval["id"]
+        answer = self._gate(event, decision, approval)  # (may wait: not holding the state)
+        out = answer[0]
+        asked = out == ASK and self.config.honours(ASK)
+        if asked or out in (ALLOW, PASS):  # (_gate passes only an approved call)
+            with state.held(event.agent, event.session_id) as st:
+                if asked:  # the person's yes, if the call runs, is their approval
+                    st.setdefault("asked", {})[key] = approval["id"]
+                else:
+                    self._opened(st, key, event, approval["id"])
+        return agents.answer(event, *answer)
+
+    def _opened(self, st: dict, key: str, event: Event, approval_id: str = "") -> None:
+        """A call let through, at a client that may fire no after-tool event for it:
+        kept until its after-tool event or the next event."""
+        if self.config.may_skip_after_event():
+            st.setdefault("open", {})[key] = {
+                "tool": event.tool, "input": event.tool_input, "id": event.tool_use_id,
+                "approval": approval_id}
+
+    def _gate(self, event: Event, decision: dict, approval: dict) -> tuple[str, str]:
+        """The answer to a gated call, as (decision, reason), in what the client honours.
+        Talks to the daemon (WaitApproval) in wait mode."""
         what = (f"worldline: {event.tool} {_short(_command(event))!r} is {decision['effect']}"
                 f" ({decision['rule']})")
         if approval["status"] == "approved":
-            return agents.answer(event, ALLOW, f"{what}; approved ({approval['id']})")
+            return self._allow(f"{what}; approved ({approval['id']})")
         approve = f"`worldline approve {approval['id']}`"
         taken = f"checkpoint {approval['checkpoint_id']} taken before it"
         mode = self.config.approval
         if mode == ASK and decision.get("approver") == "owner":
             # The person's yes at the agent would be no approval here: the call is
             # refused until the daemon's owner approves it, as in deny mode.
-            return agents.answer(event, DENY, f"{what}; {taken}. Approvals here are the"
-                                              f" daemon owner's (--approvals-by owner):"
-                                              f" retry once the owner has run {approve}.")
+            return DENY, (f"{what}; {taken}. Approvals here are the daemon owner's"
+                          f" (--approvals-by owner): retry once the owner has run {approve}.")
         if mode == "wait":
             approval = self.client.call("WaitApproval", {
                 "approval_id": approval["id"], "timeout_seconds": self.config.wait},
                 timeout=self.config.wait + 30)
             if approval["status"] == "approved":
-                return agents.answer(event, ALLOW, f"{what}; approved by an operator")
+                return self._allow(f"{what}; approved by an operator")
             if approval["status"] == "denied":
-                return agents.answer(event, DENY, f"{what}; denied by an operator:"
-                                                  f" {approval['reason']}")
-            return agents.answer(event, DENY, f"{what}; approval {approval['id']} is"
-                                              f" {approval['status']}: retry once an operator"
-                                              f" has run {approve}")
-        if mode == ASK:
-            return agents.answer(event, ASK, f"{what}; {taken}. An operator may also run"
-                                             f" {approve}.")
-        return agents.answer(event, DENY, f"{what}; {taken}. It needs approval: retry once"
-                                          f" an operator has run {approve}.")
+                return DENY, f"{what}; denied by an operator: {approval['reason']}"
+            return DENY, (f"{what}; approval {approval['id']} is {approval['status']}: retry"
+                          f" once an operator has run {approve}")
+        if mode == ASK and self.config.answers(ASK):
+            return ASK, f"{what}; {taken}. An operator may also run {approve}."
+        return DENY, (f"{what}; {taken}. It needs approval (approval {approval['id']}):"
+                      f" retry once an operator has run {approve}.")
+
+    def _allow(self, reason: str) -> tuple[str, str]:
+        """An approved call: allowed where the client honours allow, else passed to the
+        client's own rules (Codex 0.171.0 ignores allow; it runs the call either way)."""
+        return (ALLOW, reason) if self.config.answers(ALLOW) else (PASS, "")
 
     def _approval_for(self, sid: str, event: Event, args: str) -> dict:
         """An approved, unused approval for this very call; else a pending one; else a
@@ -182,10 +242,14 @@ class Hook:
     def after_tool(self, event: Event, st: dict) -> None:
         sid = self.session(event, st)
         key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
+        st.get("open", {}).pop(key, None)
         approval_id = st.get("pending", {}).pop(key, "")
+        asked = st.get("asked", {}).pop(key, "")
+        bypassed, warnings = "", []
         if approval_id:
             approval = self.client.call("GetApproval", {"approval_id": approval_id})
-            if approval["status"] == "pending":  # the person at the agent said yes
+            if approval["status"] == "pending" and asked:
+                # The person at a client that honours ask said yes: their approval.
                 try:
                     self.client.call("DecideApproval", {
                         "approval_id": approval_id, "approve": True,
@@ -194,36 +258,86 @@ class Hook:
                     print(f"worldline hook: the person's yes is not an approval here"
                           f" ({exc.message}); run the hooks with --approval wait",
                           file=sys.stderr)
-                    approval_id = ""
+                    bypassed, approval_id = approval_id, ""
             elif approval["status"] != "approved":
-                approval_id = ""
+                # The gate refused the call, or asked a client that does not honour
+                # ask, and it ran anyway: a bypass, never an approval.
+                bypassed, approval_id = approval_id, ""
         result = json.dumps(event.tool_response)
         if len(result) > MAX_RESULT:
             result = json.dumps({"truncated": True, "bytes": len(result)})
-        try:
-            self.client.call("RecordToolCall", {
-                "session_id": sid, "name": event.tool,
-                "args_json": json.dumps(event.tool_input),
-                "result_json": result, "idempotency_key": event.tool_use_id,
-                "approval_id": approval_id})
-        except FailedPrecondition as exc:
-            # A tool the policy gates ran without an approval worldline knows of (the
-            # pre-hook could not reach the daemon): the world is still checkpointed.
-            print(f"worldline hook: tool call not recorded: {exc.message}", file=sys.stderr)
-        self.checkpoint(event, st, f"{event.tool}: {_short(_command(event))}")
+        request = {"session_id": sid, "name": event.tool,
+                   "args_json": json.dumps(event.tool_input), "result_json": result,
+                   "idempotency_key": event.tool_use_id, "approval_id": approval_id}
+        if bypassed:
+            self.client.call("RecordToolCall", {**request, "approval_id": bypassed,
+                                                "gate": BYPASSED})
+        else:
+            try:
+                self.client.call("RecordToolCall", request)
+            except FailedPrecondition as exc:
+                if approval_id:
+                    raise
+                # A tool the policy gates ran without an approval worldline knows of
+                # (the pre-hook could not reach the daemon, and refused it): a bypass.
+                print(f"worldline hook: {exc.message}", file=sys.stderr)
+                self.client.call("RecordToolCall", {**request, "gate": BYPASSED})
+                bypassed = "none"
+        if bypassed:
+            warnings.append(bypass_warning(event, bypassed))
+        self.checkpoint(event, st, f"{event.tool}: {_short(_command(event))}", warnings)
+
+    def close_open(self, event: Event, st: dict) -> None:
+        """Record the calls let through that fired no after-tool event (other than the
+        one this event is about), each followed by a checkpoint of what it changed,
+        before this event's own work: the changes are attributed to the call that made
+        them. (Parallel calls at such a client may be closed before they end: recorded
+        then, their own after-tool event finds them recorded.)"""
+        calls = st.get("open")
+        if not calls:
+            return
+        mine = state.pending_key(event.tool, event.tool_input, event.tool_use_id) \
+            if event.kind in (PRE, POST) else ""
+        sid = self.session(event, st)
+        for key, call in list(calls.items()):
+            if key == mine:
+                continue
+            del calls[key]
+            st.get("pending", {}).pop(key, None)
+            try:
+                self.client.call("RecordToolCall", {
+                    "session_id": sid, "name": call["tool"],
+                    "args_json": json.dumps(call["input"]), "result_json": "",
+                    "idempotency_key": call["id"], "approval_id": call["approval"]})
+            except FailedPrecondition as exc:
+                print(f"worldline hook: tool call not recorded: {exc.message}",
+                      file=sys.stderr)
+            shown = Event(event.agent, event.name, POST, event.session_id, event.cwd,
+                          event.project, event.transcript)
+            shown.tool, shown.tool_input = call["tool"], call["input"]
+            self.checkpoint(event, st, f"{call['tool']}: {_short(_command(shown))}"
+                                       f" (no after-tool event)")
 
     def withdraw_stale(self, st: dict) -> None:
-        """Approvals asked for before tool calls that never ran (refused at the agent,
-        or interrupted) are withdrawn once the turn moves on."""
+        """Approvals put to the person at the agent before tool calls that never ran
+        (they said no, or the call was interrupted) are withdrawn once the turn moves
+        on. One the gate refused stays pending: the model was told to retry once an
+        operator approves it."""
+        asked = st.pop("asked", {})
         for key, approval_id in list(st.get("pending", {}).items()):
-            try:
-                self.client.call("CancelApproval", {
-                    "approval_id": approval_id, "reason": "the tool call did not run"})
-            except FailedPrecondition:
-                pass  # decided meanwhile
+            if key in asked:
+                try:
+                    self.client.call("CancelApproval", {
+                        "approval_id": approval_id, "reason": "the tool call did not run"})
+                except FailedPrecondition:
+                    pass  # decided meanwhile
             del st["pending"][key]
 
-    def checkpoint(self, event: Event, st: dict, label: str) -> dict:
+    def checkpoint(self, event: Event, st: dict, label: str, warnings=()) -> dict:
+        """Checkpoint the world with the transcript's new entries. ``warnings`` (a gate
+        bypass, say) are said on stderr; they belong on this checkpoint."""
+        for warning in warnings:
+            print(f"worldline hook: warning: {warning}", file=sys.stderr)
         sid = self.session(event, st)
         cursor = transcripts.Cursor.from_dict(st.get("cursor", {}))
         messages, after = list(event.messages), cursor
@@ -247,6 +361,13 @@ class Hook:
             if cp["resume_json"]:
                 return json.loads(cp["resume_json"]).get("entry", "")
         return ""
+
+
+def bypass_warning(event: Event, approval_id: str) -> str:
+    what = f"{event.tool} {_short(_command(event))!r}"
+    asked = f" (approval {approval_id} was not granted)" if approval_id != "none" else ""
+    return (f"gate bypassed: {event.agent} ran {what}, which needs an approval, without"
+            f" one{asked}")
 
 
 def _stale_session(exc: WorldlineError) -> bool:
@@ -313,7 +434,8 @@ def _locally_gated(event: Event) -> bool:
 
 
 OPTIONS = {"--address": str, "--workspace": str, "--container": str, "--image": str,
-           "--approval": str, "--wait": float, "--ttl": float, "--unavailable": str}
+           "--approval": str, "--wait": float, "--ttl": float, "--unavailable": str,
+           "--client-version": str}
 CHOICES = {"--approval": (ASK, "wait", DENY), "--unavailable": ("open", "closed")}
 USAGE = f"""usage: worldline hook {{{','.join(agents.AGENTS)}}} [options] < payload.json
 
@@ -332,6 +454,9 @@ options:
   --ttl SECONDS         approvals expire after (default: the daemon's, 3600)
   --unavailable MODE    open | closed when the daemon cannot be reached (default: open
                         after a call and for ungated calls, closed for gated ones)
+  --client-version V    the agent's version (`worldline init` writes the installed
+                        one): the hook answers only what that version honours;
+                        "unknown" refuses gated calls
 """
 
 
@@ -358,7 +483,7 @@ def _parse_options(argv: list[str]) -> dict:
                 raise SystemExit(f"worldline hook: {name} needs a value")
             value = rest.pop(0)
         try:
-            options[name[2:]] = OPTIONS[name](value)
+            options[name[2:].replace("-", "_")] = OPTIONS[name](value)
         except ValueError:
             raise SystemExit(f"worldline hook: {name} takes a number, not {value!r}") from None
         if name in CHOICES and value not in CHOICES[name]:
@@ -370,7 +495,8 @@ def main(argv: list[str]) -> int:
     o = _parse_options(argv)
     config = Config(o["agent"], o.get("address"), o.get("workspace", ""),
                     o.get("container", ""), o.get("image", ""), o.get("approval", ""),
-                    o.get("wait", 300.0), o.get("unavailable", ""), o.get("ttl", 0.0))
+                    o.get("wait", 300.0), o.get("unavailable", ""), o.get("ttl", 0.0),
+                    o.get("client_version", ""))
     text = sys.stdin.read()
     try:
         event = agents.parse(config.agent, text)

@@ -115,13 +115,14 @@ def tool_call_pb(t: ToolCall) -> pb.ToolCall:
         id=t.id, session_id=t.session_id, name=t.name, args_json=t.args_json,
         result_json=t.result_json or "", effect=t.effect, idempotency_key=t.idempotency_key or "",
         checkpoint_id=t.checkpoint_id, created_at=t.created_at, replayed=t.replayed, rule=t.rule,
-        approval_id=t.approval_id or "")
+        approval_id=t.approval_id or "", gate=t.gate)
 
 
 def side_effect_pb(t: ToolCall) -> pb.SideEffect:
     summary = t.args_json if len(t.args_json) <= 200 else t.args_json[:197] + "..."
     return pb.SideEffect(tool_call_id=t.id, tool=t.name, args_summary=summary,
-                         created_at=t.created_at, checkpoint_id=t.checkpoint_id, effect=t.effect)
+                         created_at=t.created_at, checkpoint_id=t.checkpoint_id, effect=t.effect,
+                         gate=t.gate)
 
 
 def task_pb(t: Task) -> pb.Task:
@@ -243,13 +244,13 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def RecordToolCall(self, r, context):
         return tool_call_pb(self.gates.record_tool_call(
             r.session_id, r.name, args_json=r.args_json, result_json=r.result_json,
-            effect=r.effect, idempotency_key=r.idempotency_key, approval_id=r.approval_id))
+            effect=r.effect, idempotency_key=r.idempotency_key, approval_id=r.approval_id,
+            gate=r.gate))
 
     def ListToolCalls(self, r, context):
-        self.world.session(r.session_id)
         return pb.ListToolCallsResponse(tool_calls=[
-            tool_call_pb(c) for c in self.world.store.list_tool_calls(
-                session_id=r.session_id, checkpoint_ids=list(r.checkpoint_ids) or None)])
+            tool_call_pb(c) for c in self.gates.tool_calls(
+                r.session_id, checkpoint_ids=list(r.checkpoint_ids) or None)])
 
     def ExplainPolicy(self, r, context):
         d = self.gates.explain(r.tool, r.args_json)

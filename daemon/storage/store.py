@@ -158,6 +158,17 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def with_gates(store: Store, calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls, those recorded as gate bypasses marked so (``gate`` "bypassed"): the
+    mark is their ``gate_bypassed`` audit event, one per call, kept in the audit log's
+    hash chain rather than in a column of the call."""
+    if not calls:
+        return calls
+    bypassed = {e.subject_id for session in {c.session_id for c in calls}
+                for e in store.list_audit(session, "gate_bypassed")}
+    return [replace(c, gate="bypassed") if c.id in bypassed else c for c in calls]
+
+
 def calls_on_path(store: Store, head_id: str, since: str | None = None) -> list[ToolCall]:
     """Tool calls made on the way to ``head_id``: those whose checkpoint is in its
     lineage *and* that were made in the timeline leading to the head. A call follows

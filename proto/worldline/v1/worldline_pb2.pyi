@@ -227,20 +227,22 @@ class DiffResponse(_message.Message):
     def __init__(self, added: _Optional[_Iterable[str]] = ..., modified: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ..., patch: _Optional[str] = ..., container: _Optional[_Union[LayerChanges, _Mapping]] = ...) -> None: ...
 
 class SideEffect(_message.Message):
-    __slots__ = ("tool_call_id", "tool", "args_summary", "created_at", "checkpoint_id", "effect")
+    __slots__ = ("tool_call_id", "tool", "args_summary", "created_at", "checkpoint_id", "effect", "gate")
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     ARGS_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     EFFECT_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     tool_call_id: str
     tool: str
     args_summary: str
     created_at: str
     checkpoint_id: str
     effect: str
-    def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
+    gate: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ..., gate: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
     __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id", "from_other_session")
@@ -317,7 +319,7 @@ class ForkResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ...) -> None: ...
 
 class ToolCall(_message.Message):
-    __slots__ = ("id", "session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "checkpoint_id", "created_at", "replayed", "rule", "approval_id")
+    __slots__ = ("id", "session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "checkpoint_id", "created_at", "replayed", "rule", "approval_id", "gate")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +332,7 @@ class ToolCall(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     name: str
@@ -342,10 +345,11 @@ class ToolCall(_message.Message):
     replayed: bool
     rule: str
     approval_id: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., created_at: _Optional[str] = ..., replayed: _Optional[bool] = ..., rule: _Optional[str] = ..., approval_id: _Optional[str] = ...) -> None: ...
+    gate: str
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., created_at: _Optional[str] = ..., replayed: _Optional[bool] = ..., rule: _Optional[str] = ..., approval_id: _Optional[str] = ..., gate: _Optional[str] = ...) -> None: ...
 
 class RecordToolCallRequest(_message.Message):
-    __slots__ = ("session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "approval_id")
+    __slots__ = ("session_id", "name", "args_json", "result_json", "effect", "idempotency_key", "approval_id", "gate")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -353,6 +357,7 @@ class RecordToolCallRequest(_message.Message):
     EFFECT_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     args_json: str
@@ -360,7 +365,8 @@ class RecordToolCallRequest(_message.Message):
     effect: str
     idempotency_key: str
     approval_id: str
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ...) -> None: ...
+    gate: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., args_json: _Optional[str] = ..., result_json: _Optional[str] = ..., effect: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ..., gate: _Optional[str] = ...) -> None: ...
 
 class ListToolCallsRequest(_message.Message):
     __slots__ = ("session_id", "checkpoint_ids")
