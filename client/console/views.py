@@ -26,7 +26,8 @@ class Node:
 
     @property
     def side_effect(self) -> bool:
-        return any(t.effect in SIDE_EFFECTS for t in self.tools)
+        """A call no restore undoes, or one that ran though its gate did not let it."""
+        return any(t.effect in SIDE_EFFECTS or t.gate == "bypassed" for t in self.tools)
 
     @property
     def title(self) -> str:
@@ -64,8 +65,12 @@ def tool_summary(t: ToolCall) -> str:
             value = " ".join(map(str, value))
         if value:
             text = str(value).replace("\n", " ")
-            return f"{t.name} {text[:80]}{'…' if len(text) > 80 else ''}"
-    return t.name
+            return f"{t.name} {text[:80]}{'…' if len(text) > 80 else ''}" + _gate(t)
+    return t.name + _gate(t)
+
+
+def _gate(t: ToolCall) -> str:
+    return " (gate bypassed)" if t.gate == "bypassed" else ""
 
 
 def timeline(checkpoints: list[Checkpoint], tools: list[ToolCall],
