@@ -34,6 +34,7 @@ from . import agents, state, transcripts
 from .agents import ALLOW, ASK, DENY, PASS, POST, PRE, PROMPT, START, STOP, Event
 
 GATED = "external_non_idempotent"
+TRANSCRIBED = ("claude-code", "codex", "gemini")  # agents whose events name a transcript
 MAX_RESULT = 1 << 20
 
 
@@ -224,18 +225,31 @@ class Hook:
             del st["pending"][key]
 
     def checkpoint(self, event: Event, st: dict, label: str) -> dict:
+        """A checkpoint with the transcript's entries since the last one; what could
+        not be read is a warning on it (and on stderr), never a conversation recorded
+        as if whole."""
         sid = self.session(event, st)
         cursor = transcripts.Cursor.from_dict(st.get("cursor", {}))
-        messages, after = list(event.messages), cursor
+        messages, after, warnings = list(event.messages), cursor, []
         if event.transcript:
             skip = "" if cursor.path == event.transcript else self._head_entry(sid)
-            read, after = transcripts.read_new(event.agent, event.transcript, cursor, skip)
+            read, after, warnings = transcripts.read_new(
+                event.agent, event.transcript, cursor, skip,
+                final=event.kind in (PROMPT, STOP),  # the turn is over: nothing changes
+                missing_ok=event.kind == PROMPT and not cursor.entries)
             messages += read
+        elif event.agent in TRANSCRIBED:
+            warnings = [f"{event.agent} named no transcript (transcript_path) in its"
+                        f" {event.name} event: this checkpoint holds no conversation"]
+        for warning in warnings:
+            print(f"worldline hook: warning: {warning}", file=sys.stderr)
         resume = {"agent": event.agent, "session_id": event.session_id, **after.as_dict()}
-        cp = self.client.call("CreateCheckpoint", {
-            "session_id": sid, "label": label[:200],
-            "messages_json": json.dumps(messages) if messages else "",
-            "resume_json": json.dumps(resume)})
+        request = {"session_id": sid, "label": label[:200],
+                   "messages_json": json.dumps(messages) if messages else "",
+                   "resume_json": json.dumps(resume)}
+        if warnings:  # (only then: a daemon before 0.8 knows no such field)
+            request["warnings"] = warnings
+        cp = self.client.call("CreateCheckpoint", request)
         st["cursor"] = after.to_dict()
         return cp
 

@@ -2,10 +2,27 @@
 
 The hook reads the transcript itself, with the permissions of the agent's user; the
 daemon (root) never opens a file a hook names. Claude Code, Codex and Cursor append
-one JSON object a line; Gemini CLI rewrites one JSON document whose ``messages``
-grow. A ``Cursor`` is where the last read stopped: a byte offset in a JSONL file (only
-whole lines are read: a line still being written waits for the next hook), the number
-of entries read, and the last entry's id.
+one JSON object a line. Gemini CLI writes its session two ways, both read here:
+
+- 0.39.0 and later (``session-*.jsonl``, chatRecordingService.ts): a header line
+  (``sessionId``, ``projectHash``, ``startTime``, ``lastUpdated``, ``kind``), then
+  message lines (``id``, ``timestamp``, ``type``: user | gemini | info | error | warning,
+  ``content``, ``toolCalls``, ``tokens``, ...), a message that changes written again
+  whole under the same ``id``; ``{"$set": {...}}`` lines update the header, and one
+  whose ``$set`` holds ``messages`` replaces the whole list; ``{"$rewindTo": ID}``
+  drops that message and every later one. Read as Gemini CLI reads it (its
+  loadConversationRecord): each message once, as last written, where it first came.
+- up to 0.38: one JSON document, rewritten whole, whose ``messages`` grow.
+
+Gemini CLI changes only its last message after writing it (the model's turn gains its
+tool calls, their results and its token counts once the calls ran), so until the turn
+is over (``final``) the last message, when it is the model's, waits for the next
+checkpoint: each message is recorded once, as it ended up.
+
+A ``Cursor`` is where the last read stopped: a byte offset in a JSONL file (only whole
+lines are read: a line still being written waits for the next hook), the number of
+entries read, and the last entry's id. What could not be read is said in ``warnings``
+(the checkpoint carries them): never an empty conversation recorded as if whole.
 """
 
 from __future__ import annotations
@@ -40,20 +57,27 @@ class Cursor:
                 "entry": self.entry, "resume_entry": self.resume_entry}
 
 
-def read_new(agent: str, path: str, cursor: Cursor, skip_through: str = "") -> tuple[
-        list[dict], Cursor]:
-    """The messages appended to ``path`` since ``cursor`` and the cursor after them.
+def read_new(agent: str, path: str, cursor: Cursor, skip_through: str = "", *,
+             final: bool = True, missing_ok: bool = False
+             ) -> tuple[list[dict], Cursor, list[str]]:
+    """The messages appended to ``path`` since ``cursor``, the cursor after them, and
+    warnings (what could not be read, in words).
     ``skip_through``: on a transcript read for the first time, entries up to and
     including this id are already recorded (a conversation resumed from an earlier
-    one copies its history) and are skipped."""
+    one copies its history) and are skipped. ``final``: the agent's turn is over (no
+    message of it changes any more). ``missing_ok``: a transcript not made yet is no
+    loss (Gemini CLI up to 0.38 makes it at its first message, after BeforeAgent)."""
     if cursor.path != path:
         cursor = Cursor(path)
     else:
         skip_through = ""
+    warnings: list[str] = []
+    if missing_ok and not os.path.exists(path):
+        return [], cursor, warnings
     if agent == "gemini":
-        entries, after = _json_document(path, cursor)
+        entries, after = _gemini(path, cursor, final, warnings)
     else:
-        entries, after = _jsonl(path, cursor)
+        entries, after = _jsonl(path, cursor, warnings)
     if skip_through and any(_entry_id(e) == skip_through for e in entries):
         while entries and _entry_id(entries[0]) != skip_through:
             entries.pop(0)
@@ -64,45 +88,130 @@ def read_new(agent: str, path: str, cursor: Cursor, skip_through: str = "") -> t
         after.entry = _entry_id(entry) or after.entry
         if _resumable(agent, entry):
             after.resume_entry = _entry_id(entry)
-    return messages, after
+    return messages, after, warnings
 
 
-def _jsonl(path: str, cursor: Cursor) -> tuple[list[dict], Cursor]:
+def _read(path: str, offset: int, warnings: list[str]) -> tuple[bytes, int] | None:
+    """The file's bytes from ``offset`` and that offset (0 when the file is shorter:
+    rewritten from the start), or None with a warning."""
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < cursor.offset:  # rewritten from the start: read it again
-                cursor = Cursor(path)
-            f.seek(cursor.offset)
-            data = f.read()
-    except OSError:
-        return [], cursor
+            if os.fstat(f.fileno()).st_size < offset:
+                offset = 0
+            f.seek(offset)
+            return f.read(), offset
+    except OSError as exc:
+        warnings.append(f"the agent's transcript {path} could not be read"
+                        f" ({exc.strerror or exc}): this checkpoint lacks the conversation"
+                        f" since the last one; the next checkpoint reads it again")
+        return None
+
+
+def _lines(data: bytes, path: str, warnings: list[str]) -> tuple[list, int]:
+    """The JSON values of the whole lines of ``data`` (a line still being written waits)
+    and the bytes they took; a line that is not JSON is said in a warning."""
     end = data.rfind(b"\n") + 1
-    entries = []
+    values, bad = [], 0
     for line in data[:end].splitlines():
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            values.append(json.loads(line))
         except ValueError:
-            value = {"unparsed": line[:MAX_ENTRY].decode("utf-8", "replace")}
-        entries.append(value if isinstance(value, dict) else {"value": value})
+            bad += 1
+            values.append({"unparsed": line[:MAX_ENTRY].decode("utf-8", "replace")})
+    if bad:
+        warnings.append(f"{bad} line(s) of the agent's transcript {path} are not JSON:"
+                        f" recorded as they are, unparsed")
+    return values, end
+
+
+def _jsonl(path: str, cursor: Cursor, warnings: list[str]) -> tuple[list[dict], Cursor]:
+    read = _read(path, cursor.offset, warnings)
+    if read is None:
+        return [], cursor
+    data, offset = read
+    if offset != cursor.offset:  # rewritten from the start: read it again
+        cursor = Cursor(path)
+    values, end = _lines(data, path, warnings)
+    entries = [v if isinstance(v, dict) else {"value": v} for v in values]
     return entries, Cursor(path, cursor.offset + end, cursor.entries + len(entries),
                            cursor.entry, cursor.resume_entry)
 
 
-def _json_document(path: str, cursor: Cursor) -> tuple[list[dict], Cursor]:
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError):
-        return [], cursor  # missing, or caught mid-rewrite: the next hook reads it
-    messages = doc.get("messages") if isinstance(doc, dict) else doc
-    if not isinstance(messages, list):
+def _gemini(path: str, cursor: Cursor, final: bool, warnings: list[str]) -> tuple[
+        list[dict], Cursor]:
+    """Gemini CLI's session, either format, read whole (a message written before may
+    have changed since): the messages after the last one recorded."""
+    read = _read(path, 0, warnings)
+    if read is None:
         return [], cursor
-    start = cursor.entries if cursor.entries <= len(messages) else 0
-    new = [m if isinstance(m, dict) else {"value": m} for m in messages[start:]]
+    messages = _gemini_messages(read[0], path, warnings)
+    if messages is None:
+        return [], cursor
+    ids = [_entry_id(m) for m in messages]
+    start = min(cursor.entries, len(messages))
+    if cursor.entry:
+        if cursor.entry in ids:
+            start = ids.index(cursor.entry) + 1
+        else:
+            warnings.append(f"Gemini CLI rewrote its conversation in {path} since the last"
+                            f" checkpoint (/rewind, or its history compressed): message"
+                            f" {cursor.entry}, recorded before, is no longer in it; messages"
+                            f" from its place on are recorded as the transcript has them now")
+    end = len(messages)
+    if not final and end > start and messages[-1].get("type") == "gemini":
+        end -= 1  # the model's turn, still being written: recorded once it is whole
+    new = messages[start:end]
     return new, Cursor(path, 0, start + len(new), cursor.entry, cursor.resume_entry)
+
+
+def _gemini_messages(data: bytes, path: str, warnings: list[str]) -> list[dict] | None:
+    """The conversation as Gemini CLI would load it; None (with a warning) when the
+    file is neither of its formats."""
+    if not data.strip():
+        return []  # made, nothing written yet
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("messages"), list):  # up to 0.38
+        return _fold(doc["messages"])
+    records, _ = _lines(data, path, [])
+    parsed = [r for r in records if isinstance(r, dict) and "unparsed" not in r]
+    if not parsed:
+        what = "one JSON document nor JSON lines" if doc is None else "a session"
+        warnings.append(f"the agent's transcript {path} is neither {what} of Gemini CLI:"
+                        f" this checkpoint lacks the conversation")
+        return None
+    if len(parsed) < len(records):
+        warnings.append(f"{len(records) - len(parsed)} line(s) of the agent's transcript"
+                        f" {path} are not JSON: skipped, as Gemini CLI skips them")
+    order: dict[str, dict] = {}
+    for record in parsed:
+        rewind, update = record.get("$rewindTo"), record.get("$set")
+        if isinstance(rewind, str):  # that message and every later one go
+            keys = list(order)
+            order = {k: order[k] for k in keys[:keys.index(rewind)]} if rewind in order \
+                else {}
+        elif isinstance(record.get("id"), str):
+            order[record["id"]] = record
+        elif isinstance(update, dict) and isinstance(update.get("messages"), list):
+            order = _by_id(update["messages"])
+    return list(order.values())
+
+
+def _fold(messages: list) -> list[dict]:
+    """Each message once, as last written, where it first came."""
+    return list(_by_id(messages).values())
+
+
+def _by_id(messages: list) -> dict[str, dict]:
+    order: dict[str, dict] = {}
+    for i, m in enumerate(messages):
+        m = m if isinstance(m, dict) else {"value": m}
+        order[m["id"] if isinstance(m.get("id"), str) else f"#{i}"] = m
+    return order
 
 
 def _entry_id(entry: dict) -> str:
