@@ -35,15 +35,16 @@ MAX_ENTRY = 1 << 20  # an entry larger than this is recorded by its id and size 
 
 
 class Cursor:
-    FIELDS = ("path", "offset", "entries", "entry", "resume_entry")
+    FIELDS = ("path", "offset", "entries", "entry", "resume_entry", "at")
 
     def __init__(self, path: str = "", offset: int = 0, entries: int = 0, entry: str = "",
-                 resume_entry: str = "") -> None:
+                 resume_entry: str = "", at: str = "") -> None:
         self.path = path
         self.offset = offset        # bytes consumed (JSONL)
         self.entries = entries      # entries consumed
         self.entry = entry          # id of the last entry consumed
         self.resume_entry = resume_entry  # the last entry a conversation can resume at
+        self.at = at                # Gemini CLI: the last entry's timestamp
 
     @classmethod
     def from_dict(cls, d: dict) -> Cursor:
@@ -86,6 +87,8 @@ def read_new(agent: str, path: str, cursor: Cursor, skip_through: str = "", *,
     for entry in entries:
         messages.append(_message(agent, entry))
         after.entry = _entry_id(entry) or after.entry
+        if agent == "gemini" and isinstance(entry.get("timestamp"), str):
+            after.at = entry["timestamp"]
         if _resumable(agent, entry):
             after.resume_entry = _entry_id(entry)
     return messages, after, warnings
@@ -154,16 +157,20 @@ def _gemini(path: str, cursor: Cursor, final: bool, warnings: list[str]) -> tupl
     if cursor.entry:
         if cursor.entry in ids:
             start = ids.index(cursor.entry) + 1
-        else:
+        else:  # the messages written after the last one recorded are the new ones
+            start = next((i for i, m in enumerate(messages)
+                          if str(m.get("timestamp", "")) > cursor.at), len(messages)) \
+                if cursor.at else start
             warnings.append(f"Gemini CLI rewrote its conversation in {path} since the last"
                             f" checkpoint (/rewind, or its history compressed): message"
-                            f" {cursor.entry}, recorded before, is no longer in it; messages"
-                            f" from its place on are recorded as the transcript has them now")
+                            f" {cursor.entry}, recorded before, is no longer in it; the"
+                            f" messages written since are recorded after it")
     end = len(messages)
     if not final and end > start and messages[-1].get("type") == "gemini":
         end -= 1  # the model's turn, still being written: recorded once it is whole
-    new = messages[start:end]
-    return new, Cursor(path, 0, start + len(new), cursor.entry, cursor.resume_entry)
+    anchor = messages[end - 1] if end else {}  # the last message recorded, from now on
+    return messages[start:end], Cursor(path, 0, end, _entry_id(anchor),
+                                       cursor.resume_entry, str(anchor.get("timestamp", "")))
 
 
 def _gemini_messages(data: bytes, path: str, warnings: list[str]) -> list[dict] | None:
