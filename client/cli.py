@@ -875,6 +875,9 @@ def _init(a, out: Output) -> int:
                               else []))
     wait = a.wait if a.wait is not None else (300 if a.approval == "wait" else 0)
     try:
+        if a.trust and a.agent != "gemini":
+            raise InvalidArgument(f"--trust is Gemini CLI's folder trust; {a.agent} has"
+                                  " none that worldline sets")
         d = init(a.agent, user=a.user, project=a.project, remove=a.remove,
                  dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
         if a.agent == "gemini" and not a.remove:

@@ -536,6 +536,28 @@ def test_init_refuses_a_settings_file_that_is_not_json(tmp_path):
     assert settings.read_text() == "{ not json"
 
 
+def test_init_trusts_only_for_gemini_and_only_the_folder_named(tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home)}
+    res = subprocess.run(WORLDLINE + ["init", "codex", "--project", str(tmp_path), "--trust"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert res.returncode == 1 and "INVALID_ARGUMENT" in res.stderr
+    assert not (tmp_path / ".codex").exists()
+    (home / ".gemini").mkdir(parents=True)
+    rules = home / ".gemini" / "trustedFolders.json"
+    rules.write_text(json.dumps({"/elsewhere": "DO_NOT_TRUST"}))
+    res = subprocess.run(WORLDLINE + ["init", "gemini", "--project", str(tmp_path), "--json",
+                                      "--trust", "--dry-run"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert json.loads(res.stdout)["trust"]["trusted"] is False  # a dry run trusts nothing
+    res = subprocess.run(WORLDLINE + ["init", "gemini", "--project", str(tmp_path), "--json",
+                                      "--trust"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert json.loads(res.stdout)["trust"]["trusted"] is True
+    assert json.loads(rules.read_text()) == {"/elsewhere": "DO_NOT_TRUST",
+                                             str(tmp_path.resolve()): "TRUST_FOLDER"}
+
+
 def test_init_empty_file_and_user_scope(tmp_path):
     settings = tmp_path / ".gemini" / "settings.json"
     settings.parent.mkdir()
