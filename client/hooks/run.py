@@ -130,6 +130,10 @@ class Hook:
             key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
             approval = self._approval_for(sid, event, args)
             st.setdefault("pending", {})[key] = approval["id"]
+            if self.config.approval != ASK or decision.get("approver") == "owner":
+                # refused with "retry once an operator has run `worldline approve`":
+                # kept for the operator when the turn moves on (withdraw_stale)
+                st.setdefault("for_operator", []).append(approval["id"])
         what = (f"worldline: {event.tool} {_short(_command(event))!r} is {decision['effect']}"
                 f" ({decision['rule']})")
         if approval["status"] == "approved":
@@ -215,13 +219,17 @@ class Hook:
 
     def withdraw_stale(self, st: dict) -> None:
         """Approvals asked for before tool calls that never ran (refused at the agent,
-        or interrupted) are withdrawn once the turn moves on."""
+        or interrupted) are withdrawn once the turn moves on; not those the hook told
+        the agent an operator would decide (deny and wait modes): they stay pending, for
+        ``worldline approve`` and the retry, until their time runs out."""
+        for_operator = set(st.pop("for_operator", []))
         for key, approval_id in list(st.get("pending", {}).items()):
-            try:
-                self.client.call("CancelApproval", {
-                    "approval_id": approval_id, "reason": "the tool call did not run"})
-            except FailedPrecondition:
-                pass  # decided meanwhile
+            if approval_id not in for_operator:
+                try:
+                    self.client.call("CancelApproval", {
+                        "approval_id": approval_id, "reason": "the tool call did not run"})
+                except FailedPrecondition:
+                    pass  # decided meanwhile
             del st["pending"][key]
 
     def checkpoint(self, event: Event, st: dict, label: str) -> dict:

@@ -118,9 +118,11 @@ def test_gemini_cli_is_recorded_gated_and_rewound(version, daemon, client, tmp_p
     calls = client.tool_calls(session.id)
     assert [c.name for c in calls] == ["write_file", "run_shell_command"]
     assert "git push" not in json.dumps([c.args for c in calls])
-    approvals = client.list_approvals(session.id)
-    assert [a.tool for a in approvals] == ["run_shell_command"]
-    assert all(a.status != "approved" for a in approvals)
+    [approval] = client.list_approvals(session.id)
+    # Gemini CLI has no "ask": the hook refused, an operator decides; nobody has yet
+    assert (approval.tool, approval.status) == ("run_shell_command", "pending")
+    told = json.dumps(run.requests[-1]["body"])  # the model was told what approves it
+    assert f"worldline approve {approval.id}" in told
 
     # each checkpoint holds the conversation up to it: each message once, as last
     # written, the later ones extending the earlier
@@ -155,12 +157,22 @@ def test_gemini_cli_is_recorded_gated_and_rewound(version, daemon, client, tmp_p
         assert [m["id"] for m in json.loads(transcript.read_text())["messages"]] == [
             m["id"] for m in whole]
 
+    # once an operator approves it, the retry goes through, recorded with the approval
+    out = subprocess.run(WORLDLINE + ["approve", approval.id, "--address", daemon.address],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    gemini(version, ws, env, [script[2], {"text": "Pushed."}], prompt="push again").check()
+    assert git("for-each-ref", "--format=%(refname)", cwd=origin) == "refs/heads/main\n"
+    pushed = client.tool_calls(session.id)[-1]
+    assert "git push" in pushed.args["command"] and pushed.approval_id == approval.id
+
     # rewind is exact, and says how to take the conversation back there
     out = subprocess.run(WORLDLINE + ["rewind", "--to", after_write.id, "--json", "--yes",
                                       "--address", daemon.address],
                          cwd=ws, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
+    assert [e["tool_call_id"] for e in r["side_effects"]] == [pushed.id]
     assert (ws / "notes.txt").read_text() == "first\n"
     assert f"gemini --resume {gemini_session}" in r["resume_command"]
     now = client.checkpoint(session.id, label="after the rewind")
