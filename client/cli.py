@@ -68,7 +68,8 @@ def _session_human(s: dict) -> str:
 
 
 def _checkpoint_rows(cps: list[dict]) -> str:
-    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else ""),
+    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else "")
+                    + (f" [{len(c['warnings'])} warning(s)]" if c.get("warnings") else ""),
                     c["created_at"][:19], c["label"]]
                    for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
 

@@ -11,7 +11,8 @@ from worldline.client.errors import InvalidArgument
 from .conftest import run_python
 
 
-def test_the_callers_warnings_are_kept_and_bad_ones_change_nothing(client, workspace):
+def test_the_callers_warnings_are_kept_and_bad_ones_change_nothing(daemon, client,
+                                                                   workspace):
     s = client.create_session(str(workspace))
     cp = s.checkpoint(label="partial", warnings=["the transcript could not be read"])
     assert client.show(cp.id).warnings == ["the transcript could not be read"]
@@ -21,6 +22,11 @@ def test_the_callers_warnings_are_kept_and_bad_ones_change_nothing(client, works
             s.checkpoint(warnings=bad)
     assert client.get_session(s.id).head == cp.id
     assert s.checkpoint().warnings == []
+    made = daemon.cli_json("checkpoint", s.id, "--warning", "one", "--warning", "two")
+    assert made["warnings"] == ["one", "two"]
+    lines = daemon.cli("log", s.id).stdout.splitlines()
+    assert [line for line in lines if "warning(s)]" in line] == [
+        line for line in lines if cp.id in line or made["id"] in line]
 
 
 def test_a_warning_the_daemon_queues_rides_on_the_sessions_next_checkpoint(tmp_path):

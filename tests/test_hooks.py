@@ -368,6 +368,7 @@ def test_gemini_jsonl_is_read_as_gemini_cli_reads_it(tmp_path):
     msgs, cur, warnings = transcripts.read_new("gemini", str(path), transcripts.Cursor(),
                                                final=False)
     assert [m["id"] for m in msgs] == ["ctx", "u1"] and warnings == []  # g1 is in flight
+    assert 0 < cur.offset < path.stat().st_size  # the next read starts after u1's line
     _gemini_jsonl(path, {"id": "g1", "type": "gemini", "content": "I will.",
                          "timestamp": "2026-01-01T00:00:02Z",
                          "toolCalls": [{"id": "c1", "name": "write_file"}]},
@@ -392,6 +393,13 @@ def test_gemini_jsonl_is_read_as_gemini_cli_reads_it(tmp_path):
                          "timestamp": "2026-01-01T00:00:06Z"})
     msgs, cur, warnings = transcripts.read_new("gemini", str(path), cur)
     assert [m["id"] for m in msgs] == ["g3"] and warnings == []
+    # its history replaced whole (as at a compression), the ids kept: only the new one
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    kept = {r["id"]: r for r in kept if "id" in r}
+    _gemini_jsonl(path, {"$set": {"messages": [kept["u1"], kept["u3"], kept["g3"], {
+        "id": "u4", "type": "user", "content": "more", "timestamp": "2026-01-01T00:00:07Z"}]}})
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), cur)
+    assert [m["id"] for m in msgs] == ["u4"] and warnings == []
 
 
 def test_a_transcript_that_cannot_be_read_is_said(tmp_path):

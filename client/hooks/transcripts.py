@@ -144,14 +144,27 @@ def _jsonl(path: str, cursor: Cursor, warnings: list[str]) -> tuple[list[dict], 
 
 def _gemini(path: str, cursor: Cursor, final: bool, warnings: list[str]) -> tuple[
         list[dict], Cursor]:
-    """Gemini CLI's session, either format, read whole (a message written before may
-    have changed since): the messages after the last one recorded."""
+    """Gemini CLI's session, either format: the messages after the last one recorded.
+    JSONL is read from just after the line that last wrote that message (Gemini CLI
+    changes only its last message: nothing before it changes), unless a rewind or a
+    list replaced since makes it read the file whole; one JSON document is read whole."""
+    if cursor.offset and cursor.entry:
+        read = _read(path, cursor.offset, warnings)
+        if read is None:
+            return [], cursor
+        if read[1] == cursor.offset:
+            tail = _gemini_jsonl(read[0], read[1], path, warnings, only_appended=True)
+            if tail is not None:
+                messages, ends = tail
+                messages = [m for m in messages if _entry_id(m) != cursor.entry]
+                return _gemini_taken(messages, 0, ends, cursor, final, path)
     read = _read(path, 0, warnings)
     if read is None:
         return [], cursor
-    messages = _gemini_messages(read[0], path, warnings)
-    if messages is None:
+    parsed = _gemini_messages(read[0], path, warnings)
+    if parsed is None:
         return [], cursor
+    messages, ends = parsed
     ids = [_entry_id(m) for m in messages]
     start = min(cursor.entries, len(messages))
     if cursor.entry:
@@ -165,47 +178,90 @@ def _gemini(path: str, cursor: Cursor, final: bool, warnings: list[str]) -> tupl
                             f" checkpoint (/rewind, or its history compressed): message"
                             f" {cursor.entry}, recorded before, is no longer in it; the"
                             f" messages written since are recorded after it")
+    before = messages[start - 1] if start else {}  # the last one recorded so far
+    return _gemini_taken(messages, start, ends, Cursor(
+        path, ends.get(_entry_id(before), 0), start, _entry_id(before), cursor.resume_entry,
+        str(before.get("timestamp", "")) or cursor.at), final, path)
+
+
+def _gemini_taken(messages: list[dict], start: int, ends: dict[str, int], cursor: Cursor,
+                  final: bool, path: str) -> tuple[list[dict], Cursor]:
+    """``messages[start:]`` but the model's turn still being written, and the cursor
+    after them (``cursor.entries``: those recorded before ``messages[start]``)."""
     end = len(messages)
     if not final and end > start and messages[-1].get("type") == "gemini":
         end -= 1  # the model's turn, still being written: recorded once it is whole
-    anchor = messages[end - 1] if end else {}  # the last message recorded, from now on
-    return messages[start:end], Cursor(path, 0, end, _entry_id(anchor),
-                                       cursor.resume_entry, str(anchor.get("timestamp", "")))
+    new = messages[start:end]
+    if not new:
+        return [], cursor
+    anchor = new[-1]  # the last message recorded, from now on
+    return new, Cursor(path, ends.get(_entry_id(anchor), 0), cursor.entries + len(new),
+                       _entry_id(anchor), cursor.resume_entry,
+                       str(anchor.get("timestamp", "")))
 
 
-def _gemini_messages(data: bytes, path: str, warnings: list[str]) -> list[dict] | None:
-    """The conversation as Gemini CLI would load it; None (with a warning) when the
-    file is neither of its formats."""
+def _gemini_messages(data: bytes, path: str, warnings: list[str]) -> tuple[
+        list[dict], dict[str, int]] | None:
+    """The conversation as Gemini CLI would load it, and where each message's last
+    write ends (JSONL); None (with a warning) when the file is neither of its formats."""
     if not data.strip():
-        return []  # made, nothing written yet
+        return [], {}  # made, nothing written yet
     try:
         doc = json.loads(data)
     except ValueError:
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("messages"), list):  # up to 0.38
-        return _fold(doc["messages"])
-    records, _ = _lines(data, path, [])
-    parsed = [r for r in records if isinstance(r, dict) and "unparsed" not in r]
-    if not parsed:
+        return _fold(doc["messages"]), {}
+    found = _gemini_jsonl(data, 0, path, warnings)
+    if found is None:
         what = "one JSON document nor JSON lines" if doc is None else "a session"
         warnings.append(f"the agent's transcript {path} is neither {what} of Gemini CLI:"
                         f" this checkpoint lacks the conversation")
-        return None
-    if len(parsed) < len(records):
-        warnings.append(f"{len(records) - len(parsed)} line(s) of the agent's transcript"
-                        f" {path} are not JSON: skipped, as Gemini CLI skips them")
+    return found
+
+
+def _gemini_jsonl(data: bytes, base: int, path: str, warnings: list[str],
+                  only_appended: bool = False) -> tuple[list[dict], dict[str, int]] | None:
+    """The whole lines of ``data`` (the file's from byte ``base``) folded: each message
+    once, as last written, where it first came, and the file offset where its last
+    write ends. None when no line is JSON, or (``only_appended``) when a line rewinds
+    or replaces the list (what came before ``base`` changed)."""
     order: dict[str, dict] = {}
-    for record in parsed:
+    ends: dict[str, int] = {}
+    at, bad, good = base, 0, 0
+    for line in data[:data.rfind(b"\n") + 1].splitlines(keepends=True):
+        at += len(line)
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if not isinstance(record, dict):
+            bad += 1
+            continue
+        good += 1
         rewind, update = record.get("$rewindTo"), record.get("$set")
+        replaced = isinstance(update, dict) and isinstance(update.get("messages"), list)
+        if only_appended and (isinstance(rewind, str) or replaced):
+            return None
         if isinstance(rewind, str):  # that message and every later one go
             keys = list(order)
             order = {k: order[k] for k in keys[:keys.index(rewind)]} if rewind in order \
                 else {}
         elif isinstance(record.get("id"), str):
             order[record["id"]] = record
-        elif isinstance(update, dict) and isinstance(update.get("messages"), list):
+            ends[record["id"]] = at
+        elif replaced:
             order = _by_id(update["messages"])
-    return list(order.values())
+            ends = dict.fromkeys(order, at)
+    if not good and not only_appended:
+        return None
+    if bad:
+        warnings.append(f"{bad} line(s) of the agent's transcript {path} are not JSON:"
+                        f" skipped, as Gemini CLI skips them")
+    return list(order.values()), ends
 
 
 def _fold(messages: list) -> list[dict]:
