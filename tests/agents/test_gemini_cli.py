@@ -46,8 +46,9 @@ def init_gemini(ws: Path, env: dict[str, str], daemon, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
-def gemini(version: str, ws: Path, env: dict[str, str], script: list, prompt: str = PROMPT):
-    argv = [str(agent_bin("gemini-cli", version)), "-p", prompt, "--yolo",
+def gemini(version: str, ws: Path, env: dict[str, str], script: list, prompt: str = PROMPT,
+           extra: list[str] = ()):
+    argv = [str(agent_bin("gemini-cli", version)), *extra, "-p", prompt, "--yolo",
             "--output-format", "json", "-m", "gemini-2.5-flash"]
     return run_agent(argv, provider="gemini", script=script, cwd=ws, env=env, timeout=120)
 
@@ -178,6 +179,11 @@ def test_gemini_cli_is_recorded_gated_and_rewound(version, daemon, client, tmp_p
     now = client.checkpoint(session.id, label="after the rewind")
     d = client.diff(after_write.id, now.id)
     assert (d.added, d.modified, d.deleted) == ([], [], [])
+    # the command it printed resumes that conversation in Gemini CLI
+    resumed = gemini(version, ws, env, [{"text": "Back again."}], prompt="where were we",
+                     extra=r["resume_command"].split("   ")[0].split()[1:]).check()
+    sent = json.dumps(resumed.requests[-1]["body"])
+    assert "I will write the notes." in sent and "where were we" in sent
 
 
 def test_an_untrusted_folder_and_init_saying_so(daemon, client, tmp_path):
