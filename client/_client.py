@@ -119,11 +119,15 @@ class Client:
     # checkpoints
     def checkpoint(self, session_id: str, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,
-                   trace_id: str | None = None, expected_head: str | None = None) -> Checkpoint:
+                   trace_id: str | None = None, expected_head: str | None = None,
+                   warnings: list[str] | None = None) -> Checkpoint:
+        """``warnings``: what this checkpoint lacks that the caller knows of, in words
+        (kept with it: ``CheckpointDetail.warnings``)."""
         return Checkpoint.from_pb(self._call("CreateCheckpoint", pb.CheckpointRequest(
             session_id=session_id, label=label or "", reasoning=reasoning or "",
             trace_id=trace_id or "", messages_json=_dumps(messages) if messages else "",
-            state_json=_dumps(self._stamped(state)), expected_head=expected_head or "")))
+            state_json=_dumps(self._stamped(state)), expected_head=expected_head or "",
+            warnings=warnings or [])))
 
     def checkpoint_raw(self, session_id: str, messages_json: str = "", state_json: str = "",
                        **kw) -> Checkpoint:
@@ -131,7 +135,8 @@ class Client:
         return Checkpoint.from_pb(self._call("CreateCheckpoint", pb.CheckpointRequest(
             session_id=session_id, messages_json=messages_json, state_json=state_json,
             label=kw.get("label") or "", reasoning=kw.get("reasoning") or "",
-            trace_id=kw.get("trace_id") or "", expected_head=kw.get("expected_head") or "")))
+            trace_id=kw.get("trace_id") or "", expected_head=kw.get("expected_head") or "",
+            warnings=kw.get("warnings") or [])))
 
     def show(self, checkpoint_id: str) -> CheckpointDetail:
         """With migrations, ``state`` is upgraded to their current version (the stored

@@ -68,7 +68,8 @@ def _session_human(s: dict) -> str:
 
 
 def _checkpoint_rows(cps: list[dict]) -> str:
-    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else ""),
+    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else "")
+                    + (f" [{len(c['warnings'])} warning(s)]" if c.get("warnings") else ""),
                     c["created_at"][:19], c["label"]]
                    for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
 
@@ -121,8 +122,9 @@ def cmd_checkpoint(c: Client, a, out: Output) -> int:
     state = _read_json_file(a.state, "state") if a.state else ""
     cp = c.checkpoint_raw(a.session, messages_json=messages, state_json=state, label=a.label,
                           reasoning=a.reasoning, trace_id=a.trace_id,
-                          expected_head=a.expected_head).to_dict()
-    out.emit(cp, lambda: f"checkpoint {cp['id']} (seq {cp['seq']})")
+                          expected_head=a.expected_head, warnings=a.warning).to_dict()
+    out.emit(cp, lambda: f"checkpoint {cp['id']} (seq {cp['seq']})"
+             + "".join(f"\nwarning: {w}" for w in cp["warnings"]))
     return 0
 
 
@@ -164,7 +166,8 @@ def cmd_show(c: Client, a, out: Output) -> int:
     out.emit(d, lambda: _kv(d, ["id", "session_id", "seq", "kind", "parent_id", "label",
                                 "reasoning", "created_at", "tree", "bytes", "message_count"])
              + f"\nmessages: {len(d['messages'])}\ntasks: {len(d['tasks'])}"
-             + f"\nstate: {json.dumps(d['state'])[:200]}")
+             + f"\nstate: {json.dumps(d['state'])[:200]}"
+             + "".join(f"\nwarning: {w}" for w in d["warnings"]))
     return 0
 
 
@@ -475,6 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how the hook gates irreversible calls (see `worldline hook --help`)")
     ini.add_argument("--wait", type=float, metavar="SECONDS",
                      help="with --approval wait: how long the hook waits for an operator")
+    ini.add_argument("--trust", action="store_true",
+                     help="gemini: also trust the project folder in Gemini CLI (its"
+                          " trustedFolders.json): it runs no hook in a folder it does not"
+                          " trust")
     ini.add_argument("--command", dest="hook_command",
                      help="the hook command to write (default: this worldline with the"
                           " options given)")
@@ -602,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state", metavar="JSON|FILE",
                    help="JSON object, the agent state, inline or in a file ('-': stdin)")
     c.add_argument("--expected-head", help="fail with ABORTED unless this is the head")
+    c.add_argument("--warning", action="append", default=[], metavar="TEXT",
+                   help="what this checkpoint lacks, kept with it (repeatable)")
 
     lg = add("log", cmd_log, "list a session's checkpoints, oldest first")
     lg.add_argument("session")
@@ -893,8 +902,13 @@ def _init(a, out: Output) -> int:
                               else []))
     wait = a.wait if a.wait is not None else (300 if a.approval == "wait" else 0)
     try:
+        if a.trust and a.agent != "gemini":
+            raise InvalidArgument(f"--trust is Gemini CLI's folder trust; {a.agent} has"
+                                  " none that worldline sets")
         d = init(a.agent, user=a.user, project=a.project, remove=a.remove,
                  dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
+        if a.agent == "gemini" and not a.remove:
+            d["trust"] = _gemini_trust(a)
     except WorldlineError as exc:
         return _failed(exc, out.as_json)
     if not a.remove:
@@ -912,21 +926,53 @@ def _init(a, out: Output) -> int:
         return f"\n{found}: gated calls are {how}" + (f" ({note})" if note else "")
 
     def human() -> str:
-        if not d["changed"]:
-            return f"{d['path']}: already as wanted, nothing changed" + client()
-        events = ", ".join(d["events"])
-        if d["removed"]:
-            what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
-        else:
-            what = ("would add" if d["dry_run"] else "added") + f" worldline's hooks ({events}) to"
-        text = f"{what} {d['path']}"
-        if d["backup"]:
-            text += f"\nthe old file is kept as {d['backup']}"
-        if d["dry_run"]:
-            text += "\n" + d["diff"].rstrip("\n")
-        return text + client()
+        return _init_human(d) + client() + _trust_human(d.get("trust"))
     out.emit(d, human)
+    if d.get("trust") and not d["trust"]["trusted"] and out.as_json:
+        print("warning: Gemini CLI will not run these hooks: " + d["trust"]["why"],
+              file=sys.stderr)
     return 0
+
+
+def _gemini_trust(a) -> dict:
+    """Gemini CLI runs hooks only in a folder it trusts: said, and with --trust done
+    for the folder named (never for one the user did not name)."""
+    from .hooks.settings import gemini_trust, trust_gemini_folder
+    folder = os.path.abspath(a.project or ".")
+    if a.trust and not a.dry_run:
+        return {**trust_gemini_folder(folder), "why": ""}
+    trust = gemini_trust(folder, environ={})  # the environment of this command is not
+    # the one Gemini CLI will run in
+    why = "" if trust["trusted"] else (
+        f"it does not trust {trust['folder']} ({trust['by']}). Run {trust['fix']}")
+    return {**trust, "why": why}
+
+
+def _trust_human(trust: dict | None) -> str:
+    if not trust:
+        return ""
+    if trust["trusted"]:
+        return f"\nGemini CLI trusts {trust['folder']} ({trust['by']}): the hooks run there"
+    return (f"\nGemini CLI runs hooks only in folders it trusts, and does not trust"
+            f" {trust['folder']} ({trust['by']}): headless it refuses to start there;"
+            f" interactive, left untrusted, it runs without the hooks and worldline records"
+            f" nothing.\n  trust it: {trust['fix']}")
+
+
+def _init_human(d: dict) -> str:
+    if not d["changed"]:
+        return f"{d['path']}: already as wanted, nothing changed"
+    events = ", ".join(d["events"])
+    if d["removed"]:
+        what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
+    else:
+        what = ("would add" if d["dry_run"] else "added") + f" worldline's hooks ({events}) to"
+    text = f"{what} {d['path']}"
+    if d["backup"]:
+        text += f"\nthe old file is kept as {d['backup']}"
+    if d["dry_run"]:
+        text += "\n" + d["diff"].rstrip("\n")
+    return text
 
 
 if __name__ == "__main__":

@@ -54,13 +54,16 @@ class Checkpoint(_Record):
     container: str | None  # digest of the container layer, if the session has a container
     pruned: bool  # retention let go of its files
     resume: dict | None = None  # where the agent's own conversation stood (hooks)
+    # what it may lack or hold wrongly, in words (a transcript a hook could not read, a
+    # gated call that ran anyway); empty for most
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m) -> Checkpoint:
         return cls(m.id, m.session_id, m.seq, _opt(m.parent_id), m.label, m.reasoning,
                    m.trace_id, m.created_at, m.kind, _opt(m.restored_from), m.tree, m.bytes,
                    m.messages_added, m.message_count, list(m.acknowledged_side_effects),
-                   _opt(m.container), m.pruned, _json(m.resume_json))
+                   _opt(m.container), m.pruned, _json(m.resume_json), list(m.warnings))
 
 
 @dataclass
@@ -255,10 +258,11 @@ class Session(_Record):
 
     def checkpoint(self, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,
-                   trace_id: str | None = None, expected_head: str | None = None) -> Checkpoint:
+                   trace_id: str | None = None, expected_head: str | None = None,
+                   warnings: list[str] | None = None) -> Checkpoint:
         cp = self._client.checkpoint(self.id, label=label, reasoning=reasoning,
                                      messages=messages, state=state, trace_id=trace_id,
-                                     expected_head=expected_head)
+                                     expected_head=expected_head, warnings=warnings)
         self.head = cp.id
         return cp
 

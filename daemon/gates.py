@@ -111,6 +111,9 @@ class Gates:
         self.store.add_tool_call(call, events)
         if gate:
             GATE_BYPASSES.inc()
+            self.world.warn_next_checkpoint(session_id, (
+                f"gate bypassed: tool call {call.id} ({name}, {effect}) ran without an"
+                f" approval{f'; approval {asked_for} was not granted' if asked_for else ''}"))
         return call
 
     def tool_calls(self, session_id: str,

@@ -73,6 +73,9 @@ class Checkpoint:
     # so a restore can say where to resume the agent. Restores and forks carry their
     # target's.
     resume: str = ""
+    # What the checkpoint may lack or say wrongly, in words: the caller's (a transcript
+    # the hook could not read) and the daemon's (World.warn_next_checkpoint).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ MAX_STATE_BYTES = 16 << 20
 MAX_MESSAGES_BYTES = 32 << 20
 MAX_TEXT = 64 << 10  # labels, reasoning, names
 MAX_RESUME_BYTES = 16 << 10
+MAX_WARNINGS = 32  # a checkpoint's warnings (each a text, MAX_TEXT at most)
 EMPTY_STATE = b"{}"
 
 
@@ -68,6 +69,19 @@ def check_text(what: str, value: str) -> str:
     if len(value) > MAX_TEXT:
         raise InvalidArgument(f"{what} is {len(value)} characters; the limit is {MAX_TEXT}")
     return value
+
+
+def check_warnings(values) -> tuple[str, ...]:
+    """A checkpoint's warnings as the caller gives them: each a non-empty text."""
+    values = tuple(values)
+    if len(values) > MAX_WARNINGS:
+        raise InvalidArgument(f"{len(values)} warnings; a checkpoint holds {MAX_WARNINGS}"
+                              " at most")
+    for value in values:
+        if not value.strip():
+            raise InvalidArgument("a checkpoint's warning is empty")
+        check_text("a warning", value)
+    return values
 
 
 def check_id(what: str, value: str) -> str:

@@ -91,6 +91,7 @@ from .validate import (
     EMPTY_STATE,
     check_id,
     check_text,
+    check_warnings,
     parse_messages,
     parse_resume,
     parse_state,
@@ -198,6 +199,8 @@ class World:
         # dropped when the session is deleted or handed to another host.
         self._workspace_of: dict[str, str] = {}
         self._heads: dict[str, Checkpoint] = {}
+        # Session id -> warnings its next checkpoint carries (warn_next_checkpoint)
+        self._warnings: dict[str, list[str]] = {}
         self._locks_guard = threading.Lock()
         self.empty_tree = blobs.put_bytes(EMPTY_TREE)
         self.empty_state = blobs.put_bytes(EMPTY_STATE)
@@ -531,6 +534,8 @@ class World:
         or handed to another host): the next call reads the session again."""
         self._heads.pop(session_id, None)
         self._workspace_of.pop(session_id, None)
+        with self._locks_guard:
+            self._warnings.pop(session_id, None)
 
     def create_session_in_own_folder(self, name: str) -> Session:
         """A session whose workspace is a new empty folder under the data root (named by
@@ -545,9 +550,35 @@ class World:
             raise
 
     # -- checkpoints ---------------------------------------------------------------------
+    def warn_next_checkpoint(self, session_id: str, text: str) -> None:
+        """A warning the session's next checkpoint carries (its ``warnings``, beside the
+        caller's): what the daemon saw happen between checkpoints, e.g. a gated call that
+        ran anyway. Held in this daemon's memory until that checkpoint is committed."""
+        check_warnings([text])
+        with self._locks_guard:
+            self._warnings.setdefault(session_id, []).append(text)
+
+    def _queued_warnings(self, session_id: str, given: tuple[str, ...] = ()
+                         ) -> tuple[str, ...]:
+        """The daemon's warnings for the session's next checkpoint, taken (after the
+        caller's ``given``); given back by ``_requeue_warnings`` when it fails."""
+        with self._locks_guard:
+            return given + tuple(self._warnings.pop(session_id, ()))
+
+    def _requeue_warnings(self, session_id: str, taken: tuple[str, ...],
+                          given: tuple[str, ...]) -> None:
+        mine = list(taken[len(given):])
+        if mine:
+            with self._locks_guard:
+                self._warnings[session_id] = mine + self._warnings.get(session_id, [])
+
     def checkpoint(self, session_id: str, *, label: str = "", reasoning: str = "",
                    trace_id: str = "", messages_json: str = "", state_json: str = "",
-                   expected_head: str = "", resume_json: str = "") -> Checkpoint:
+                   expected_head: str = "", resume_json: str = "",
+                   warnings: tuple[str, ...] | list[str] = ()) -> Checkpoint:
+        """``warnings``: what the caller knows this checkpoint lacks (a transcript it
+        could not read); the daemon's queued ones (warn_next_checkpoint) follow them."""
+        warnings = check_warnings(warnings)
         messages = parse_messages(messages_json)
         state = parse_state(state_json)
         resume = parse_resume(resume_json)
@@ -564,8 +595,13 @@ class World:
                 log.warning("session %s: container gone; checkpointing the workspace and"
                             " carrying its last layer forward", session.id)
             layers = self.layers(session)
-            return self._checkpoint(session, head, layers, messages, state, tasks, label,
-                                    reasoning, trace_id, resume)
+            all_warnings = self._queued_warnings(session_id, warnings)
+            try:
+                return self._checkpoint(session, head, layers, messages, state, tasks, label,
+                                        reasoning, trace_id, resume, all_warnings)
+            except BaseException:
+                self._requeue_warnings(session_id, all_warnings, warnings)
+                raise
 
     @contextlib.contextmanager
     def _admitted(self, layers: list[Layer], head: Checkpoint) -> Iterator[None]:
@@ -590,7 +626,8 @@ class World:
 
     def _checkpoint(self, session: Session, head: Checkpoint, layers: list[Layer],
                     messages: list, state: bytes | None, task_list: list[Task], label: str,
-                    reasoning: str, trace_id: str, resume: str | None = None) -> Checkpoint:
+                    reasoning: str, trace_id: str, resume: str | None = None,
+                    warnings: tuple[str, ...] = ()) -> Checkpoint:
         """``task_list``: the session's, read with it under the lock (a change to it
         racing this checkpoint lands in this one or the next, as with the files).
 
@@ -609,7 +646,7 @@ class World:
                     captured = self._capture(session, head, layers, taken, state,
                                              task_list)
                     cp = self._commit(session, head, captured, messages, label, reasoning,
-                                      trace_id, resume)
+                                      trace_id, resume, warnings)
                 crash_point("checkpoint.before_flush")
                 flush()
             else:
@@ -617,7 +654,7 @@ class World:
                     captured = self._capture(session, head, layers, taken, state,
                                              task_list)
                 cp = self._commit(session, head, captured, messages, label, reasoning,
-                                  trace_id, resume)
+                                  trace_id, resume, warnings)
         except BaseException:
             for layer, _, changes in taken:
                 layer.give_back(changes)
@@ -654,7 +691,8 @@ class World:
 
     def _commit(self, session: Session, head: Checkpoint,
                 captured: tuple[list[Capture], str, str], messages: list, label: str,
-                reasoning: str, trace_id: str, resume: str | None) -> Checkpoint:
+                reasoning: str, trace_id: str, resume: str | None,
+                warnings: tuple[str, ...] = ()) -> Checkpoint:
         captures, state_digest, tasks_digest = captured
         with self.blobs.committing() as objects:  # the bucket's, indexed in the commit
             crash_point("checkpoint.after_blobs")
@@ -664,7 +702,8 @@ class World:
                             label=label, reasoning=reasoning, trace_id=trace_id,
                             container=captures[1].root if len(captures) > 1
                             else head.container,  # a container gone: its last layer
-                            resume=head.resume if resume is None else resume)
+                            resume=head.resume if resume is None else resume,
+                            warnings=warnings)
             return self.store.append_checkpoint(cp, messages, head.id, None, [
                 AuditEvent("checkpoint", session.id, cp.id,
                            _checkpoint_detail(cp, label, len(messages)), ids.now())],
@@ -1445,6 +1484,8 @@ def _checkpoint_detail(cp: Checkpoint, label: str | None, messages: int) -> dict
         detail["label"] = label
     if messages:
         detail["messages"] = messages
+    if cp.warnings:
+        detail["warnings"] = list(cp.warnings)
     return detail
 
 

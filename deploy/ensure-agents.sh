@@ -11,6 +11,9 @@ cache=${WORLDLINE_AGENTS_CACHE:-$HOME/.cache/worldline/agents}
 pins=(
   "claude-code @anthropic-ai/claude-code 2.1.197"
   "gemini-cli @google/gemini-cli 0.61.0"
+  # the last Gemini CLI that writes its session as one JSON document (0.39.0 made it
+  # JSONL) and that trusts every folder when headless (0.39.0 made that explicit)
+  "gemini-cli @google/gemini-cli 0.38.2"
   "codex @openai/codex 0.171.0"
 )
 if ! command -v ip >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

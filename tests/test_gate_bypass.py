@@ -198,3 +198,15 @@ def test_a_bypass_of_a_local_call_is_still_among_a_restore_s_side_effects(tmp_pa
                 (call["id"], "bypassed")]
     finally:
         assert d.stop() == 0
+
+
+def test_a_bypass_is_a_warning_on_the_next_checkpoint_only(daemon, workspace):
+    from worldline.v1 import worldline_pb2 as pb
+    with daemon.client() as c:
+        s = c.create_session(str(workspace))
+        call = c._call("RecordToolCall", pb.RecordToolCallRequest(
+            session_id=s.id, name="Bash", args_json='{"command": "git push"}',
+            gate="bypassed"))
+        first = c.show(c.checkpoint(s.id).id)
+        assert [w for w in first.warnings if call.id in w and "gate bypassed" in w]
+        assert c.show(c.checkpoint(s.id).id).warnings == []

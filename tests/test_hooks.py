@@ -311,11 +311,11 @@ def test_a_deleted_session_is_replaced_on_the_next_event(daemon, client, workspa
 def test_a_line_still_being_written_waits(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"uuid": "a", "type": "user"}\n{"uuid": "b", "ty')
-    msgs, cur = transcripts.read_new("claude-code", str(path), transcripts.Cursor())
+    msgs, cur, _ = transcripts.read_new("claude-code", str(path), transcripts.Cursor())
     assert [m["uuid"] for m in msgs] == ["a"] and cur.entries == 1
     with open(path, "a") as f:
         f.write('pe": "assistant"}\n')
-    msgs, cur = transcripts.read_new("claude-code", str(path), cur)
+    msgs, cur, _ = transcripts.read_new("claude-code", str(path), cur)
     assert [m["uuid"] for m in msgs] == ["b"] and cur.resume_entry == "b"
 
 
@@ -324,20 +324,121 @@ def test_a_resumed_transcript_does_not_repeat_what_was_recorded(tmp_path):
     new = tmp_path / "resumed.jsonl"
     new.write_text("".join(json.dumps({"uuid": u, "type": "user"}) + "\n"
                            for u in ("a", "b", "c")))
-    msgs, _ = transcripts.read_new("claude-code", str(new),
+    msgs, _, _ = transcripts.read_new("claude-code", str(new),
                                    transcripts.Cursor(str(tmp_path / "old.jsonl"), 99, 2, "b"),
                                    skip_through="b")
     assert [m["uuid"] for m in msgs] == ["c"]
 
 
 def test_gemini_reads_the_messages_added_to_its_document(tmp_path):
+    """Up to 0.38: one JSON document, rewritten whole."""
     path = tmp_path / "chat.json"
     path.write_text(json.dumps({"messages": [{"id": "1", "type": "user", "content": "hi"}]}))
-    msgs, cur = transcripts.read_new("gemini", str(path), transcripts.Cursor())
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), transcripts.Cursor())
+    assert [m["id"] for m in msgs] == ["1"] and warnings == []
     path.write_text(json.dumps({"messages": [{"id": "1", "type": "user", "content": "hi"},
                                              {"id": "2", "type": "gemini", "content": "yo"}]}))
-    msgs, cur = transcripts.read_new("gemini", str(path), cur)
+    msgs, cur, _ = transcripts.read_new("gemini", str(path), cur, final=False)
+    assert msgs == []  # the model's turn may still gain its tool calls
+    msgs, cur, _ = transcripts.read_new("gemini", str(path), cur)
     assert msgs == [{"role": "assistant", "id": "2", "type": "gemini", "content": "yo"}]
+    path.write_text('{"messages": [{"id": "1", "type": "us')  # caught mid-rewrite
+    msgs, after, warnings = transcripts.read_new("gemini", str(path), cur)
+    assert msgs == [] and after.entries == cur.entries and len(warnings) == 1
+
+
+def _gemini_jsonl(path: Path, *records: dict) -> None:
+    with open(path, "a") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def test_gemini_jsonl_is_read_as_gemini_cli_reads_it(tmp_path):
+    """0.39 and later: a header, messages written again whole when they change, $set
+    updates (one of them replacing the list), $rewindTo; each message once, as last
+    written, where it first came; the model's turn recorded once it is whole."""
+    path = tmp_path / "session-x.jsonl"
+    _gemini_jsonl(path, {"sessionId": "s", "projectHash": "h", "startTime": "t"},
+                  {"$set": {"messages": [{"id": "ctx", "type": "user", "content": "setup",
+                                          "timestamp": "2026-01-01T00:00:00Z"}]}},
+                  {"id": "u1", "type": "user", "content": [{"text": "write it"}],
+                   "timestamp": "2026-01-01T00:00:01Z"},
+                  {"$set": {"lastUpdated": "t2"}},
+                  {"id": "g1", "type": "gemini", "content": "I will.",
+                   "timestamp": "2026-01-01T00:00:02Z"})
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), transcripts.Cursor(),
+                                               final=False)
+    assert [m["id"] for m in msgs] == ["ctx", "u1"] and warnings == []  # g1 is in flight
+    assert 0 < cur.offset < path.stat().st_size  # the next read starts after u1's line
+    _gemini_jsonl(path, {"id": "g1", "type": "gemini", "content": "I will.",
+                         "timestamp": "2026-01-01T00:00:02Z",
+                         "toolCalls": [{"id": "c1", "name": "write_file"}]},
+                  {"id": "u2", "type": "user", "content": [{"functionResponse": {}}],
+                   "timestamp": "2026-01-01T00:00:03Z"},
+                  {"id": "g2", "type": "gemini", "content": "",
+                   "timestamp": "2026-01-01T00:00:04Z"})
+    msgs, cur, _ = transcripts.read_new("gemini", str(path), cur, final=False)
+    assert [(m["id"], m["role"]) for m in msgs] == [("g1", "assistant"), ("u2", "user")]
+    assert msgs[0]["toolCalls"][0]["name"] == "write_file"  # as last written
+    _gemini_jsonl(path, {"id": "g2", "type": "gemini", "content": "done",
+                         "timestamp": "2026-01-01T00:00:04Z"})
+    msgs, cur, _ = transcripts.read_new("gemini", str(path), cur)  # the turn is over
+    assert [(m["id"], m["content"]) for m in msgs] == [("g2", "done")]
+    assert (cur.entries, cur.entry) == (5, "g2")
+    # /rewind drops g1 and every later message; what comes after is new
+    _gemini_jsonl(path, {"$rewindTo": "g1"}, {"id": "u3", "type": "user", "content": "again",
+                                              "timestamp": "2026-01-01T00:00:05Z"})
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), cur)
+    assert [m["id"] for m in msgs] == ["u3"] and len(warnings) == 1 and "g2" in warnings[0]
+    _gemini_jsonl(path, {"id": "g3", "type": "gemini", "content": "ok",
+                         "timestamp": "2026-01-01T00:00:06Z"})
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), cur)
+    assert [m["id"] for m in msgs] == ["g3"] and warnings == []
+    # its history replaced whole (as at a compression), the ids kept: only the new one
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    kept = {r["id"]: r for r in kept if "id" in r}
+    _gemini_jsonl(path, {"$set": {"messages": [kept["u1"], kept["u3"], kept["g3"], {
+        "id": "u4", "type": "user", "content": "more", "timestamp": "2026-01-01T00:00:07Z"}]}})
+    msgs, cur, warnings = transcripts.read_new("gemini", str(path), cur)
+    assert [m["id"] for m in msgs] == ["u4"] and warnings == []
+
+
+def test_a_transcript_that_cannot_be_read_is_said(tmp_path):
+    for agent in ("gemini", "claude-code"):
+        missing = tmp_path / f"{agent}-gone.jsonl"
+        msgs, cur, warnings = transcripts.read_new(agent, str(missing), transcripts.Cursor())
+        assert msgs == [] and len(warnings) == 1 and str(missing) in warnings[0]
+        assert transcripts.read_new(agent, str(missing), transcripts.Cursor(),
+                                    missing_ok=True)[2] == []  # not made yet: no loss
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("this is not JSON\n")
+    msgs, _, warnings = transcripts.read_new("gemini", str(garbage), transcripts.Cursor())
+    assert msgs == [] and len(warnings) == 1
+    msgs, _, warnings = transcripts.read_new("claude-code", str(garbage), transcripts.Cursor())
+    assert msgs == [{"role": "event", "unparsed": "this is not JSON"}] and len(warnings) == 1
+
+
+def test_a_transcript_the_hook_cannot_read_is_a_warning_on_the_checkpoint(daemon, client,
+                                                                         workspace, tmp_path):
+    """Never an empty conversation recorded as if whole: the checkpoint says what it
+    lacks (`show --json` and the client), and the hook says it on stderr."""
+    agent = Agent("gemini", daemon, workspace, tmp_path)
+    agent.run("start")
+    agent.say("user", "hello")
+    agent.run("prompt")
+    agent.transcript.write_text("the agent's session, in no format Gemini CLI writes\n")
+    _, res = agent.run("stop")
+    assert "warning:" in res.stderr and str(agent.transcript) in res.stderr
+    sid = session_of(client, workspace).id
+    first, last = [cp for cp in client.log(sid) if cp.kind == "checkpoint"]
+    assert first.warnings == [] and client.show(first.id).messages
+    assert len(last.warnings) == 1 and str(agent.transcript) in last.warnings[0]
+    shown = subprocess.run(WORLDLINE + ["show", last.id, "--json", "--address",
+                                        daemon.address], capture_output=True, text=True)
+    assert json.loads(shown.stdout)["warnings"] == last.warnings
+    plain = subprocess.run(WORLDLINE + ["show", last.id, "--address", daemon.address],
+                           capture_output=True, text=True).stdout
+    assert f"warning: {last.warnings[0]}" in plain
 
 
 def test_payloads_the_agents_do_not_send_are_refused():
@@ -442,6 +543,28 @@ def test_init_refuses_a_settings_file_that_is_not_json(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "FAILED_PRECONDITION" in res.stderr
     assert settings.read_text() == "{ not json"
+
+
+def test_init_trusts_only_for_gemini_and_only_the_folder_named(tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home)}
+    res = subprocess.run(WORLDLINE + ["init", "codex", "--project", str(tmp_path), "--trust"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert res.returncode == 1 and "INVALID_ARGUMENT" in res.stderr
+    assert not (tmp_path / ".codex").exists()
+    (home / ".gemini").mkdir(parents=True)
+    rules = home / ".gemini" / "trustedFolders.json"
+    rules.write_text(json.dumps({"/elsewhere": "DO_NOT_TRUST"}))
+    res = subprocess.run(WORLDLINE + ["init", "gemini", "--project", str(tmp_path), "--json",
+                                      "--trust", "--dry-run"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert json.loads(res.stdout)["trust"]["trusted"] is False  # a dry run trusts nothing
+    res = subprocess.run(WORLDLINE + ["init", "gemini", "--project", str(tmp_path), "--json",
+                                      "--trust"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert json.loads(res.stdout)["trust"]["trusted"] is True
+    assert json.loads(rules.read_text()) == {"/elsewhere": "DO_NOT_TRUST",
+                                             str(tmp_path.resolve()): "TRUST_FOLDER"}
 
 
 def test_init_empty_file_and_user_scope(tmp_path):

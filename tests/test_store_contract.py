@@ -528,3 +528,34 @@ def test_a_store_says_whether_its_commits_stay_on_this_host(store, request):
     commits wait on the network, says False: in the turn, every session's commit would
     queue behind the others' round trips."""
     assert store.local is (request.node.callspec.params["store"] != "postgres")
+
+
+def test_a_checkpoints_warnings_round_trip(store):
+    s, first = new_session(store)
+    cp = store.append_checkpoint(replace(make_cp(s.id, first.id), warnings=("a", "b ü")), [],
+                                 first.id, None, [])
+    assert store.get_checkpoint(cp.id).warnings == ("a", "b ü")
+    assert store.get_checkpoint(first.id).warnings == ()
+    assert [c.warnings for c in store.list_checkpoints(s.id)] == [(), ("a", "b ü")]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_database_of_schema_13_gains_checkpoint_warnings(kind, request, tmp_path):
+    """0.8 keeps a checkpoint's warnings in a column of its own: a database of 0.7
+    (schema 13) gains it once at open, its checkpoints with none."""
+    store = make_store(kind, request, tmp_path)
+    s, first = new_session(store)
+    cp = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
+    with store._tx() as db:  # as 0.7 made it
+        db.execute("ALTER TABLE checkpoints DROP COLUMN warnings")
+        db.execute("UPDATE meta SET value = '13' WHERE key = 'schema_version'")
+    store.close()
+    again = make_store(kind, request, tmp_path)
+    try:
+        assert again.schema_found == 13 and again.schema_version >= 14
+        assert again.get_checkpoint(cp.id).warnings == ()
+        later = again.append_checkpoint(replace(make_cp(s.id, cp.id), warnings=("w",)), [],
+                                        cp.id, None, [])
+        assert again.get_checkpoint(later.id).warnings == ("w",)
+    finally:
+        again.close()

@@ -45,6 +45,7 @@ from .agents import ALLOW, ASK, DENY, PASS, POST, PRE, PROMPT, START, STOP, Even
 
 GATED = "external_non_idempotent"
 BYPASSED = "bypassed"  # a tool call's gate: it ran though the gate did not let it
+TRANSCRIBED = ("claude-code", "codex", "gemini")  # agents whose events name a transcript
 MAX_RESULT = 1 << 20
 
 
@@ -245,7 +246,7 @@ class Hook:
         st.get("open", {}).pop(key, None)
         approval_id = st.get("pending", {}).pop(key, "")
         asked = st.get("asked", {}).pop(key, "")
-        bypassed, warnings = "", []
+        bypassed = ""
         if approval_id:
             approval = self.client.call("GetApproval", {"approval_id": approval_id})
             if approval["status"] == "pending" and asked:
@@ -283,9 +284,10 @@ class Hook:
                 print(f"worldline hook: {exc.message}", file=sys.stderr)
                 self.client.call("RecordToolCall", {**request, "gate": BYPASSED})
                 bypassed = "none"
-        if bypassed:
-            warnings.append(bypass_warning(event, bypassed))
-        self.checkpoint(event, st, f"{event.tool}: {_short(_command(event))}", warnings)
+        if bypassed:  # (the daemon puts it on the next checkpoint: said here too)
+            print(f"worldline hook: warning: {bypass_warning(event, bypassed)}",
+                  file=sys.stderr)
+        self.checkpoint(event, st, f"{event.tool}: {_short(_command(event))}")
 
     def close_open(self, event: Event, st: dict) -> None:
         """Record the calls let through that fired no after-tool event (other than the
@@ -333,23 +335,33 @@ class Hook:
                     pass  # decided meanwhile
             del st["pending"][key]
 
-    def checkpoint(self, event: Event, st: dict, label: str, warnings=()) -> dict:
-        """Checkpoint the world with the transcript's new entries. ``warnings`` (a gate
-        bypass, say) are said on stderr; they belong on this checkpoint."""
-        for warning in warnings:
-            print(f"worldline hook: warning: {warning}", file=sys.stderr)
+    def checkpoint(self, event: Event, st: dict, label: str) -> dict:
+        """A checkpoint with the transcript's entries since the last one; what could
+        not be read is a warning on it (and on stderr), never a conversation recorded
+        as if whole. (The daemon adds its own, a gate bypass's say.)"""
         sid = self.session(event, st)
         cursor = transcripts.Cursor.from_dict(st.get("cursor", {}))
-        messages, after = list(event.messages), cursor
+        messages, after, warnings = list(event.messages), cursor, []
         if event.transcript:
             skip = "" if cursor.path == event.transcript else self._head_entry(sid)
-            read, after = transcripts.read_new(event.agent, event.transcript, cursor, skip)
+            read, after, unread = transcripts.read_new(
+                event.agent, event.transcript, cursor, skip,
+                final=event.kind in (PROMPT, STOP),  # the turn is over: nothing changes
+                missing_ok=event.kind == PROMPT and not cursor.entries)
             messages += read
+            warnings += unread
+        elif event.agent in TRANSCRIBED:
+            warnings += [f"{event.agent} named no transcript (transcript_path) in its"
+                        f" {event.name} event: this checkpoint holds no conversation"]
+        for warning in warnings:
+            print(f"worldline hook: warning: {warning}", file=sys.stderr)
         resume = {"agent": event.agent, "session_id": event.session_id, **after.as_dict()}
-        cp = self.client.call("CreateCheckpoint", {
-            "session_id": sid, "label": label[:200],
-            "messages_json": json.dumps(messages) if messages else "",
-            "resume_json": json.dumps(resume)})
+        request = {"session_id": sid, "label": label[:200],
+                   "messages_json": json.dumps(messages) if messages else "",
+                   "resume_json": json.dumps(resume)}
+        if warnings:  # (only then: a daemon before 0.8 knows no such field)
+            request["warnings"] = warnings
+        cp = self.client.call("CreateCheckpoint", request)
         st["cursor"] = after.to_dict()
         return cp
 

@@ -147,3 +147,98 @@ def init(agent: str, *, user: bool = False, project: str = ".", remove: bool = F
     return {"agent": agent, "path": path, "changed": changed, "dry_run": dry_run,
             "removed": remove, "backup": backup or None,
             "events": [] if remove else list(EVENTS[agent]), "diff": diff}
+
+
+# -- Gemini CLI's folder trust ------------------------------------------------------------
+# Gemini CLI (0.39.0 and later; read in 0.61.0's trust.ts, hookRegistry.ts, settings.ts,
+# userStartupWarnings.ts) runs hooks only in a trusted folder. Headless (-p, no
+# terminal, or CI=true) in a folder it does not trust, 0.61.0 refuses to start (exit 55,
+# "not running in a trusted directory"; --skip-trust trusts it for the run).
+# Interactive, it asks; a folder left untrusted runs with no project settings
+# (.gemini/settings.json), no hook from any settings file, user's included, and --yolo
+# turned back into the default approval mode, said only in its debug log.
+# A folder is trusted, first rule that decides:
+#  1. $GEMINI_CLI_TRUST_WORKSPACE=true (false, or $GEMINI_RESTRICTED_MODE=true: not);
+#  2. the user's settings turn folder trust off (security.folderTrust.enabled: false);
+#  3. the IDE companion's workspace trust, when connected;
+#  4. the trusted-folders file ($GEMINI_CLI_TRUSTED_FOLDERS_PATH, else
+#     ${GEMINI_CLI_HOME:-~}/.gemini/trustedFolders.json: {path: TRUST_FOLDER |
+#     TRUST_PARENT | DO_NOT_TRUST}, real paths, the longest rule that holds the folder
+#     wins, TRUST_PARENT trusting the rule's parent folder);
+#  5. else not trusted. Up to 0.38 a headless run (-p, no terminal, or CI=true) trusted
+#     every folder.
+GEMINI_TRUST_ENV = "GEMINI_CLI_TRUST_WORKSPACE"
+
+
+def gemini_home() -> str:
+    return os.path.join(os.environ.get("GEMINI_CLI_HOME") or os.path.expanduser("~"),
+                        ".gemini")
+
+
+def gemini_trusted_folders_path() -> str:
+    return os.environ.get("GEMINI_CLI_TRUSTED_FOLDERS_PATH") or os.path.join(
+        gemini_home(), "trustedFolders.json")
+
+
+def _read_json_object(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.loads(f.read() or "{}")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise FailedPrecondition(f"{path} cannot be read as JSON ({exc}); it was left as"
+                                 " it is") from None
+    if not isinstance(doc, dict):
+        raise FailedPrecondition(f"{path} does not hold a JSON object; it was left as it is")
+    return doc
+
+
+def gemini_trust(folder: str, environ: dict | None = None) -> dict:
+    """Whether Gemini CLI 0.39+ trusts ``folder`` (so runs hooks there) and why:
+    ``{"folder", "trusted": True | False, "by", "file", "fix"}``."""
+    environ = os.environ if environ is None else environ
+    folder = os.path.realpath(folder)
+    path = gemini_trusted_folders_path()
+    fix = (f"worldline init gemini --project {folder} --trust   (adds it to {path});"
+           f" or, for one run, {GEMINI_TRUST_ENV}=true gemini ... (or gemini --skip-trust)")
+    out = {"folder": folder, "trusted": False, "by": "", "file": path, "fix": fix}
+    env = environ.get(GEMINI_TRUST_ENV, "")
+    if environ.get("GEMINI_RESTRICTED_MODE") == "true" or env == "false":
+        return {**out, "by": f"${GEMINI_TRUST_ENV}=false or $GEMINI_RESTRICTED_MODE"}
+    if env == "true":
+        return {**out, "trusted": True, "by": f"${GEMINI_TRUST_ENV}=true", "fix": ""}
+    user = _read_json_object(os.path.join(gemini_home(), "settings.json"))
+    if ((user.get("security") or {}).get("folderTrust") or {}).get("enabled") is False:
+        return {**out, "trusted": True, "by": "security.folderTrust.enabled is false in"
+                                              " the user's settings", "fix": ""}
+    best, level = -1, None
+    for rule, value in _read_json_object(path).items():
+        where = os.path.dirname(rule) if value == "TRUST_PARENT" else rule
+        where = os.path.realpath(where)
+        if (folder == where or folder.startswith(where.rstrip("/") + "/")) \
+                and len(rule) > best:
+            best, level = len(rule), (rule, value)
+    if level and level[1] in ("TRUST_FOLDER", "TRUST_PARENT"):
+        return {**out, "trusted": True, "by": f"{path}: {level[0]} {level[1]}", "fix": ""}
+    if level:
+        return {**out, "by": f"{path}: {level[0]} {level[1]}"}
+    return {**out, "by": f"no rule of {path} holds it"}
+
+
+def trust_gemini_folder(folder: str) -> dict:
+    """Add ``folder`` (its real path) to Gemini CLI's trusted folders as TRUST_FOLDER,
+    keeping every other rule; the file is replaced whole, readable by its owner only.
+    Returns gemini_trust's answer after."""
+    folder = os.path.realpath(folder)
+    path = gemini_trusted_folders_path()
+    rules = _read_json_object(path)
+    if rules.get(folder) != "TRUST_FOLDER":
+        rules[folder] = "TRUST_FOLDER"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(rules, indent=2) + "\n")
+        os.replace(tmp, path)
+    return gemini_trust(folder)

@@ -107,7 +107,7 @@ def checkpoint_pb(c: Checkpoint) -> pb.Checkpoint:
         restored_from=c.restored_from or "", tree=c.tree, bytes=c.bytes,
         messages_added=c.messages_added, message_count=c.message_count,
         acknowledged_side_effects=list(c.acknowledged), container=c.container or "",
-        pruned=c.pruned, resume_json=c.resume)
+        pruned=c.pruned, resume_json=c.resume, warnings=c.warnings)
 
 
 def tool_call_pb(t: ToolCall) -> pb.ToolCall:
@@ -184,7 +184,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return checkpoint_pb(self.world.checkpoint(
             r.session_id, label=r.label, reasoning=r.reasoning, trace_id=r.trace_id,
             messages_json=r.messages_json, state_json=r.state_json,
-            expected_head=r.expected_head, resume_json=r.resume_json))
+            expected_head=r.expected_head, resume_json=r.resume_json,
+            warnings=tuple(r.warnings)))
 
     def GetCheckpoint(self, r, context):
         view = self.world.view(r.checkpoint_id)

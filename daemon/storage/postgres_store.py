@@ -37,7 +37,7 @@ CREATE TABLE checkpoints (
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
     trace_id TEXT NOT NULL, restored_from TEXT, container BYTEA, acknowledged TEXT NOT NULL,
     pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    UNIQUE (session_id, seq));
+    warnings TEXT NOT NULL DEFAULT '', UNIQUE (session_id, seq));
 CREATE TABLE messages (
     checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (checkpoint_id, idx));
@@ -108,6 +108,9 @@ MIGRATIONS = (
                   " NOT NULL, expires DOUBLE PRECISION NOT NULL,"
                   " PRIMARY KEY (host, checkpoint_id));"
                   " CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, created_at)")),
+    Migration(14, "0.8: a checkpoint's warnings (checkpoints.warnings, a JSON list or '')",
+              lambda db: db.execute("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS"
+                                    " warnings TEXT NOT NULL DEFAULT ''")),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 

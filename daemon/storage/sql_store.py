@@ -40,7 +40,9 @@ _SESSION_COLS_OF_S = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLS.split(","
 _MUTABLE_SESSION_FIELDS = {"container", "spec", "needs_attention", "deleted_at"}
 _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, state_digest,"
             " tasks_digest, conversation_parent, messages_added, message_count, label,"
-            " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume")
+            " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume,"
+            " warnings")
+_CP_N = len(_CP_COLS.split(","))
 
 
 def digest_in(digest: str | None) -> bytes | str | None:
@@ -61,11 +63,12 @@ def digest_out(value) -> str | None:
 
 def _cp(row) -> Checkpoint:
     (id_, session_id, seq, parent_id, kind, created_at, tree, size, state_digest, tasks_digest,
-     *middle, container, acknowledged, pruned, resume) = row
+     *middle, container, acknowledged, pruned, resume, warnings) = row
     return Checkpoint(id_, session_id, seq, parent_id, kind, created_at, digest_out(tree), size,
                       digest_out(state_digest), digest_out(tasks_digest), *middle,
                       digest_out(container), acknowledged=tuple(json.loads(acknowledged)),
-                      pruned=bool(pruned), resume=resume)
+                      pruned=bool(pruned), resume=resume,
+                      warnings=tuple(json.loads(warnings)) if warnings else ())
 
 
 def _cp_row(cp: Checkpoint) -> tuple:
@@ -74,7 +77,7 @@ def _cp_row(cp: Checkpoint) -> tuple:
             digest_in(cp.tasks_digest), cp.conversation_parent, cp.messages_added,
             cp.message_count, cp.label, cp.reasoning, cp.trace_id, cp.restored_from,
             digest_in(cp.container), json.dumps(list(cp.acknowledged)), int(cp.pruned),
-            cp.resume)
+            cp.resume, json.dumps(list(cp.warnings)) if cp.warnings else "")
 
 
 def _event(row) -> AuditEvent:
@@ -115,7 +118,7 @@ class SqlStore:
                             session.needs_attention, session.deleted_at, session.host,
                             session.lease_expires, session.released_to))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 21)})", _cp_row(first))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(first))
             except self.integrity_errors:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
@@ -239,7 +242,7 @@ class SqlStore:
                 if objects:
                     self.add_objects(db, objects)  # the blob index (BlobIndexSql)
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * 21)})", _cp_row(cp))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(cp))
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
                                [(cp.id, i, m) for i, m in enumerate(messages)])
                 db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))

@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
     trace_id TEXT NOT NULL, restored_from TEXT, container BLOB, acknowledged TEXT NOT NULL,
     pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    UNIQUE (session_id, seq)) WITHOUT ROWID;
+    warnings TEXT NOT NULL DEFAULT '', UNIQUE (session_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages (
     checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
@@ -141,6 +141,8 @@ MIGRATIONS = (
               " (codec 'delta')", lambda db: None),
     Migration(13, "0.7.15: a checkpoint's new blobs may be staged in the metadata store"
               " (blob_objects.body)", _add_columns("blob_objects", "body BLOB")),
+    Migration(14, "0.8: a checkpoint's warnings (checkpoints.warnings, a JSON list or '')",
+              _add_columns("checkpoints", "warnings TEXT NOT NULL DEFAULT ''")),
 )
 
 
@@ -166,7 +168,9 @@ def _checkpoints_by_id(db) -> None:
     create = SCHEMA[start:SCHEMA.index(";", start)].replace(
         "CREATE TABLE IF NOT EXISTS checkpoints", "CREATE TABLE checkpoints_by_id")
     db.execute(create)
-    columns = ", ".join(r[1] for r in db.execute("PRAGMA table_info(checkpoints_by_id)"))
+    old = {r[1] for r in db.execute("PRAGMA table_info(checkpoints)")}
+    columns = ", ".join(r[1] for r in db.execute("PRAGMA table_info(checkpoints_by_id)")
+                        if r[1] in old)  # a later version's columns come by their step
     db.execute(f"INSERT INTO checkpoints_by_id ({columns}) SELECT {columns} FROM checkpoints")
     db.execute("DROP TABLE checkpoints")
     db.execute("ALTER TABLE checkpoints_by_id RENAME TO checkpoints")

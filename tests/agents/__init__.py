@@ -15,6 +15,7 @@ CACHE = Path(os.environ.get("WORLDLINE_AGENTS_CACHE",
 
 CLAUDE_CODE = "2.1.197"
 GEMINI_CLI = "0.61.0"
+GEMINI_CLI_DOCUMENT = "0.38.2"  # the last to write one JSON document, not JSONL
 CODEX = "0.171.0"
 
 _BINARIES = {"claude-code": "claude", "gemini-cli": "gemini", "codex": "codex"}

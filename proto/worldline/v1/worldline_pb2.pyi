@@ -95,7 +95,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container", "pruned", "resume_json")
+    __slots__ = ("id", "session_id", "seq", "parent_id", "label", "reasoning", "trace_id", "created_at", "kind", "restored_from", "tree", "bytes", "messages_added", "message_count", "acknowledged_side_effects", "container", "pruned", "resume_json", "warnings")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Checkpoint(_message.Message):
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     PRUNED_FIELD_NUMBER: _ClassVar[int]
     RESUME_JSON_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     seq: int
@@ -132,10 +133,11 @@ class Checkpoint(_message.Message):
     container: str
     pruned: bool
     resume_json: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ..., pruned: _Optional[bool] = ..., resume_json: _Optional[str] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., parent_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[str] = ..., kind: _Optional[str] = ..., restored_from: _Optional[str] = ..., tree: _Optional[str] = ..., bytes: _Optional[int] = ..., messages_added: _Optional[int] = ..., message_count: _Optional[int] = ..., acknowledged_side_effects: _Optional[_Iterable[str]] = ..., container: _Optional[str] = ..., pruned: _Optional[bool] = ..., resume_json: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head", "resume_json")
+    __slots__ = ("session_id", "label", "reasoning", "trace_id", "messages_json", "state_json", "expected_head", "resume_json", "warnings")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +146,7 @@ class CheckpointRequest(_message.Message):
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     RESUME_JSON_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     label: str
     reasoning: str
@@ -152,7 +155,8 @@ class CheckpointRequest(_message.Message):
     state_json: str
     expected_head: str
     resume_json: str
-    def __init__(self, session_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., expected_head: _Optional[str] = ..., resume_json: _Optional[str] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., label: _Optional[str] = ..., reasoning: _Optional[str] = ..., trace_id: _Optional[str] = ..., messages_json: _Optional[str] = ..., state_json: _Optional[str] = ..., expected_head: _Optional[str] = ..., resume_json: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_id",)
