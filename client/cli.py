@@ -508,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gc never removes a blob stored or reused more recently (default 600)")
     d.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect, through <socket>.shared (repeatable)")
+    d.add_argument("--notify", metavar="URL",
+                   help="POST a JSON object to URL (http or https) for each approval"
+                        " requested or decided, session needing attention, gate bypassed")
+    d.add_argument("--console", metavar="HOST:PORT",
+                   help="serve the operators' console too (as the daemon's user); its URL"
+                        " and token go to the log and to <root>/console.url")
     d.add_argument("--approvals-by", choices=["anyone", "owner"], default="anyone",
                    help="who may approve: anyone allowed on the session (default; the hooks'"
                         " --approval ask needs it), or only the daemon's owner")
@@ -863,7 +869,8 @@ def _main(argv: list[str] | None = None) -> int:
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                    set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
-                   limits, storage, approvals_by_owner=args.approvals_by == "owner")
+                   limits, storage, approvals_by_owner=args.approvals_by == "owner",
+                   notify=args.notify, console=args.console)
     out = Output(as_json)
     try:
         from ._client import Client

@@ -46,6 +46,7 @@ from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
 from .graphs import Graphs
+from .notify import Notifier
 from .observe import ACTIVITY, PENDING_APPROVALS, JsonFormatter, MetricsInterceptor, watch_gc
 from .policy import Policy
 from .storage import reserve
@@ -102,8 +103,11 @@ class Daemon:
                  allow_uids: set[int] | None = None, gc_grace: float = 600.0,
                  metrics_listen: str | None = None, limits: Limits | None = None,
                  storage: StorageConfig | None = None, *,
-                 approvals_by_owner: bool = False) -> None:
+                 approvals_by_owner: bool = False, notify: str | None = None,
+                 console: str | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.notify, self.notifier = notify, None
+        self.console, self.console_proc = console, None
         self.approvals_by_owner = approvals_by_owner
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
@@ -238,6 +242,14 @@ class Daemon:
                                    rules)
         if self.metrics_listen:
             self._serve_metrics()
+        if self.notify:
+            try:
+                self.notifier = Notifier(self.store, self.notify)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
+            self.notifier.start()
+        if self.console:
+            self._serve_console()
         self._watch_health()
         # A session's container started by anyone else is checked as it starts (its
         # bind of the workspace), not only at the session's next checkpoint.
@@ -408,10 +420,36 @@ class Daemon:
         return (not self.stopping.is_set() and ACTIVITY.quiet_for() >= REPACK_IDLE_SECONDS
                 and time.monotonic() - self.repacker.pack.last_commit >= REPACK_IDLE_SECONDS)
 
+    def _serve_console(self) -> None:
+        """The console as a child process of the CLI's (`worldline console`), talking to
+        this daemon over its socket as the daemon's user; its URL, which holds its
+        token, logged and kept in <root>/console.url (0600)."""
+        import subprocess
+        import sys
+        self.console_proc = subprocess.Popen(
+            [sys.executable, "-m", "worldline.client.cli", "--address", self.listen,
+             "console", "--listen", self.console], stdout=subprocess.PIPE, text=True)
+        url = self.console_proc.stdout.readline().strip()
+        if not url:
+            raise StartupError(f"the console could not serve on {self.console}")
+        path = os.path.join(self.root, "console.url")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(url + "\n")
+        log.warning("console: %s (also in %s)", url, path)
+
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:
             return
         self.stopping.set()
+        if self.notifier is not None:
+            self.notifier.stop()
+        if self.console_proc is not None:
+            self.console_proc.terminate()
+            try:
+                self.console_proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 -- a console that will not go is killed
+                self.console_proc.kill()
         self.health.enter_graceful_shutdown()
         if self.gateway is not None:
             self.gateway.close()
@@ -464,7 +502,8 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         allow_uids: set[int] | None = None, gc_grace: float = 600.0,
         metrics_listen: str | None = None, log_format: str = "text",
         limits: Limits | None = None, storage: StorageConfig | None = None, *,
-        approvals_by_owner: bool = False) -> int:
+        approvals_by_owner: bool = False, notify: str | None = None,
+        console: str | None = None) -> int:
     _configure_logging(log_format == "json")
     # A fatal signal (a crash in a C extension, SIGABRT from a supervisor or a test that
     # gave up waiting) prints every thread's Python stack to stderr, for the operator.
@@ -474,7 +513,7 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
                     tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage,
-                    approvals_by_owner=approvals_by_owner)
+                    approvals_by_owner=approvals_by_owner, notify=notify, console=console)
     # A stop signal wakes the main thread through a pipe it reads, written by the
     # interpreter's C-level handler (set_wakeup_fd) on whichever thread the kernel
     # delivered the signal to. Not by a Python handler: those run on the main thread

@@ -62,6 +62,13 @@ DEDUP = Gauge("worldline_dedup_ratio", "Share of put bytes found already stored"
 DEDUP.set_function(lambda: BLOB_REUSED._value.get() / max(
     1.0, BLOB_REUSED._value.get() + BLOB_WRITTEN._value.get()))
 PENDING_APPROVALS = Gauge("worldline_pending_approvals", "Approvals waiting for a decision")
+CHECKPOINTS = Counter("worldline_checkpoints_total",
+                      "Checkpoints taken through this daemon, by kind (checkpoint, restore)",
+                      ["kind"])
+ROLLBACK_RATE = Gauge("worldline_rollback_rate",
+                      "Restores per 100 checkpoints taken through this daemon since it started")
+ROLLBACK_RATE.set_function(lambda: 100.0 * CHECKPOINTS.labels("restore")._value.get() / max(
+    1.0, CHECKPOINTS.labels("checkpoint")._value.get()))
 GATE_BYPASSES = Counter("worldline_gate_bypasses_total",
                         "Gated tool calls recorded as having run without an approval")
 TRACKER_FALLBACKS = Counter("worldline_tracker_fallbacks_total",

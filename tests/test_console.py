@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -363,3 +364,23 @@ def test_a_long_timeline_is_paged_newest_first(page, world, tmp_path):
     seqs = page.locator("svg.timeline text.seq").all_text_contents()
     assert seqs == [f"#{i}" for i in range(20, -1, -1)]
     assert page.locator("svg.timeline text.title").last.text_content() == "session created"
+
+
+def test_the_daemon_serves_the_console_for_its_operators(tmp_path):
+    d = DaemonProcess(tmp_path / "root", extra=["--console", "127.0.0.1:0"]).start()
+    try:
+        url_file = tmp_path / "root" / "console.url"
+        deadline = time.monotonic() + 10
+        while not url_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert url_file.stat().st_mode & 0o777 == 0o600
+        url = urllib.parse.urlsplit(url_file.read_text().strip())
+        token = urllib.parse.parse_qs(url.query)["token"][0]
+        request = urllib.request.Request(f"{url.scheme}://{url.netloc}/",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert r.status == 200 and "Sessions" in r.read().decode()
+    finally:
+        d.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{url.scheme}://{url.netloc}/", timeout=5)

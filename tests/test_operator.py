@@ -57,11 +57,18 @@ def test_metrics_and_json_logs(tmp_path):
         with d.client() as c:
             s = c.create_session(str(ws))
             (ws / "a").write_text("x" * 1000)
+            first = c.checkpoint(s.id)
             c.checkpoint(s.id)
             c.checkpoint(s.id)
+            c.checkpoint(s.id)
+            c.restore(s.id, first.id, dry_run=True)  # a preview is no rollback
+            c.restore(s.id, first.id)
             s.request_approval("deploy")
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         text = body.decode()
+        assert _sample(text, 'worldline_checkpoints_total{kind="checkpoint"}') == 4
+        assert _sample(text, 'worldline_checkpoints_total{kind="restore"}') == 1
+        assert _sample(text, "worldline_rollback_rate") == 25.0
         assert 'worldline_rpc_duration_seconds_count{code="OK",method="CreateCheckpoint"}' \
             in text
         assert "worldline_blob_bytes_written_total" in text

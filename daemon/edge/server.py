@@ -20,6 +20,7 @@ from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
 from .. import fleet, maintenance
 from ..gates import Gates
+from ..observe import CHECKPOINTS
 from ..progress import Progress
 from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
 from ..storage.durable import out_of_space
@@ -181,11 +182,13 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
 
     # checkpoints
     def CreateCheckpoint(self, r, context):
-        return checkpoint_pb(self.world.checkpoint(
+        cp = self.world.checkpoint(
             r.session_id, label=r.label, reasoning=r.reasoning, trace_id=r.trace_id,
             messages_json=r.messages_json, state_json=r.state_json,
             expected_head=r.expected_head, resume_json=r.resume_json,
-            warnings=tuple(r.warnings)))
+            warnings=tuple(r.warnings))
+        CHECKPOINTS.labels("checkpoint").inc()
+        return checkpoint_pb(cp)
 
     def GetCheckpoint(self, r, context):
         view = self.world.view(r.checkpoint_id)
@@ -222,6 +225,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
                                         acknowledge=r.acknowledge_side_effects,
                                         dry_run=r.dry_run, expected_head=r.expected_head,
                                         from_other_session=r.from_other_session)
+        if not result.dry_run:
+            CHECKPOINTS.labels("restore").inc()
         return pb.RestoreResponse(
             checkpoint=checkpoint_pb(result.checkpoint) if result.checkpoint else None,
             restored_from=result.restored_from, files_written=paths_pb(result.files_written),
