@@ -240,7 +240,8 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
                 report.problems.append(f"checkpoint {cp.id}: parent {cp.parent_id} does not"
                                        " exist")
         reads = _fsck_reads(world)
-        needed = reachable(world, report.problems, reads=reads)
+        walked: list[str] = []  # trees the walk could not read
+        needed = reachable(world, walked, reads=reads)
         if bucket:
             stored = _check_bucket(world, report, share, needed)
         else:
@@ -251,9 +252,13 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
         if repair and bucket and report.broken:
             with store.gc_lock():  # no rewrite of the same objects meanwhile, on any host
                 _mend(world, report, sources)
-        for b in report.broken:
-            if not b.mended_to:
-                report.problems.append(_described(b, b.digest in needed))
+            if walked and any(b.mended_to for b in report.broken):
+                walked = []  # what the walk could not read may read now: walked again
+                reachable(world, walked, reads=_fsck_reads(world))
+        report.problems.extend(walked)
+        left = [b for b in report.broken if not b.mended_to]
+        report.problems.extend(_by_object(left, needed))
+        report.problems.extend(_described(b, b.digest in needed) for b in left)
         report.problems.extend(verify_audit(world)[1])
         return report
     finally:
@@ -280,17 +285,24 @@ def _check_bucket(world: World, report: FsckReport, share: Subset, needed: set[s
     report.objects_total, report.objects_checked = check.objects_total, check.objects_checked
     report.bytes_read, report.blobs_checked = check.bytes_read, check.blobs_checked
     report.unchecked.extend(check.unchecked)
-    by_object: dict[str, list] = {}
-    for b in check.broken:
-        by_object.setdefault(b.object, []).append(b)
-        report.broken.append(BrokenBlob(b.digest, b.object, b.state, b.reason))
+    report.broken.extend(BrokenBlob(b.digest, b.object, b.state, b.reason)
+                         for b in check.broken)
+    return set(world.blobs.digests())
+
+
+def _by_object(broken: list[BrokenBlob], needed: set[str]) -> list[str]:
+    """A line for each object of the bucket that ``broken`` (not mended) names."""
+    by_object: dict[str, list[BrokenBlob]] = {}
+    for b in broken:
+        if b.object:
+            by_object.setdefault(b.object, []).append(b)
+    lines = []
     for name, found in sorted(by_object.items()):
         lost = sum(b.digest in needed for b in found)
-        what = ("missing from the bucket" if found[0].state == "missing"
-                else "damaged in the bucket")
-        report.problems.append(f"object {name}: {what}: {len(found)} blob(s) it holds cannot"
-                               f" be read, {lost} of them needed by kept checkpoints")
-    return set(world.blobs.digests())
+        what = "missing from the bucket" if found[0].state == "missing" else "damaged"
+        lines.append(f"object {name}: {what}: {len(found)} blob(s) it holds cannot be read,"
+                     f" {lost} of them needed by kept checkpoints")
+    return lines
 
 
 def _check_blobs(world: World, report: FsckReport, share: Subset, needed: set[str],
@@ -395,14 +407,12 @@ def _bad_below(reads: _Reads, root: str, bad, memo: dict) -> list[tuple[str, str
         digest, expanded = stack.pop()
         if digest in memo and not expanded:
             continue
+        own = [("", digest)] if digest in bad else []  # the folder's tree itself
         if not expanded:
-            if digest in bad:
-                memo[digest] = [("", digest)]
-                continue
-            try:
+            try:  # a broken tree this host can still read (its cache): what is below too
                 tree = reads.trees.read(digest)
             except (NotFound, DataLoss):  # the mark's walk reported it
-                memo[digest] = []
+                memo[digest] = own
                 continue
             opened[digest] = tree
             stack.append((digest, True))
@@ -410,7 +420,7 @@ def _bad_below(reads: _Reads, root: str, bad, memo: dict) -> list[tuple[str, str
                          if e.is_folder and e.ref not in memo)
             continue
         tree = opened.pop(digest)
-        out: list[tuple[str, str]] = []
+        out = own
         links = links_of(getattr(tree, "own", None))
         if links in bad:
             out.append(("(hard links)", links))
