@@ -161,6 +161,7 @@ def _fill(folder) -> None:
 def test_fsck_on_a_full_disk_reports_and_mends_from_another_data_root(
         fleet, ws, tmp_path, small_disk, s3_server):
     a = fleet.host("a", env_extra=_unstaged(tmp_path))
+    as_agent("head -c 3000000 /dev/urandom > large.bin", ws)  # a file in the cache
     s, wanted = _checkpoints(a, ws, 4)
     assert a.stop() == 0  # a's data root: a copy to mend from
     objects = _objects(fleet.url)
@@ -202,12 +203,13 @@ def test_postgresql_away_a_call_waits_its_timeout_and_is_served_soon_after_it_is
             s = ca.create_session(str(ws))
             cluster.stop("immediate")
             waits = []
-            for _ in range(2):  # a broken connection fails at once; then the pool's wait
-                t = time.monotonic()
+            while not waits or waits[-1] < 9:  # broken connections fail at once, then
+                t = time.monotonic()           # a call waits for a new one, 10 s
                 with pytest.raises(Unavailable):
                     ca.list_sessions()
                 waits.append(time.monotonic() - t)
-            assert max(waits) < 11.5 and max(waits) > 9, waits
+                assert len(waits) < 10, waits
+            assert max(waits) < 11.5, waits
             cluster.start()
             back = time.monotonic()
             while True:
@@ -218,9 +220,37 @@ def test_postgresql_away_a_call_waits_its_timeout_and_is_served_soon_after_it_is
                     assert time.monotonic() - back < 30, "never served again"
                     time.sleep(0.05)
             served = time.monotonic() - back
-            assert served < 2.5, served
+            assert served < 2.0, served
             _edit(ws, 1)
             s.checkpoint()
     finally:
         f.stop_all()
         cluster.remove()
+
+
+def test_a_host_connecting_as_an_ordinary_role_makes_its_tables_and_serves(
+        pg_cluster, tmp_path, ws, s3_server):
+    """The README's set-up: the hosts connect as a role of their own (LOGIN, owner of
+    the database), not the superuser, whose reserved slots stay an operator's."""
+    import uuid
+
+    import psycopg
+    role = "wl_role_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 40")
+        conn.execute(f"CREATE DATABASE {role} OWNER {role}")
+    url = f"postgresql://{role}@/{role}?host={pg_cluster.dir}"
+    f = Fleet(tmp_path, url, s3_server.new_bucket(), s3_server.env)
+    try:
+        with f.host("a").client() as ca:
+            s = ca.create_session(str(ws))
+            _edit(ws, 1)
+            s.checkpoint()
+            ca.gc()
+            assert ca.fsck()["ok"]
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+                                ).fetchone() == (False,)
+            assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] >= 2
+    finally:
+        f.stop_all()
