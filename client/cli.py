@@ -404,7 +404,7 @@ def cmd_rewind(c: Client, a, out: Output) -> int:
 
 def cmd_fsck(c: Client, a, out: Output) -> int:
     d = c.fsck(repair=a.repair, cached=a.cached, read_data_subset=a.read_data_subset or "",
-               repair_from=a.repair_from or "")
+               repair_from=os.path.abspath(a.repair_from) if a.repair_from else "")
 
     def human() -> str:
         read = {"bucket": f" read from the bucket: {d['objects_checked']} of"

@@ -7,21 +7,16 @@ PostgreSQL and moto's S3 server (an emulator)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
 from worldline.client.errors import InvalidArgument, Unavailable
 
+from . import test_fleet
 from .fidelity import AGENT_UID, as_agent
 from .test_fleet import Fleet, _checkpoints, _edit, _forks_equal, _unstaged
 
-
-@pytest.fixture
-def fleet(tmp_path, postgres_url, s3_server):
-    f = Fleet(tmp_path, postgres_url, s3_server.new_bucket(), s3_server.env)
-    yield f
-    f.stop_all()
+fleet = test_fleet.fleet  # two daemons' fixture: one database, one bucket
 
 
 @pytest.fixture
@@ -133,17 +128,6 @@ def test_a_sampled_fsck_reads_its_share_of_the_objects(fleet, ws, tmp_path):
             ca.fsck(repair_from=str(tmp_path))
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 64 MiB file system of its own (tmpfs), for a host whose disk fills."""
-    where = tmp_path / "small"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
-                   check=True)
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def _fill(folder) -> None:
     """Write until the file system says it is full, to its last block."""
     fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -159,13 +143,14 @@ def _fill(folder) -> None:
 
 
 def test_fsck_on_a_full_disk_reports_and_mends_from_another_data_root(
-        fleet, ws, tmp_path, small_disk, s3_server):
+        fleet, ws, tmp_path, tmpfs, s3_server):
     a = fleet.host("a", env_extra=_unstaged(tmp_path))
     as_agent("head -c 3000000 /dev/urandom > large.bin", ws)  # a file in the cache
     s, wanted = _checkpoints(a, ws, 4)
     assert a.stop() == 0  # a's data root: a copy to mend from
     objects = _objects(fleet.url)
     lost = sorted(n for n in objects if n.startswith("packs/"))[0]
+    small_disk = tmpfs(tmp_path / "small", "64m")
     c = Fleet(small_disk, fleet.url, fleet.bucket, fleet.env).host("c")  # an empty cache
     try:
         _fill(small_disk)
