@@ -243,7 +243,7 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
         walked: list[str] = []  # trees the walk could not read
         needed = reachable(world, walked, reads=reads)
         if bucket:
-            stored = _check_bucket(world, report, share, needed)
+            stored = _check_bucket(world, report, share)
         else:
             stored = _check_blobs(world, report, share, needed, repair)
         report.broken.extend(BrokenBlob(digest, "", "missing", "no blob store row names it")
@@ -270,15 +270,14 @@ def _data_root_blobs(root: str):
     """The blob store of a data root (another host's, a backup), for --repair-from."""
     from .storage.blobs import LocalBlobStore
     from .storage.config import pack_file
-    if not os.path.isdir(os.path.join(root, "blobs")):
-        raise InvalidArgument(f"--repair-from {root!r} is not a worldline data root (it has"
-                              " no blobs folder)")
-    return [LocalBlobStore(os.path.join(root, "blobs"), durable=False,
-                           pack_file=pack_file(root))]
+    found = pack_file(root)
+    if not os.path.isdir(os.path.join(root, "blobs")) or not os.path.isfile(found):
+        raise InvalidArgument(f"--repair-from {root!r} is not a worldline data root (no"
+                              " blobs folder, or no pack beside it)")
+    return [LocalBlobStore(os.path.join(root, "blobs"), durable=False, pack_file=found)]
 
 
-def _check_bucket(world: World, report: FsckReport, share: Subset, needed: set[str]
-                  ) -> set[str]:
+def _check_bucket(world: World, report: FsckReport, share: Subset) -> set[str]:
     """The bucket's objects read and verified (S3BlobStore.check_objects); returns the
     digests the index names."""
     check = world.blobs.check_objects(share.takes)

@@ -125,7 +125,9 @@ def test_a_sampled_fsck_reads_its_share_of_the_objects(fleet, ws, tmp_path):
             with pytest.raises(InvalidArgument):
                 ca.fsck(read_data_subset=wrong)
         with pytest.raises(InvalidArgument):  # a data root to mend from, with no repair
-            ca.fsck(repair_from=str(tmp_path))
+            ca.fsck(repair_from=str(a.root))
+        with pytest.raises(InvalidArgument):  # a folder that is no data root
+            ca.fsck(repair=True, repair_from=str(tmp_path))
 
 
 def _fill(folder) -> None:
