@@ -36,7 +36,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from worldline.client.errors import DataLoss, InvalidArgument, NotFound, ResourceExhausted
+from worldline.client.errors import (
+    Aborted,
+    DataLoss,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 
 from . import ids, progress
 from .capture import sparse
@@ -250,8 +256,12 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
                              for digest in sorted(needed - stored))
         _uses(world, reads, report.broken, checkpoints)
         if repair and bucket and report.broken:
-            with store.gc_lock():  # no rewrite of the same objects meanwhile, on any host
-                _mend(world, report, sources)
+            try:
+                with store.gc_lock():  # no rewrite of the same objects meanwhile, anywhere
+                    _mend(world, report, sources)
+            except Aborted as exc:  # another host collects: the report stands, unmended
+                report.not_repaired.extend(f"blob {b.digest}: not mended: {exc.message}"
+                                           for b in report.broken)
             if walked and any(b.mended_to for b in report.broken):
                 walked = []  # what the walk could not read may read now: walked again
                 reachable(world, walked, reads=_fsck_reads(world))

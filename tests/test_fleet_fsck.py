@@ -166,6 +166,14 @@ def test_fsck_on_a_full_disk_reports_and_mends_from_another_data_root(
             assert not quick["ok"] and quick["source"] == "cache"
             assert quick["broken"] and quick["unchecked"] == [], quick
             assert all(any(x in p for p in quick["problems"]) for x in objects[lost]), quick
+            import psycopg
+            from worldline.daemon.storage.postgres_db import LOCK_GC
+            with psycopg.connect(fleet.url, autocommit=True) as other_host:  # collecting
+                other_host.execute("SELECT pg_advisory_lock(%s)", (LOCK_GC,))
+                held = cc.fsck(repair=True, repair_from=str(a.root))
+                other_host.execute("SELECT pg_advisory_unlock(%s)", (LOCK_GC,))
+            assert not held["ok"] and held["repaired"] == [], held  # reported, not mended
+            assert len(held["not_repaired"]) == len(objects[lost]), held
             cold = cc.fsck(repair=True)  # c holds no copy of what was lost
             assert not cold["ok"] and cold["repaired"] == []
             assert len(cold["not_repaired"]) == len(objects[lost]), cold

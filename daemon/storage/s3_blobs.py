@@ -883,20 +883,26 @@ class S3BlobStore:
             if groups[-1] and sum(map(len, groups[-1].values())) + len(data) > PACK_LIMIT:
                 groups.append({})
             groups[-1][digest] = data
-        for group in filter(None, groups):
-            body, entries = bucket_packs.build(group, {})
-            self._mended(pack_name(body), body, entries, broken, done, parts=False)
-        for digest, source in large.items():
-            fd = source.open_blob(digest)
-            try:
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    size = os.fstat(fd).st_size
-                    self._mended(f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}", f,
-                                 [(digest, 0, size, size, "raw")], broken, done, parts=True)
-            finally:
-                os.close(fd)
+        try:
+            for group in filter(None, groups):
+                body, entries = bucket_packs.build(group, {})
+                self._mended(pack_name(body), body, entries, broken, done, parts=False)
+            for digest, source in large.items():
+                fd = source.open_blob(digest)
+                try:
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        size = os.fstat(fd).st_size
+                        self._mended(f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}",
+                                     f, [(digest, 0, size, size, "raw")], broken, done,
+                                     parts=True)
+                finally:
+                    os.close(fd)
+        except Unavailable as exc:  # the bucket or the index away: the rest waits
+            for digest in set(small) | set(large):
+                if digest not in done:
+                    why[digest] = f"not mended: {exc.message}"
         for digest in set(small) | set(large):
-            if digest not in done:
+            if digest not in done and digest not in why:
                 why[digest] = ("its row was moved or forgotten meanwhile (gc, or a"
                                " rewrite): fsck again")
         return done, why
