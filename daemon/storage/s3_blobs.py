@@ -56,6 +56,13 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   every host's small packs the same way (``any_host``: those of a host gone before it
   rested), with bases from the checkpoints' trees (maintenance.base_hints).
 
+- **fsck** reads the durable copy (``check_objects``): every object the index names,
+  from the bucket (a staged one from its row), each blob verified in memory, nothing
+  written to the cache, so a host whose cache holds every blob still sees what the
+  bucket lost, and a full disk does not stop it. ``mend`` puts good copies the host
+  holds back under new write-once names, and points the rows at them as a rewrite
+  does (only rows that still name the broken object).
+
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
 """
