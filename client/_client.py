@@ -302,10 +302,26 @@ class Client:
         m = self._call("VerifyAudit", pb.VerifyAuditRequest())
         return {"ok": m.ok, "events": m.events, "problems": list(m.problems)}
 
-    def fsck(self, repair: bool = False) -> dict:
-        m = self._call("Fsck", pb.FsckRequest(repair=repair), timeout=3600)
+    def fsck(self, repair: bool = False, cached: bool = False, read_data_subset: str = "",
+             repair_from: str = "") -> dict:
+        """Check the history. On a fleet every object is read from the bucket, unless
+        ``cached`` (the quick check, through this host's cache); ``read_data_subset``:
+        ``"N%"`` or ``"n/m"`` of the objects; ``repair`` mends the bucket from good
+        copies this host holds (its cache, and the data root ``repair_from``)."""
+        m = self._call("Fsck", pb.FsckRequest(repair=repair, cached=cached,
+                                              read_data_subset=read_data_subset,
+                                              repair_from=repair_from), timeout=3600)
         return {"ok": m.ok, "problems": list(m.problems), "blobs_checked": m.blobs_checked,
-                "checkpoints_checked": m.checkpoints_checked, "repaired": list(m.repaired)}
+                "checkpoints_checked": m.checkpoints_checked, "repaired": list(m.repaired),
+                "source": m.source, "read_data_subset": m.read_data_subset,
+                "objects_checked": m.objects_checked, "objects_total": m.objects_total,
+                "bytes_read": m.bytes_read, "unchecked": list(m.unchecked),
+                "not_repaired": list(m.not_repaired), "broken": [
+                    {"digest": b.digest, "object": b.object, "state": b.state,
+                     "reason": b.reason, "checkpoints": list(b.checkpoints),
+                     "files": [{"checkpoint_id": f.checkpoint_id, "path": f.path}
+                               for f in b.files], "mended_to": b.mended_to}
+                    for b in m.broken]}
 
     def gc(self, dry_run: bool = False, keep_last: int = 0, keep_labelled: bool = False,
            keep_newer_than: float = 0.0, operation_id: str | None = None) -> dict:

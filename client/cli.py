@@ -407,11 +407,21 @@ def cmd_rewind(c: Client, a, out: Output) -> int:
 
 
 def cmd_fsck(c: Client, a, out: Output) -> int:
-    d = c.fsck(repair=a.repair)
-    out.emit(d, lambda: ("ok" if d["ok"] else "PROBLEMS") + f": {d['checkpoints_checked']}"
-             f" checkpoint(s), {d['blobs_checked']} blob(s)"
-             + "".join(f"\n  {p}" for p in d["problems"])
-             + "".join(f"\n  repaired: {p}" for p in d["repaired"]))
+    d = c.fsck(repair=a.repair, cached=a.cached, read_data_subset=a.read_data_subset or "",
+               repair_from=os.path.abspath(a.repair_from) if a.repair_from else "")
+
+    def human() -> str:
+        read = {"bucket": f" read from the bucket: {d['objects_checked']} of"
+                          f" {d['objects_total']} object(s), {d['bytes_read']} bytes",
+                "cache": " read through this host's cache (--cached)"}.get(d["source"], "")
+        subset = f" (subset {d['read_data_subset']})" if d["read_data_subset"] else ""
+        return (("ok" if d["ok"] else "PROBLEMS") + f": {d['checkpoints_checked']}"
+                f" checkpoint(s), {d['blobs_checked']} blob(s){read}{subset}"
+                + "".join(f"\n  {p}" for p in d["problems"])
+                + "".join(f"\n  not checked: {p}" for p in d["unchecked"])
+                + "".join(f"\n  repaired: {p}" for p in d["repaired"])
+                + "".join(f"\n  not repaired: {p}" for p in d["not_repaired"]))
+    out.emit(d, human)
     return 0 if d["ok"] else EXIT_ERROR
 
 
@@ -721,8 +731,15 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--kind")
     au.add_argument("--limit", type=int, default=0)
 
-    add("fsck", cmd_fsck, "check every blob, reference and the audit chain").add_argument(
-        "--repair", action="store_true", help="repair what is safe to repair")
+    fk = add("fsck", cmd_fsck, "check every blob, reference and the audit chain")
+    fk.add_argument("--repair", action="store_true", help="repair what is safe to repair"
+                    " (a fleet: put good copies this host holds back in the bucket)")
+    fk.add_argument("--cached", action="store_true", help="a fleet host: check through its"
+                    " cache (the quick check), not by reading every object of the bucket")
+    fk.add_argument("--read-data-subset", metavar="N%|n/m", help="read only a share of the"
+                    " objects: N%% chosen at random, or the n-th of m fixed parts")
+    fk.add_argument("--repair-from", metavar="ROOT", help="with --repair: a data root whose"
+                    " blobs may mend the bucket too (another host's, a backup)")
     g = add("gc", cmd_gc, "prune by retention, then remove what no checkpoint needs")
     g.add_argument("--dry-run", action="store_true", help="report, change nothing")
     g.add_argument("--keep-last", type=int, metavar="N", help="keep the newest N per session")

@@ -49,6 +49,11 @@ def time_at(seconds: float) -> str:
     return _text(_dt.datetime.fromtimestamp(seconds, _dt.UTC))
 
 
+def clock(seconds: float) -> str:
+    """A moment (a lease's end) as UTC time to the second, for messages."""
+    return _dt.datetime.fromtimestamp(seconds, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _text(when: _dt.datetime) -> str:
     return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
 

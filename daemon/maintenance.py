@@ -2,7 +2,15 @@
 
 fsck reads every kept checkpoint's trees, state and task list, verifies every
 stored blob against its digest, checks that parents and heads exist, and verifies
-the audit log's hash chain.
+the audit log's hash chain. On a fleet it reads the durable copy: every object the
+blob index names, from the bucket (a staged one from its row), each blob verified in
+memory, nothing written to the host's cache, so a host whose cache holds every blob
+still sees what the bucket lost, and a host with a full disk still reports
+(``--cached``: the quick check of before, through the cache). Each missing or
+damaged blob is named with the checkpoints and files it breaks (``_uses``: a walk of
+the kept checkpoints' trees, each tree once); ``--repair`` puts good copies the host
+holds (its cache, or another data root: ``repair_from``) back in the bucket under
+new write-once names (S3BlobStore.mend).
 
 Retention prunes checkpoints: a pruned checkpoint keeps its record (lineage,
 conversation, state, tasks, audit) but no longer its trees. A checkpoint is kept
@@ -20,18 +28,26 @@ views no mounted fork uses.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
 
-from worldline.client.errors import DataLoss, NotFound
+from worldline.client.errors import (
+    Aborted,
+    DataLoss,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 
 from . import ids, progress
 from .capture import sparse
 from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
-from .capture.trees import FILE, SPARSE, links_of
+from .capture.trees import FILE, SPARSE, TreeReader, links_of
 from .faults import crash_point
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
@@ -42,15 +58,66 @@ GC_GRACE_SECONDS = 600.0
 
 
 @dataclass
+class BrokenBlob:
+    """A blob fsck found missing or damaged where it is durable, and what it breaks."""
+    digest: str
+    object: str  # where the index places it ("" on one host, or when no row names it)
+    state: str  # "missing" | "damaged"
+    reason: str
+    checkpoints: list[str] = field(default_factory=list)  # kept checkpoints that need it
+    files: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint, path)
+    mended_to: str = ""  # the object --repair put a good copy in
+
+
+@dataclass
 class FsckReport:
     problems: list[str] = field(default_factory=list)
     blobs_checked: int = 0
     checkpoints_checked: int = 0
     repaired: list[str] = field(default_factory=list)
+    source: str = "local"  # what was read: "bucket", "cache" (--cached), "local" (one host)
+    subset: str = ""  # --read-data-subset, as given ("": everything)
+    objects_checked: int = 0  # the bucket's objects read (source "bucket")
+    objects_total: int = 0  # ...of those the index names
+    bytes_read: int = 0
+    broken: list[BrokenBlob] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # what could not be read, and why
+    not_repaired: list[str] = field(default_factory=list)  # what --repair could not mend
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.unchecked
+
+
+class Subset:
+    """``--read-data-subset``: ``N%`` (each object, or blob, chosen with that chance,
+    afresh each run, as restic's ``check --read-data-subset``) or ``n/m`` (the n-th of
+    m fixed parts: m runs, one of each part, read everything once); "" is all."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text = text.strip()
+        self.share, self.part = 1.0, None
+        self._seed = os.urandom(8).hex()
+        if not text:
+            return
+        share = re.fullmatch(r"(\d+(?:\.\d+)?)%", text)
+        part = re.fullmatch(r"(\d+)/(\d+)", text)
+        if share and 0 < float(share.group(1)) <= 100:
+            self.share = float(share.group(1)) / 100
+        elif part and 1 <= int(part.group(1)) <= int(part.group(2)):
+            self.part = (int(part.group(1)) - 1, int(part.group(2)))
+        else:
+            raise InvalidArgument(f"--read-data-subset {text!r} is not N% (0 < N <= 100)"
+                                  " or n/m (1 <= n <= m)")
+
+    def takes(self, name: str) -> bool:
+        if self.part is not None:
+            return _hashed(name) % self.part[1] == self.part[0]
+        return self.share >= 1.0 or _hashed(self._seed + name) < self.share * 2 ** 64
+
+
+def _hashed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 @dataclass
@@ -75,10 +142,13 @@ class GcReport:
 
 def reachable(world: World, problems: list[str] | None = None,
               without: set[str] | frozenset[str] = frozenset(),
-              held: set[str] | frozenset[str] = frozenset()) -> set[str]:
+              held: set[str] | frozenset[str] = frozenset(),
+              reads: _Reads | None = None) -> set[str]:
     """Every digest that some kept checkpoint needs (trees, files, states, task lists);
     ``without``: checkpoints counted as pruned already (a dry run's, of what the sweep
-    would free once they are); ``held``: pruned ones whose trees still count."""
+    would free once they are); ``held``: pruned ones whose trees still count;
+    ``reads``: how trees are read (fsck's: nothing written to a cache)."""
+    reads = reads or _Reads(world.trees, world.blobs)
     seen: set[str] = {world.empty_tree, world.empty_state}
     checkpoints = world.store.list_checkpoints()
     progress.begin("marking what checkpoints need", len(checkpoints), "checkpoints")
@@ -89,11 +159,33 @@ def reachable(world: World, problems: list[str] | None = None,
             continue
         for root in (cp.tree, cp.container):
             if root:
-                _mark_tree(world, root, seen, problems, f"checkpoint {cp.id}")
+                _mark_tree(reads, root, seen, problems, f"checkpoint {cp.id}")
     return seen
 
 
-def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) -> None:
+@dataclass
+class _Reads:
+    """Where a walk reads trees and extent maps from."""
+    trees: TreeReader
+    blobs: object  # anything with read_bytes
+
+
+class _Uncached:
+    """A blob store's reads that write nothing to its cache (S3BlobStore.read_uncached)."""
+
+    def __init__(self, blobs) -> None:
+        self.read_bytes = blobs.read_uncached
+
+
+def _fsck_reads(world: World) -> _Reads:
+    """fsck's reads: on a fleet, none fills the cache (so none needs disk space)."""
+    if getattr(world.blobs, "read_uncached", None) is None:
+        return _Reads(world.trees, world.blobs)
+    blobs = _Uncached(world.blobs)
+    return _Reads(TreeReader(blobs), blobs)
+
+
+def _mark_tree(reads: _Reads, root: str, seen: set[str], problems, where: str) -> None:
     stack = [root]
     while stack:
         digest = stack.pop()
@@ -101,7 +193,7 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
             continue
         seen.add(digest)
         try:
-            tree = world.trees.read(digest)
+            tree = reads.trees.read(digest)
         except (NotFound, DataLoss) as exc:
             if problems is None:
                 raise
@@ -118,46 +210,242 @@ def _mark_tree(world: World, root: str, seen: set[str], problems, where: str) ->
             elif entry.kind == SPARSE:
                 seen.add(entry.ref)  # the extent map, and the pieces it names
                 try:
-                    seen.update(sparse.pieces(world.blobs, entry.ref))
+                    seen.update(sparse.pieces(reads.blobs, entry.ref))
                 except (NotFound, DataLoss) as exc:
                     if problems is None:
                         raise
                     problems.append(f"{where}: extent map {entry.ref}: {exc.message}")
 
 
-def fsck(world: World, repair: bool = False) -> FsckReport:
-    report = FsckReport()
-    store, blobs = world.store, world.blobs
-    checkpoints = store.list_checkpoints()
-    known = {cp.id for cp in checkpoints}
-    for session in store.list_sessions():
-        if session.head not in known:
-            report.problems.append(f"session {session.id}: head {session.head} does not exist")
-    for cp in checkpoints:
-        report.checkpoints_checked += 1
-        if cp.parent_id and cp.parent_id not in known:
-            report.problems.append(f"checkpoint {cp.id}: parent {cp.parent_id} does not exist")
-    needed = reachable(world, report.problems)
+def fsck(world: World, repair: bool = False, cached: bool = False, subset: str = "",
+         repair_from: str = "") -> FsckReport:
+    """Check the history (module docstring). ``cached``: through a fleet host's cache
+    (verified there, fetched into it where missing), not from the bucket; ``subset``:
+    read only that share of the objects (of the blobs: one host, ``cached``);
+    ``repair_from``: a data root whose blobs ``repair`` may take good copies from."""
+    share = Subset(subset)
+    blobs = world.blobs
+    bucket = getattr(blobs, "check_objects", None) is not None and not cached
+    if repair_from and not (repair and bucket):
+        raise InvalidArgument("--repair-from mends a fleet's bucket: give it with --repair,"
+                              " without --cached")
+    sources = _data_root_blobs(repair_from) if repair_from else []
+    try:
+        report = FsckReport(source="bucket" if bucket else "local" if blobs.local else "cache",
+                            subset=share.text)
+        store = world.store
+        checkpoints = store.list_checkpoints()
+        known = {cp.id for cp in checkpoints}
+        for session in store.list_sessions():
+            if session.head not in known:
+                report.problems.append(f"session {session.id}: head {session.head} does not"
+                                       " exist")
+        for cp in checkpoints:
+            report.checkpoints_checked += 1
+            if cp.parent_id and cp.parent_id not in known:
+                report.problems.append(f"checkpoint {cp.id}: parent {cp.parent_id} does not"
+                                       " exist")
+        reads = _fsck_reads(world)
+        walked: list[str] = []  # trees the walk could not read
+        needed = reachable(world, walked, reads=reads)
+        if bucket:
+            stored = _check_bucket(world, report, share)
+        else:
+            stored = _check_blobs(world, report, share, needed, repair)
+        report.broken.extend(BrokenBlob(digest, "", "missing", "no blob store row names it")
+                             for digest in sorted(needed - stored))
+        _uses(world, reads, report.broken, checkpoints)
+        if repair and bucket and report.broken:
+            try:
+                with store.gc_lock():  # no rewrite of the same objects meanwhile, anywhere
+                    _mend(world, report, sources)
+            except Aborted as exc:  # another host collects: the report stands, unmended
+                report.not_repaired.extend(f"blob {b.digest}: not mended: {exc.message}"
+                                           for b in report.broken)
+            if walked and any(b.mended_to for b in report.broken):
+                walked = []  # what the walk could not read may read now: walked again
+                reachable(world, walked, reads=_fsck_reads(world))
+        report.problems.extend(walked)
+        left = [b for b in report.broken if not b.mended_to]
+        report.problems.extend(_by_object(left, needed))
+        report.problems.extend(_described(b, b.digest in needed) for b in left)
+        report.problems.extend(verify_audit(world)[1])
+        return report
+    finally:
+        for source in sources:
+            source.close()
+
+
+def _data_root_blobs(root: str):
+    """The blob store of a data root (another host's, a backup), for --repair-from."""
+    from .storage.blobs import LocalBlobStore
+    from .storage.config import pack_file
+    found = pack_file(root)
+    if not os.path.isdir(os.path.join(root, "blobs")) or not os.path.isfile(found):
+        raise InvalidArgument(f"--repair-from {root!r} is not a worldline data root (no"
+                              " blobs folder, or no pack beside it)")
+    return [LocalBlobStore(os.path.join(root, "blobs"), durable=False, pack_file=found)]
+
+
+def _check_bucket(world: World, report: FsckReport, share: Subset) -> set[str]:
+    """The bucket's objects read and verified (S3BlobStore.check_objects); returns the
+    digests the index names."""
+    check = world.blobs.check_objects(share.takes)
+    report.objects_total, report.objects_checked = check.objects_total, check.objects_checked
+    report.bytes_read, report.blobs_checked = check.bytes_read, check.blobs_checked
+    report.unchecked.extend(check.unchecked)
+    report.broken.extend(BrokenBlob(b.digest, b.object, b.state, b.reason)
+                         for b in check.broken)
+    return set(world.blobs.digests())
+
+
+def _by_object(broken: list[BrokenBlob], needed: set[str]) -> list[str]:
+    """A line for each object of the bucket that ``broken`` (not mended) names."""
+    by_object: dict[str, list[BrokenBlob]] = {}
+    for b in broken:
+        if b.object:
+            by_object.setdefault(b.object, []).append(b)
+    lines = []
+    for name, found in sorted(by_object.items()):
+        lost = sum(b.digest in needed for b in found)
+        what = "missing from the bucket" if found[0].state == "missing" else "damaged"
+        lines.append(f"object {name}: {what}: {len(found)} blob(s) it holds cannot be read,"
+                     f" {lost} of them needed by kept checkpoints")
+    return lines
+
+
+def _check_blobs(world: World, report: FsckReport, share: Subset, needed: set[str],
+                 repair: bool) -> set[str]:
+    """Every stored blob (of the subset) verified where the store reads it: one host's
+    data root, or a fleet host's cache (``--cached``); returns the digests stored."""
+    blobs = world.blobs
     stored = set()
     for digest in blobs.digests():
         stored.add(digest)
+        if not share.takes(digest):
+            continue
         report.blobs_checked += 1
         try:
-            blobs.verify(digest)
-        except DataLoss:
+            try:
+                blobs.verify(digest)
+            except ResourceExhausted as exc:  # the cache has no room for it: in memory
+                if getattr(blobs, "read_uncached", None) is None:
+                    report.unchecked.append(f"blob {digest}: {exc.message}")
+                    continue
+                blobs.read_uncached(digest)
+        except DataLoss as exc:
             if digest in needed:
-                report.problems.append(f"blob {digest} is corrupt and needed")
+                report.broken.append(BrokenBlob(digest, "", "damaged", exc.message))
             elif repair:
                 blobs.delete(digest)
                 report.repaired.append(f"removed corrupt unreferenced blob {digest}")
             else:
-                report.problems.append(f"blob {digest} is corrupt (unreferenced; --repair removes)")
+                report.problems.append(f"blob {digest} is corrupt (unreferenced; --repair"
+                                       " removes)")
         except NotFound:
             continue  # swept meanwhile
-    for digest in sorted(needed - stored):
-        report.problems.append(f"blob {digest} is needed but missing")
-    report.problems.extend(verify_audit(world)[1])
-    return report
+    return stored
+
+
+def _mend(world: World, report: FsckReport, sources: list) -> None:
+    """--repair on a fleet: good copies of the broken blobs this host holds, put back in
+    the bucket (S3BlobStore.mend); what could not be mended, said."""
+    done, why = world.blobs.mend({b.digest: b.object for b in report.broken if b.object},
+                                 sources)
+    for b in report.broken:
+        if b.digest in done:
+            b.mended_to = done[b.digest]
+            report.repaired.append(f"blob {b.digest}: a good copy from this host is in"
+                                   f" {b.mended_to} (was {b.state} in {b.object})")
+        else:
+            reason = why.get(b.digest, "no row of the blob index names it: nothing to"
+                             " point at a copy")
+            report.not_repaired.append(f"blob {b.digest}: {reason}")
+
+
+def _described(b: BrokenBlob, needed: bool) -> str:
+    where = f" in {b.object}" if b.object else ""
+    text = f"blob {b.digest}{where} is {b.state} ({b.reason})"
+    if not needed:
+        return text + "; no kept checkpoint needs it"
+    if not b.checkpoints:
+        return text + "; needed"
+    text += f"; it breaks {len(b.checkpoints)} checkpoint(s): " + _some(b.checkpoints)
+    files = [f"{cp} {path}" for cp, path in b.files]
+    return text + (f"; files: {_some(files)}" if files else "")
+
+
+def _some(items: list[str], shown: int = 3) -> str:
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _uses(world: World, reads: _Reads, broken: list[BrokenBlob], checkpoints) -> None:
+    """Fill in, for each broken blob, the kept checkpoints that need it and the paths
+    it breaks there (``container:`` before a path in the container's layer; a folder
+    whose tree is broken as ``path/``; ``(state)``, ``(task list)``). The reverse of
+    gc's mark: each checkpoint's trees walked, each tree once (``_bad_below``)."""
+    bad = {b.digest: b for b in broken}
+    if not bad:
+        return
+    memo: dict[str, list[tuple[str, str]]] = {}
+    for cp in checkpoints:
+        found: list[tuple[str, str]] = []
+        for digest, what in ((cp.state_digest, "(state)"), (cp.tasks_digest, "(task list)")):
+            if digest in bad:
+                found.append((what, digest))
+        if not cp.pruned:
+            for prefix, root in (("", cp.tree), ("container:", cp.container)):
+                if root:
+                    found += [(prefix + path, d) for path, d in _bad_below(reads, root, bad,
+                                                                           memo)]
+        for path, digest in found:
+            b = bad[digest]
+            if not b.checkpoints or b.checkpoints[-1] != cp.id:
+                b.checkpoints.append(cp.id)
+            b.files.append((cp.id, path or "/"))
+
+
+def _bad_below(reads: _Reads, root: str, bad, memo: dict) -> list[tuple[str, str]]:
+    """(path under ``root``, broken digest) for everything below the tree ``root`` that
+    needs a blob of ``bad``; ``memo`` keeps each tree's answer (trees are shared by
+    many checkpoints). Iterative: a hostile agent's folders may nest deep."""
+    opened: dict[str, dict] = {}
+    stack = [(root, False)]
+    while stack:
+        digest, expanded = stack.pop()
+        if digest in memo and not expanded:
+            continue
+        own = [("", digest)] if digest in bad else []  # the folder's tree itself
+        if not expanded:
+            try:  # a broken tree this host can still read (its cache): what is below too
+                tree = reads.trees.read(digest)
+            except (NotFound, DataLoss):  # the mark's walk reported it
+                memo[digest] = own
+                continue
+            opened[digest] = tree
+            stack.append((digest, True))
+            stack.extend((e.ref, False) for e in tree.values()
+                         if e.is_folder and e.ref not in memo)
+            continue
+        tree = opened.pop(digest)
+        out = own
+        links = links_of(getattr(tree, "own", None))
+        if links in bad:
+            out.append(("(hard links)", links))
+        for name, entry in sorted(tree.items()):
+            if entry.is_folder:
+                out += [(f"{name}/{path}", d) for path, d in memo.get(entry.ref, [])]
+            elif entry.kind in (FILE, SPARSE) and entry.ref in bad:
+                out.append((name, entry.ref))
+            elif entry.kind == SPARSE:
+                try:
+                    out += [(name, p) for p in sparse.pieces(reads.blobs, entry.ref)
+                            if p in bad]
+                except (NotFound, DataLoss):
+                    pass
+        memo[digest] = out
+    return memo.get(root, [])
 
 
 def verify_audit(world: World) -> tuple[int, list[str]]:

@@ -446,35 +446,41 @@ def test_gc_runs_on_one_host_at_a_time(fleet, agent_tree):
         ca.gc()
 
 
-def test_postgres_restarted_under_load_is_unavailable_then_served_again(
-        tmp_path, agent_tree, s3_server):
+@pytest.fixture
+def own_postgres(tmp_path, s3_server):
+    """(cluster, fleet): a fleet on a PostgreSQL cluster of its own, for a test to stop
+    and start."""
     from tests.services import PostgresCluster
     cluster = PostgresCluster().start()
     f = Fleet(tmp_path, cluster.new_database(), s3_server.new_bucket(), s3_server.env)
-    try:
-        a = f.host("a")
-        with a.client() as ca:
-            s = ca.create_session(str(agent_tree))
-            cluster.stop("immediate")
-            _edit(agent_tree, 1)
-            with pytest.raises(Unavailable):
-                s.checkpoint()
-            with pytest.raises(Unavailable):
-                ca.list_sessions()
-            cluster.start()
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    cp = s.checkpoint(label="after the restart")
-                    break
-                except Unavailable:
-                    assert time.monotonic() < deadline, "the daemon never recovered"
-                    time.sleep(0.5)
-            assert "new1.txt" in ca.diff(s.log()[0].id, cp.id).added
-        assert a.proc.poll() is None  # the same daemon process served throughout
-    finally:
-        f.stop_all()
-        cluster.remove()
+    yield cluster, f
+    f.stop_all()
+    cluster.remove()
+
+
+def test_postgres_restarted_under_load_is_unavailable_then_served_again(
+        own_postgres, agent_tree):
+    cluster, f = own_postgres
+    a = f.host("a")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree))
+        cluster.stop("immediate")
+        _edit(agent_tree, 1)
+        with pytest.raises(Unavailable):
+            s.checkpoint()
+        with pytest.raises(Unavailable):
+            ca.list_sessions()
+        cluster.start()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                cp = s.checkpoint(label="after the restart")
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline, "the daemon never recovered"
+                time.sleep(0.5)
+        assert "new1.txt" in ca.diff(s.log()[0].id, cp.id).added
+    assert a.proc.poll() is None  # the same daemon process served throughout
 
 
 def test_a_checkpoint_waits_on_postgresql_three_times(fleet, pg_cluster, agent_tree,

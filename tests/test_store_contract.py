@@ -377,8 +377,9 @@ def test_leases_claims_and_releases(store):
     # a session of a single-host data root ("" with no lease) is claimed once
     a = store.claim_session(s.id, "a", "", now + 30, now)
     assert (a.host, a.lease_expires, a.released_to) == ("a", now + 30, None)
-    with pytest.raises(Aborted):  # a's lease is live
+    with pytest.raises(Aborted) as lost:  # a's lease is live
         store.claim_session(s.id, "b", "a", now + 30, now)
+    assert f"lease until {ids.clock(now + 30)}" in lost.value.message  # UTC, not an epoch
     with pytest.raises(Aborted):  # not held by whom b thinks
         store.claim_session(s.id, "b", "c", now + 30, now + 60)
     assert store.renew_leases("a", now + 90) == 1

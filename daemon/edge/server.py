@@ -307,11 +307,19 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return pb.VerifyAuditResponse(ok=not problems, events=count, problems=problems)
 
     def Fsck(self, r, context):
-        report = maintenance.fsck(self.world, repair=r.repair)
-        return pb.FsckResponse(ok=report.ok, problems=report.problems,
-                               blobs_checked=report.blobs_checked,
-                               checkpoints_checked=report.checkpoints_checked,
-                               repaired=report.repaired)
+        report = maintenance.fsck(self.world, repair=r.repair, cached=r.cached,
+                                  subset=r.read_data_subset, repair_from=r.repair_from)
+        return pb.FsckResponse(
+            ok=report.ok, problems=report.problems, blobs_checked=report.blobs_checked,
+            checkpoints_checked=report.checkpoints_checked, repaired=report.repaired,
+            source=report.source, read_data_subset=report.subset,
+            objects_checked=report.objects_checked, objects_total=report.objects_total,
+            bytes_read=report.bytes_read, unchecked=report.unchecked,
+            not_repaired=report.not_repaired, broken=[pb.FsckBlob(
+                digest=b.digest, object=b.object, state=b.state, reason=b.reason,
+                checkpoints=b.checkpoints, mended_to=b.mended_to,
+                files=[pb.FsckFile(checkpoint_id=c, path=p) for c, p in b.files])
+                for b in report.broken])
 
     def Gc(self, r, context):
         if r.keep_last < 0 or r.keep_newer_than_seconds < 0:

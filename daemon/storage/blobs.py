@@ -459,6 +459,12 @@ class LocalBlobStore:
                     continue
         raise NotFound(f"blob {digest} does not exist")
 
+    def open_blob(self, digest: str) -> int:
+        """A read-only descriptor of a blob stored as a file (one over ``MAX_BLOB``), for
+        a caller that streams it and has verified it (``verify``); NotFound if it is
+        not a file here."""
+        return self._open_verified(digest)
+
     def _packed(self, digest: str, cached: bool = True) -> bytes | None:
         """The bytes of a blob in the pack, verified; None if it is not there."""
         try:

@@ -56,6 +56,13 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   every host's small packs the same way (``any_host``: those of a host gone before it
   rested), with bases from the checkpoints' trees (maintenance.base_hints).
 
+- **fsck** reads the durable copy (``check_objects``): every object the index names,
+  from the bucket (a staged one from its row), each blob verified in memory, nothing
+  written to the cache, so a host whose cache holds every blob still sees what the
+  bucket lost, and a full disk does not stop it. ``mend`` puts good copies the host
+  holds back under new write-once names, and points the rows at them as a rewrite
+  does (only rows that still name the broken object).
+
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
 """
@@ -71,10 +78,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
+from .. import progress
 from ..faults import crash_point
 from ..observe import BUCKET_REQUESTS, MOVED_OBJECTS, STAGED_BYTES
 from . import bucket_packs, packs
@@ -123,6 +132,28 @@ CLIENT_SETTINGS = (
     "http2_keep_alive_while_idle", "http2_only", "pool_idle_timeout",
     "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
     "randomize_addresses", "read_timeout", "timeout", "user_agent")
+
+
+@dataclass
+class Broken:
+    """A blob the index names that its object cannot give whole: ``missing`` (the
+    object is not in the bucket) or ``damaged`` (its bytes do not decode, or not to
+    the digest)."""
+    digest: str
+    object: str
+    state: str
+    reason: str
+
+
+@dataclass
+class BucketCheck:
+    """What ``check_objects`` found."""
+    objects_total: int = 0  # the objects the index names
+    objects_checked: int = 0  # ...read and verified
+    bytes_read: int = 0
+    blobs_checked: int = 0
+    broken: list[Broken] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # what was not read, and why
 
 
 class _Vanished(Exception):
@@ -685,6 +716,220 @@ class S3BlobStore:
             pending = set(self._upload) | set(self._uploading)
         indexed = list(self.index.indexed_digests())
         return iter(indexed + sorted(pending - set(indexed)))
+
+    # -- fsck: the durable copy ---------------------------------------------------------------
+    def check_objects(self, takes: Callable[[str], bool] = lambda name: True) -> BucketCheck:
+        """Read every object the index names (those ``takes(name)`` chooses: a sampled
+        pass) from where it is durable, the bucket (a staged object: its row), and
+        verify each blob the index places in it against its digest: in memory, nothing
+        written to the cache or the disk (a large blob streamed and hashed on the way).
+        The cache is not asked: a host whose cache holds every blob still finds an
+        object the bucket lost. An object that cannot be read (the bucket does not
+        answer) is reported unchecked, and so is every one after it."""
+        check = BucketCheck()
+        objects = self.index.blob_objects()
+        check.objects_total = len(objects)
+        chosen = [name for name, _bytes, _at, _live, _host in objects if takes(name)]
+        progress.begin("reading the bucket's objects", len(chosen), "objects")
+        for n, name in enumerate(chosen):
+            progress.advance()
+            try:
+                self._check_object(name, check)
+            except Unavailable as exc:
+                check.unchecked.append(f"object {name}: not read: {exc.message}")
+                check.unchecked.extend(f"object {later}: not read: the bucket did not answer"
+                                       " before it" for later in chosen[n + 1:])
+                break
+            check.objects_checked += 1
+        return check
+
+    def _check_object(self, name: str, check: BucketCheck) -> None:
+        alone = name.startswith("blobs/")
+        try:
+            if alone:
+                body, got = None, self._stream_digest(name, check)
+            else:
+                body = self._get_object(name)
+                check.bytes_read += len(body)
+        except (_Vanished, DataLoss):  # a rewrite deleted it after the listing, or lost
+            body = got = None
+            entries = self.index.object_entries(name)
+            if entries:
+                check.blobs_checked += len(entries)
+                check.broken.extend(Broken(d, name, "missing", f"object {name} is not in"
+                                           f" {self.url}") for d, _ in entries)
+            return
+        entries = self.index.object_entries(name)  # after the read: what is still in it
+        check.blobs_checked += len(entries)
+        if alone:
+            for digest, loc in entries:
+                if got != (digest, loc.size):
+                    check.broken.append(Broken(digest, name, "damaged", f"object {name}"
+                                               " does not match its digest"))
+            return
+        for digest, found in self._decode_each(name, body, entries).items():
+            if isinstance(found, DataLoss):
+                check.broken.append(Broken(digest, name, "damaged", found.message))
+
+    def _stream_digest(self, name: str, check: BucketCheck) -> tuple[str, int]:
+        """(SHA-256, size) of a large blob's object, read in chunks (FileNotFoundError:
+        ``_Vanished`` or ``DataLoss``, as ``_get_object``)."""
+        self._count("get")
+        try:
+            result = self._call(f"GET {name}", obstore.get, self.bucket, name)
+        except FileNotFoundError:
+            raise _Vanished(name) from None
+        hasher, size = hashlib.sha256(), 0
+        try:
+            for chunk in result.stream(min_chunk_size=1 << 20):
+                hasher.update(chunk)
+                size += len(chunk)
+        except (BaseError, OSError) as exc:
+            raise Unavailable(f"the blob bucket {self.url} did not answer GET {name}:"
+                              f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
+        check.bytes_read += size
+        return hasher.hexdigest(), size
+
+    def _decode_each(self, name: str, body: bytes, entries: list[tuple[str, Location]]
+                     ) -> dict[str, bytes | DataLoss]:
+        """digest -> bytes of each of ``entries`` of object ``name``, verified, or the
+        DataLoss that entry alone raised (one damaged entry spoils only itself and the
+        entries built on it)."""
+        out: dict[str, bytes | DataLoss] = {}
+        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}")
+        for digest, loc in entries:
+            try:
+                out[digest] = bucket_packs.decode_all(
+                    reader, [(digest, loc.off, loc.len, loc.codec, loc.size)])[digest]
+            except DataLoss as exc:
+                out[digest] = exc
+        return out
+
+    def read_uncached(self, digest: str) -> bytes:
+        """The blob's bytes, verified, with nothing written to the cache: from the cache
+        when it holds it whole, else from its object, whose other entries are kept in
+        memory a while (``_keep_recent``) for the reads that follow. fsck's walk of the
+        trees reads so: it needs no space on a full disk."""
+        data = self._recently_fetched(digest)
+        if data is not None:
+            return data
+        try:
+            return self.cache.read_bytes(digest)
+        except (NotFound, DataLoss):  # not cached, or its copy there is damaged
+            pass
+        for _ in range(2):  # once more if a rewrite moved it meanwhile
+            loc = self._locate(digest)
+            if loc.object.startswith("blobs/"):
+                try:
+                    body = bytes(self._call(f"GET {loc.object}", obstore.get, self.bucket,
+                                            loc.object).bytes())
+                except FileNotFoundError:
+                    raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
+                                   " missing") from None
+                if hashlib.sha256(body).hexdigest() != digest:
+                    raise DataLoss(f"object {loc.object} of {self.url} does not match its"
+                                   " digest")
+                return body
+            try:
+                body = self._get_object(loc.object)
+            except _Vanished:
+                continue
+            entries = self.index.object_entries(loc.object)
+            if digest not in {d for d, _ in entries}:
+                continue
+            found = self._decode_each(loc.object, body, entries)
+            with self._lock:
+                for d, data in found.items():
+                    if not isinstance(data, DataLoss):
+                        self._keep_recent(d, data)
+            data = found[digest]
+            if isinstance(data, DataLoss):
+                raise data
+            return data
+        raise NotFound(f"blob {digest} moved twice while it was read")
+
+    def mend(self, broken: dict[str, str], sources: list[LocalBlobStore]
+             ) -> tuple[dict[str, str], dict[str, str]]:
+        """Put a good copy of each blob of ``broken`` (digest -> the object the index
+        places it in, which the bucket lost or holds damaged) back in the bucket, from
+        the first of this host's cache and ``sources`` (other data roots' blob stores)
+        that holds it whole: small ones as one new pack object, large ones as objects
+        of their own, each under a new write-once name as every upload (never a name
+        that exists or existed: nothing is overwritten in place), then their rows
+        pointed at it in one transaction with the damaged objects no row names any
+        longer forgotten, and those deleted (``rewrite_blobs``, as a rewrite does: a row
+        another host moved or forgot meanwhile is left as it is, and what was uploaded
+        for it is garbage for gc). The caller holds the store's gc lock. Returns
+        (digest -> the new object, for each row now pointed there; digest -> why it
+        was not mended)."""
+        small: dict[str, bytes] = {}
+        large: dict[str, LocalBlobStore] = {}
+        why: dict[str, str] = {}
+        roots = ", ".join(s.root for s in [self.cache, *sources])
+        for digest in sorted(broken):
+            reasons = []
+            for source in [self.cache, *sources]:
+                try:
+                    if not source.has(digest):
+                        continue
+                    if source.size(digest) > ALONE:
+                        source.verify(digest)
+                        large[digest] = source
+                    else:
+                        small[digest] = source.read_bytes(digest)
+                    break
+                except (NotFound, DataLoss) as exc:
+                    reasons.append(f"{source.root}: {exc.message}")
+            else:
+                why[digest] = ("no good copy on this host"
+                               + (f" ({'; '.join(reasons)})" if reasons else
+                                  f" (looked in {roots})"))
+        done: dict[str, str] = {}
+        groups: list[dict[str, bytes]] = [{}]
+        for digest, data in small.items():
+            if groups[-1] and sum(map(len, groups[-1].values())) + len(data) > PACK_LIMIT:
+                groups.append({})
+            groups[-1][digest] = data
+        try:
+            for group in filter(None, groups):
+                body, entries = bucket_packs.build(group, {})
+                self._mended(pack_name(body), body, entries, broken, done, parts=False)
+            for digest, source in large.items():
+                fd = source.open_blob(digest)
+                try:
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        size = os.fstat(fd).st_size
+                        self._mended(f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}",
+                                     f, [(digest, 0, size, size, "raw")], broken, done,
+                                     parts=True)
+                finally:
+                    os.close(fd)
+        except Unavailable as exc:  # the bucket or the index away: the rest waits
+            for digest in set(small) | set(large):
+                if digest not in done:
+                    why[digest] = f"not mended: {exc.message}"
+        for digest in set(small) | set(large):
+            if digest not in done and digest not in why:
+                why[digest] = ("its row was moved or forgotten meanwhile (gc, or a"
+                               " rewrite): fsck again")
+        return done, why
+
+    def _mended(self, name: str, body, entries, broken: dict[str, str], done: dict[str, str],
+                parts: bool) -> None:
+        """One mending object: uploaded, its rows pointed at it, the objects it replaces
+        forgotten and deleted; ``done`` gains the digests whose rows now name it."""
+        nbytes = entries[0][2] if parts else len(body)
+        if parts:
+            self._put_parts(name, body)
+        else:
+            self._put_object(name, body)
+        read_from = {d: broken[d] for d, *_ in entries}
+        forgotten = self.index.rewrite_blobs(
+            StoredObject(name, nbytes, self.host, time.time(), entries), read_from)
+        self._unstage(read_from.values())
+        self._delete_objects(forgotten)
+        located = self.index.locate_blobs(list(read_from))
+        done.update((d, name) for d in read_from if d in located and located[d].object == name)
 
     # -- garbage collection ------------------------------------------------------------------
     def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:

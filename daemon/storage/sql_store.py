@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
+from ..ids import clock
 from ..records import (
     GENESIS_HASH,
     Approval,
@@ -177,7 +178,7 @@ class SqlStore:
                 if row is None:
                     raise NotFound(f"session {session_id} does not exist")
                 raise Aborted(f"session {session_id} is held by {row[0] or 'this host'}"
-                              f" (lease until {row[1]:.0f}); it was not claimed")
+                              f" (lease until {clock(row[1])}); it was not claimed")
         return self.get_session(session_id)
 
     def announce_host(self, host, address, now):

@@ -39,6 +39,7 @@ from worldline.client.errors import (
     NotFound,
 )
 
+from ..ids import clock
 from ..records import (
     GENESIS_HASH,
     Approval,
@@ -284,7 +285,7 @@ class MemoryStore:
             if not claimable(s.host, s.lease_expires, s.released_to, host, expected_host,
                              now):
                 raise Aborted(f"session {session_id} is held by {s.host or 'this host'}"
-                              f" (lease until {s.lease_expires:.0f}); it was not claimed")
+                              f" (lease until {clock(s.lease_expires)}); it was not claimed")
             s = replace(s, host=host, lease_expires=until, released_to=None, **fields)
             self._sessions[session_id] = s
             return s

@@ -585,24 +585,72 @@ class VerifyAuditResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., events: _Optional[int] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FsckRequest(_message.Message):
-    __slots__ = ("repair",)
+    __slots__ = ("repair", "cached", "read_data_subset", "repair_from")
     REPAIR_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    READ_DATA_SUBSET_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FROM_FIELD_NUMBER: _ClassVar[int]
     repair: bool
-    def __init__(self, repair: _Optional[bool] = ...) -> None: ...
+    cached: bool
+    read_data_subset: str
+    repair_from: str
+    def __init__(self, repair: _Optional[bool] = ..., cached: _Optional[bool] = ..., read_data_subset: _Optional[str] = ..., repair_from: _Optional[str] = ...) -> None: ...
+
+class FsckFile(_message.Message):
+    __slots__ = ("checkpoint_id", "path")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    path: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class FsckBlob(_message.Message):
+    __slots__ = ("digest", "object", "state", "reason", "checkpoints", "files", "mended_to")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    MENDED_TO_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    object: str
+    state: str
+    reason: str
+    checkpoints: _containers.RepeatedScalarFieldContainer[str]
+    files: _containers.RepeatedCompositeFieldContainer[FsckFile]
+    mended_to: str
+    def __init__(self, digest: _Optional[str] = ..., object: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., checkpoints: _Optional[_Iterable[str]] = ..., files: _Optional[_Iterable[_Union[FsckFile, _Mapping]]] = ..., mended_to: _Optional[str] = ...) -> None: ...
 
 class FsckResponse(_message.Message):
-    __slots__ = ("ok", "problems", "blobs_checked", "checkpoints_checked", "repaired")
+    __slots__ = ("ok", "problems", "blobs_checked", "checkpoints_checked", "repaired", "source", "read_data_subset", "objects_checked", "objects_total", "bytes_read", "broken", "unchecked", "not_repaired")
     OK_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     BLOBS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    READ_DATA_SUBSET_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_FIELD_NUMBER: _ClassVar[int]
+    UNCHECKED_FIELD_NUMBER: _ClassVar[int]
+    NOT_REPAIRED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     problems: _containers.RepeatedScalarFieldContainer[str]
     blobs_checked: int
     checkpoints_checked: int
     repaired: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., blobs_checked: _Optional[int] = ..., checkpoints_checked: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ...) -> None: ...
+    source: str
+    read_data_subset: str
+    objects_checked: int
+    objects_total: int
+    bytes_read: int
+    broken: _containers.RepeatedCompositeFieldContainer[FsckBlob]
+    unchecked: _containers.RepeatedScalarFieldContainer[str]
+    not_repaired: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., blobs_checked: _Optional[int] = ..., checkpoints_checked: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., read_data_subset: _Optional[str] = ..., objects_checked: _Optional[int] = ..., objects_total: _Optional[int] = ..., bytes_read: _Optional[int] = ..., broken: _Optional[_Iterable[_Union[FsckBlob, _Mapping]]] = ..., unchecked: _Optional[_Iterable[str]] = ..., not_repaired: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GcRequest(_message.Message):
     __slots__ = ("dry_run", "keep_last", "keep_labelled", "keep_newer_than_seconds", "operation_id")
