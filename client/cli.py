@@ -217,12 +217,37 @@ def cmd_restore(c: Client, a, out: Output) -> int:
         if box is not None:
             text += f"\ncontainer: {verb} {len(box['files_written'])} path(s), {gone}" \
                     f" {len(box['files_removed'])}"
+        text += _kept_human(r, a.dry_run)
         for warning in r.get("warnings", []):
             text += f"\nwarning: {warning}"
         effects = _effects_human(r["side_effects"])
         return text + ("\n" + effects if effects else "")
     out.emit(r, human)
     return 0
+
+
+def _kept_human(r: dict, dry_run: bool) -> str:
+    """What a restore keeps of the world as it was: the paths that differed from the
+    head, the checkpoint that holds them, the container's processes it stops."""
+    text = ""
+    unsaved = r.get("not_checkpointed") or []
+    if unsaved and dry_run:
+        text += (f"\n{len(unsaved)} path(s) differ from the head; the restore checkpoints"
+                 " them first (label \"before restore\"):")
+    elif unsaved and r.get("before"):
+        text += (f"\nthe world as it was is kept as checkpoint {r['before']['id']}: undo with"
+                 f" `worldline restore {r['before']['session_id']} {r['before']['id']}`;"
+                 f" {len(unsaved)} path(s) were not checkpointed before:")
+    elif unsaved:
+        text += f"\n{len(unsaved)} path(s) differed from the head and were NOT kept:"
+    text += "".join(f"\n  {p}" for p in unsaved)
+    procs = r.get("processes") or []
+    if procs:
+        text += (f"\nthe container's processes {'it would stop' if dry_run else 'stopped'}"
+                 " (the container starts again with its own command; these are not"
+                 " resumed):")
+        text += "".join(f"\n  {p}" for p in procs)
+    return text
 
 
 def cmd_fork(c: Client, a, out: Output) -> int:

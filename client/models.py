@@ -132,6 +132,12 @@ class RestoreResult(_Record):
     dry_run: bool
     container: LayerRestore | None = None  # None when the session has no container
     warnings: list[str] = field(default_factory=list)
+    # The checkpoint of the world just before the restore (label "before restore"),
+    # None when it equalled the head; the paths that differed from the head (kept
+    # there; a container's prefixed "container:"); the container's processes stopped.
+    before: Checkpoint | None = None
+    not_checkpointed: list[str] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m) -> RestoreResult:
@@ -139,7 +145,9 @@ class RestoreResult(_Record):
                    m.restored_from, list(m.files_written), list(m.files_removed),
                    [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run,
                    LayerRestore.from_pb(m.container) if m.HasField("container") else None,
-                   list(m.warnings))
+                   list(m.warnings),
+                   Checkpoint.from_pb(m.before) if m.HasField("before") else None,
+                   list(m.not_checkpointed), list(m.processes))
 
 
 @dataclass

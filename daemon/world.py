@@ -102,6 +102,10 @@ log = logging.getLogger(__name__)
 # original's world, until an operator resolves it here (_leave_to_the_original).
 _COPIED = "this data root is a copy of the one at"
 
+# The label of the checkpoint a restore takes of the world just before it changes it,
+# when the world differs from the head (World._checkpoint_before).
+BEFORE_RESTORE = "before restore"
+
 # Seconds an incremental capture keeps its turn at the admission gate; a longer one (a
 # file of gigabytes) goes on beside the next, which would otherwise wait for all of it.
 # The eight-session load's captures hold it 4 ms (p99 10 ms).
@@ -118,6 +122,12 @@ class RestoreResult:
     dry_run: bool = False
     container: Diff | None = None  # the container layer's changes, when it has one
     warnings: list[str] = field(default_factory=list)
+    # The world as it was just before (BEFORE_RESTORE), when it differed from the head;
+    # the paths that differed (a container's prefixed "container:"); the container's
+    # processes the restore stopped (a dry run: would stop), "PID COMMAND" each.
+    before: Checkpoint | None = None
+    not_checkpointed: list[str] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +140,7 @@ class LayerPlan:
     want: str
     changes: Diff
     size: int
+    unsaved: str = ""  # why ``current`` was not stored (a persisting plan: a limit)
 
     def journal(self) -> dict:
         """Each path to change, as it is and as it will be (entry_key), for the journal."""
@@ -705,7 +716,7 @@ class World:
                  dry_run: bool, expected_head: str, from_other_session: bool
                  ) -> RestoreResult:
         target = self.usable(checkpoint_id)
-        with self._session_locked(session_id, expected_head) as (session, _):
+        with self._session_locked(session_id, expected_head) as (session, tasks_now):
             self._check_lineage(session, target, from_other_session)
             if session.container and target.container is None:
                 raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
@@ -715,9 +726,12 @@ class World:
             if dry_run:
                 shown = replace(session, container=None) if self._container_gone(
                     session) else session
+                processes = self._processes(shown)
                 with self._paused(shown) as mapped:
                     plans = self._plan(shown, head, target, mapped)
-                return self._result(None, target, plans, effects, [], dry_run=True)
+                return replace(self._result(None, target, plans, effects, [], dry_run=True),
+                               not_checkpointed=self._not_checkpointed(head, plans),
+                               processes=processes)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
                 raise FailedPrecondition(
@@ -735,10 +749,24 @@ class World:
             revived = self._revive(session)
             if revived:
                 session = self.session(session_id)
+            processes = [] if revived else self._processes(session)
+            kept: dict = {}
+
+            def keep_the_world(plans: list[LayerPlan]) -> None:
+                """Before anything changes: the world as it is, as a checkpoint."""
+                kept["before"] = self._checkpoint_before(session, head, tasks_now, plans,
+                                                         revived, entry)
+
             try:
-                plans, warnings = self._apply(session, head, target, entry)
+                plans, warnings = self._apply(session, head, target, entry, keep_the_world)
             except (WorldlineError, OSError) as exc:
                 raise self._restore_failed(session, target, exc) from exc
+            before = kept.get("before")
+            if before is not None:
+                cp = replace(cp, **{k: entry["checkpoint"][k]
+                                    for k in ("id", "parent_id", "created_at")})
+            warnings += [f"the world before the restore was not checkpointed: {p.unsaved}"
+                         for p in plans if p.unsaved]
             if revived:
                 self._start_container(session.container, session.workspace)
                 warnings.append(f"container {session.container} was gone: made again from"
@@ -753,9 +781,63 @@ class World:
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
-            cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
+            cp = self.store.append_checkpoint(cp, [], entry["head"], tasks, events)
             self.journal.remove(session_id)
-        return self._result(cp, target, plans, effects, warnings)
+        return replace(self._result(cp, target, plans, effects, warnings), before=before,
+                       not_checkpointed=self._not_checkpointed(head, plans),
+                       processes=processes)
+
+    def _processes(self, session: Session) -> list[str]:
+        """The processes a restore of the session stops: its container's, if it runs."""
+        return self._engine().processes(session.container) if session.container else []
+
+    def _not_checkpointed(self, head: Checkpoint, plans: list[LayerPlan]) -> list[str]:
+        """The paths where the world differs from the head (a container's prefixed
+        "container:"): what a restore would lose were it not checkpointed first."""
+        out = []
+        for plan, base in zip(plans, self._bases(head), strict=False):
+            changes = diff(self.trees, base or self.empty_tree, plan.current.root,
+                           plan.current.trees)
+            prefix = "container:" if plan.layer.kind == CONTAINER else ""
+            out += [prefix + p for p in sorted(changes.added + changes.modified
+                                               + changes.deleted)]
+        return out
+
+    def _checkpoint_before(self, session: Session, head: Checkpoint, tasks: list[Task],
+                           plans: list[LayerPlan], revived: bool, entry: dict
+                           ) -> Checkpoint | None:
+        """The world as the restore's plan captured it (stored: ``_plan(persist=True)``),
+        committed as a checkpoint of its own (BEFORE_RESTORE) after the head, when it
+        differs from the head, before the journal is written and anything changes; the
+        journal's entry then follows it. A crash after it leaves it in the history, the
+        world untouched. None when the world equals the head, or when a layer could not
+        be stored (a limit: the restore says so in its warnings). A container made
+        again (``revived``) carries the head's layer: its fresh one is nothing lost."""
+        roots = [p.current.root for p in plans]
+        if revived and len(roots) > 1:
+            roots[1] = head.container
+        tasks_json = tasks_to_json(tasks)
+        bases = self._bases(head)[:len(roots)]
+        if roots == bases and digest_of(tasks_json) == head.tasks_digest:
+            return None
+        if any(p.unsaved for p in plans):
+            return None
+        tasks_digest = (head.tasks_digest if digest_of(tasks_json) == head.tasks_digest
+                        else self.blobs.put_bytes(tasks_json, base=head.tasks_digest))
+        cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
+                        roots[0], plans[0].current.bytes, head.state_digest, tasks_digest,
+                        head.id, 0, head.message_count, label=BEFORE_RESTORE,
+                        container=roots[1] if len(roots) > 1 else head.container,
+                        resume=head.resume)
+        with self.blobs.committing() as objects:
+            cp = self.store.append_checkpoint(cp, [], head.id, None, [AuditEvent(
+                "checkpoint", session.id, cp.id,
+                _checkpoint_detail(cp, BEFORE_RESTORE, 0) | {"restore": entry["target"]},
+                ids.now())], objects)
+        self._heads[session.id] = cp
+        entry["head"] = cp.id  # the restore's checkpoint follows it, and is newer
+        entry["checkpoint"].update(parent_id=cp.id, id=ids.new_id(), created_at=ids.now())
+        return cp
 
     def _restore_failed(self, session: Session, target: Checkpoint,
                         exc: WorldlineError | OSError) -> Exception:
@@ -815,16 +897,29 @@ class World:
                              effects, dry_run, box, warnings)
 
     def _plan(self, session: Session, head: Checkpoint, target: Checkpoint,
-              mapped: dict[str, frozenset[str]] | None = None) -> list[LayerPlan]:
+              mapped: dict[str, frozenset[str]] | None = None, persist: bool = False
+              ) -> list[LayerPlan]:
         """What a restore will change in each layer, checked before anything changes:
         every layer opened by identity, every blob it will write verified (a corrupt one
-        fails the restore with DATA_LOSS), the current state captured. ``mapped``: of a
-        paused container (a dry run); a restore stops the container first."""
+        fails the restore with DATA_LOSS), the current state captured (with ``persist``,
+        stored, for the checkpoint taken before the restore; a layer a limit keeps from
+        being stored is captured again without, and its plan says why: ``unsaved``).
+        ``mapped``: of a paused container (a dry run); a restore stops the container
+        first."""
         plans = []
         agent = owners.agent_of(session.spec)
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
-            current, seen = layer.capture(base, persist=False, consume=False, mapped=mapped)
+            unsaved = ""
+            try:
+                current, seen = layer.capture(base, persist=persist, consume=False,
+                                              mapped=mapped)
+            except ResourceExhausted as exc:
+                if not persist:
+                    raise
+                unsaved = exc.message
+                current, seen = layer.capture(base, persist=False, consume=False,
+                                              mapped=mapped)
             if agent is not None:  # it writes and removes only its user's own files,
                 # and writes back none its user could not make (a tree recorded before
                 # 0.7.26 may hold one)
@@ -843,22 +938,26 @@ class World:
                         for piece in sparse.pieces(self.blobs, entry.ref):
                             self.blobs.verify(piece)
                     size += entry.size if entry.kind == FILE else 0
-            plans.append(LayerPlan(layer, current, seen, want, changes, size))
+            plans.append(LayerPlan(layer, current, seen, want, changes, size, unsaved))
         return plans
 
     def _apply(self, session: Session, head: Checkpoint, target: Checkpoint,
-               entry: dict) -> tuple[list[LayerPlan], list[str]]:
+               entry: dict, before=None) -> tuple[list[LayerPlan], list[str]]:
         """Bring every layer to the target: the container stopped meanwhile, then started
         again if it was running. The plan is made (and may fail) before the journal is
         written, so a restore refused up front leaves no journal; the journal names
         every path the restore will change, in each layer, as it was and as it will be,
-        so a restart can tell whether the layers are still as the restore left them."""
+        so a restart can tell whether the layers are still as the restore left them.
+        ``before(plans)``, given by a new restore: called once the plan is made (its
+        capture stored), before the journal (_checkpoint_before)."""
         stopped = self._mark("stopped", session.id)
         was_running = (self._engine().stop(session.container, mark=stopped)
                        if session.container else False)
         try:
             crash_point("restore.stopped")
-            plans = self._plan(session, head, target)
+            plans = self._plan(session, head, target, persist=before is not None)
+            if before is not None:
+                before(plans)
             crash_point("restore.planned")
             self.journal.write(entry | {"layers": [p.journal() for p in plans]})
             crash_point("restore.after_journal")

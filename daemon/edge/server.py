@@ -217,7 +217,10 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             files_removed=paths_pb(result.files_removed),
             side_effects=[side_effect_pb(c) for c in result.side_effects],
             dry_run=result.dry_run, container=layer_changes_pb(result.container),
-            warnings=[escape(w) for w in result.warnings])
+            warnings=[escape(w) for w in result.warnings],
+            before=checkpoint_pb(result.before) if result.before else None,
+            not_checkpointed=paths_pb(result.not_checkpointed),
+            processes=[escape(p) for p in result.processes])
 
     def Fork(self, r, context):
         with self.progress.run(r.operation_id):
