@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         Checkpoint,
         CheckpointDetail,
         Diff,
+        PathChange,
         PolicyDecision,
         RestoreResult,
         Session,
@@ -46,7 +47,7 @@ _LAZY = {"Client": "_client", "ApprovalDenied": "helpers", "AsyncClient": "helpe
          "guarded": "helpers", "recorded": "helpers", "require_approval": "helpers",
          **{name: "models" for name in (
              "Approval", "AuditEvent", "Checkpoint", "CheckpointDetail", "Diff",
-             "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task", "ToolCall")}}
+             "PathChange", "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task", "ToolCall")}}
 
 
 def __getattr__(name: str):
@@ -79,6 +80,7 @@ __all__ = [
     "Internal",
     "InvalidArgument",
     "NotFound",
+    "PathChange",
     "PermissionDenied",
     "PolicyDecision",
     "ResourceExhausted",

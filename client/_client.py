@@ -15,6 +15,7 @@ from .models import (
     Checkpoint,
     CheckpointDetail,
     Diff,
+    PathChange,
     PolicyDecision,
     RestoreResult,
     Session,
@@ -131,15 +132,40 @@ class Client:
     def restore(self, session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
                 dry_run: bool = False, expected_head: str | None = None,
                 operation_id: str | None = None,
-                from_other_session: bool = False) -> RestoreResult:
+                from_other_session: bool = False,
+                paths: list[str] | None = None) -> RestoreResult:
         """With ``operation_id``, ``progress(operation_id)`` follows it from another thread.
         A checkpoint of another session's history restores only with
-        ``from_other_session``."""
+        ``from_other_session``. ``paths``: only those workspace-relative paths (the rest
+        of the world, the conversation and the tasks stay as they are). Either way the
+        world as it was is kept first as a checkpoint (``RestoreResult.before``) when
+        it differs from the head."""
         return RestoreResult.from_pb(self._call("Restore", pb.RestoreRequest(
             session_id=session_id, checkpoint_id=checkpoint_id,
             acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
             expected_head=expected_head or "", operation_id=operation_id or "",
-            from_other_session=from_other_session)))
+            from_other_session=from_other_session, paths=list(paths or ()))))
+
+    def path_history(self, session_id: str, path: str, patch: bool = False
+                     ) -> list[PathChange]:
+        """The checkpoints of the session's history that changed ``path`` (relative to
+        the workspace), newest first, each with the tool calls made since the one
+        before it. A rename shows as the deletion of one path and the addition of
+        another."""
+        return [PathChange.from_pb(c) for c in self._call("PathHistory", pb.PathHistoryRequest(
+            session_id=session_id, path=path, patch=patch)).changes]
+
+    def read_file(self, checkpoint_id: str, path: str) -> bytes:
+        """The bytes of the file at ``path`` as of the checkpoint (a symlink: its
+        target), read in slices of at most 32 MiB."""
+        out, offset = bytearray(), 0
+        while True:
+            m = self._call("ReadFile", pb.ReadFileRequest(checkpoint_id=checkpoint_id,
+                                                          path=path, offset=offset))
+            out += m.data
+            offset += len(m.data)
+            if offset >= m.size or not m.data:
+                return bytes(out)
 
     def resolve_session(self, session_id: str, complete: bool) -> Session:
         """An operator's decision on a session that needs attention: complete the

@@ -126,7 +126,54 @@ def cmd_checkpoint(c: Client, a, out: Output) -> int:
     return 0
 
 
+def _call_summary(t: dict, width: int = 60) -> str:
+    """A tool call as a person reads it: its name and its command or file."""
+    args = t.get("args") if isinstance(t.get("args"), dict) else {}
+    what = next((str(args[k]) for k in ("command", "file_path", "path", "url", "query")
+                 if args.get(k)), "")
+    what = " ".join(what.split())
+    return f"{t['name']}" + (f" {what[:width]}" + ("…" if len(what) > width else "")
+                             if what else "")
+
+
+def cmd_log_path(c: Client, a, out: Output) -> int:
+    from .paths import escape
+    changes = [ch.to_dict() for ch in c.path_history(a.session, escape(a.path),
+                                                     patch=a.patch)]
+
+    def human() -> str:
+        if not changes:
+            return f"(no checkpoint of session {a.session} changed {a.path})"
+        lines = []
+        for ch in changes:
+            cp = ch["checkpoint"]
+            note = cp["label"] or (f"restore of {cp['restored_from']}"
+                                   if cp["kind"] == "restore" else "")
+            lines.append(f"#{cp['seq']:<4} {cp['id']}  {ch['change']:<8} {cp['created_at'][:19]}"
+                         f"  {cp['kind']}{'  ' + note if note else ''}")
+            lines += [f"      by {t['id']}  {_call_summary(t)}" for t in ch["tool_calls"]]
+            if a.patch and ch["patch"]:
+                lines.append(ch["patch"].rstrip("\n"))
+        return "\n".join(lines)
+    out.emit(changes, human)
+    return 0
+
+
+def cmd_cat(c: Client, a, out: Output) -> int:
+    from .paths import escape
+    data = c.read_file(a.checkpoint, escape(a.path))
+    if out.as_json:
+        import base64
+        out.emit({"checkpoint_id": a.checkpoint, "path": a.path, "size": len(data),
+                  "base64": base64.b64encode(data).decode("ascii")}, str)
+    else:
+        sys.stdout.buffer.write(data)
+    return 0
+
+
 def cmd_log(c: Client, a, out: Output) -> int:
+    if a.path:
+        return cmd_log_path(c, a, out)
     cps = [cp.to_dict() for cp in c.log(a.session)]
     if not a.graph:
         out.emit(cps, lambda: _checkpoint_rows(cps))
@@ -202,9 +249,11 @@ def _followed(c: Client, a, call: Callable[[str | None], Any]) -> Any:
 
 
 def cmd_restore(c: Client, a, out: Output) -> int:
+    from .paths import escape
     r = _followed(c, a, lambda op: c.restore(
         a.session, a.checkpoint, acknowledge_side_effects=a.yes, dry_run=a.dry_run,
-        operation_id=op, from_other_session=a.from_other_session)).to_dict()
+        operation_id=op, from_other_session=a.from_other_session,
+        paths=[escape(p) for p in a.path or ()])).to_dict()
 
     def human() -> str:
         verb = "would write" if a.dry_run else "wrote"
@@ -621,6 +670,15 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("session")
     lg.add_argument("--graph", action="store_true",
                     help="newest first, drawing restores and the forks made from each checkpoint")
+    lg.add_argument("--path", metavar="PATH",
+                    help="only the checkpoints that changed PATH (relative to the workspace),"
+                         " newest first, with the tool calls before each; a rename shows as"
+                         " a deletion of the old path and an addition of the new one")
+    lg.add_argument("--patch", action="store_true",
+                    help="with --path: each change as a unified diff")
+    ct = add("cat", cmd_cat, "print a file's bytes as of a checkpoint")
+    ct.add_argument("checkpoint")
+    ct.add_argument("path", help="relative to the workspace")
     add("show", cmd_show, "show a checkpoint with its conversation, state and tasks"
         ).add_argument("checkpoint")
     df = add("diff", cmd_diff, "paths that differ between two checkpoints")
@@ -634,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help="acknowledge non-idempotent side effects the restore cannot undo")
     r.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    r.add_argument("--path", action="append", metavar="PATH",
+                   help="only this path (relative to the workspace; repeatable): the rest"
+                        " of the world, the conversation and the tasks stay as they are")
     r.add_argument("--from-other-session", action="store_true",
                    help="the checkpoint belongs to another session's history: restore it"
                         " here anyway")

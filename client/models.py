@@ -151,6 +151,22 @@ class RestoreResult(_Record):
 
 
 @dataclass
+class PathChange(_Record):
+    """A checkpoint that changed one path: ``change`` is added, modified or deleted;
+    ``tool_calls``, the calls made since the checkpoint before it."""
+
+    checkpoint: Checkpoint
+    change: str
+    tool_calls: list[ToolCall]
+    patch: str = ""
+
+    @classmethod
+    def from_pb(cls, m) -> PathChange:
+        return cls(Checkpoint.from_pb(m.checkpoint), m.change,
+                   [ToolCall.from_pb(t) for t in m.tool_calls], m.patch)
+
+
+@dataclass
 class Diff(_Record):
     added: list[str]
     modified: list[str]
@@ -266,10 +282,12 @@ class Session(_Record):
         return cp
 
     def restore(self, checkpoint_id: str, acknowledge_side_effects: bool = False,
-                dry_run: bool = False, from_other_session: bool = False) -> RestoreResult:
+                dry_run: bool = False, from_other_session: bool = False,
+                paths: list[str] | None = None) -> RestoreResult:
         result = self._client.restore(self.id, checkpoint_id,
                                       acknowledge_side_effects=acknowledge_side_effects,
-                                      dry_run=dry_run, from_other_session=from_other_session)
+                                      dry_run=dry_run, from_other_session=from_other_session,
+                                      paths=paths)
         if result.checkpoint is not None:
             self.head = result.checkpoint.id
         return result

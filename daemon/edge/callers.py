@@ -41,8 +41,9 @@ _RELAYED = re.compile(rf"unix-abstract:{_RELAY}(\d+)-(\d+)-[0-9a-f]+")
 # later is refused to an agent user until it is given a rule.
 _BY_SESSION = {"GetSession", "ResolveSession", "DeleteSession", "CreateCheckpoint",
                "ListCheckpoints", "RecordToolCall", "ListToolCalls", "SetTask", "ListTasks",
-               "RequestApproval", "Restore"}
+               "RequestApproval", "Restore", "PathHistory"}
 _BY_CHECKPOINT = {"GetCheckpoint": ("checkpoint_id",), "Diff": ("from_id", "to_id"),
+                  "ReadFile": ("checkpoint_id",),
                   "Fork": ("checkpoint_id",), "Restore": ("checkpoint_id",)}
 _BY_APPROVAL = {"GetApproval", "WaitApproval", "DecideApproval", "CancelApproval"}
 _OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "CreateSession"}

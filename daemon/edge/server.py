@@ -210,7 +210,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             result = self.world.restore(r.session_id, r.checkpoint_id,
                                         acknowledge=r.acknowledge_side_effects,
                                         dry_run=r.dry_run, expected_head=r.expected_head,
-                                        from_other_session=r.from_other_session)
+                                        from_other_session=r.from_other_session,
+                                        paths=list(r.paths))
         return pb.RestoreResponse(
             checkpoint=checkpoint_pb(result.checkpoint) if result.checkpoint else None,
             restored_from=result.restored_from, files_written=paths_pb(result.files_written),
@@ -221,6 +222,16 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             before=checkpoint_pb(result.before) if result.before else None,
             not_checkpointed=paths_pb(result.not_checkpointed),
             processes=[escape(p) for p in result.processes])
+
+    def PathHistory(self, r, context):
+        return pb.PathHistoryResponse(changes=[
+            pb.PathChange(checkpoint=checkpoint_pb(c.checkpoint), change=c.change,
+                          tool_calls=[tool_call_pb(t) for t in c.tool_calls], patch=c.patch)
+            for c in self.world.path_history(r.session_id, r.path, r.patch)])
+
+    def ReadFile(self, r, context):
+        data, size, kind = self.world.read_file(r.checkpoint_id, r.path, r.offset, r.length)
+        return pb.ReadFileResponse(data=data, size=size, kind=kind)
 
     def Fork(self, r, context):
         with self.progress.run(r.operation_id):
