@@ -47,7 +47,8 @@ _LAZY = {"Client": "_client", "ApprovalDenied": "helpers", "AsyncClient": "helpe
          "guarded": "helpers", "recorded": "helpers", "require_approval": "helpers",
          **{name: "models" for name in (
              "Approval", "AuditEvent", "Checkpoint", "CheckpointDetail", "Diff",
-             "PathChange", "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task", "ToolCall")}}
+             "PathChange", "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task",
+             "ToolCall")}}
 
 
 def __getattr__(name: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from worldline.v1 import worldline_pb2 as pb
@@ -24,6 +25,8 @@ from .models import (
     ToolCall,
 )
 from .transport import open_transport
+
+_FULL_ID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 
 
 def _dumps(value: Any) -> str:
@@ -57,6 +60,32 @@ class Client:
 
     def _call(self, method: str, request, timeout: float | None = None):
         return self._transport.call(method, request, timeout or self.timeout)
+
+    # ids
+    def resolve_id(self, text: str, kind: str = "", session: str | None = None) -> str:
+        """The full id meant by ``text``: a full id, a unique prefix of one (any case),
+        ``SESSION@N`` (checkpoint N of a session), ``HEAD`` or ``HEAD~N`` (of
+        ``session``, default the one whose workspace holds the current folder).
+        ``kind``: session, checkpoint, approval or tool_call (empty: any). An ambiguous
+        prefix is InvalidArgument naming the candidates. A full id is returned as it
+        is, with no call."""
+        if _FULL_ID.match(text or ""):
+            return text
+        if text.strip().upper().startswith("HEAD") and not session:
+            session = self.session_here().id
+        return self._call("ResolveId", pb.ResolveIdRequest(
+            text=text, kind=kind, session_id=session or "")).id
+
+    def session_here(self, folder: str | None = None) -> Session:
+        """The live session whose workspace is ``folder`` (default: the current folder)
+        or holds it; NotFound when none does."""
+        here = os.path.abspath(folder or os.getcwd())
+        found = self.list_sessions(workspace=here)
+        if not found:
+            from .errors import NotFound
+            raise NotFound(f"no session's workspace holds {here}: run it in the workspace,"
+                           " or give --session")
+        return found[0]
 
     # sessions
     def create_session(self, workspace: str, container: str | None = None,

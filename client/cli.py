@@ -129,11 +129,12 @@ def cmd_checkpoint(c: Client, a, out: Output) -> int:
 def _call_summary(t: dict, width: int = 60) -> str:
     """A tool call as a person reads it: its name and its command or file."""
     args = t.get("args") if isinstance(t.get("args"), dict) else {}
-    what = next((str(args[k]) for k in ("command", "file_path", "path", "url", "query")
-                 if args.get(k)), "")
-    what = " ".join(what.split())
-    return f"{t['name']}" + (f" {what[:width]}" + ("…" if len(what) > width else "")
-                             if what else "")
+    key = next((k for k in ("command", "file_path", "path", "url", "query") if args.get(k)),
+               None)
+    what = " ".join(str(args[key]).split()) if key else ""
+    if len(what) > width:  # a command's start, a file's end
+        what = what[:width] + "…" if key == "command" else "…" + what[-width:]
+    return f"{t['name']} {what}".rstrip()
 
 
 def cmd_log_path(c: Client, a, out: Output) -> int:
@@ -406,32 +407,63 @@ def cmd_audit(c: Client, a, out: Output) -> int:
 
 
 def _session_here(c: Client, explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    here = os.getcwd()
-    found = c.list_sessions(workspace=here)
-    if not found:
-        from .errors import NotFound
-        raise NotFound(f"no session's workspace holds {here}: run it in the workspace, or"
-                       " give --session")
-    return found[0].id
+    return explicit or c.session_here().id
 
 
-def _rewind_target(c: Client, session_id: str, steps: int) -> str:
-    """The checkpoint ``steps`` tool calls before the world as it is now: back along the
-    parents, where a restore stands for the checkpoint it restored."""
+# Where a command takes an id (the argument's name, and for `id` the command), the kind
+# of id: each is resolved (Client.resolve_id) before the command runs, so a person may
+# type a unique prefix, SESSION@N, HEAD or HEAD~N wherever an id goes.
+_ID_KINDS = {"session": "session", "checkpoint": "checkpoint", "from_id": "checkpoint",
+             "to_id": "checkpoint", "expected_head": "checkpoint", "approval": "approval"}
+_ID_OF = {"session": "session", "approve": "approval", "deny": "approval",
+          "approvals": "approval"}
+
+
+def _resolve_ids(c: Client, a) -> None:
+    """Every id the command was given, as the full id it names (the session first: HEAD
+    in a checkpoint's place is that session's head, else the current folder's)."""
+    for name in ("session", "checkpoint", "from_id", "to_id", "expected_head", "approval",
+                 "id", "to"):
+        value = getattr(a, name, None)
+        if not isinstance(value, str) or not value:
+            continue
+        kind = (_ID_OF.get(a.command) if name == "id" else "checkpoint"
+                if name == "to" and a.command == "rewind" else _ID_KINDS.get(name))
+        if kind is not None:
+            setattr(a, name, c.resolve_id(value, kind, getattr(a, "session", None)))
+
+
+# Checkpoints that follow no tool call of the agent's: not steps for a rewind.
+_NOT_STEPS = ("stop", "prompt: ", "approval requested: ", "before restore")
+
+
+def _is_step(cp) -> bool:
+    """Whether a checkpoint follows a tool call (a hook's "Tool: command" one, or one an
+    SDK took): not the first, a fork's, a restore, nor a prompt's, a stop's, an
+    approval's or the one a restore takes of the world before it."""
+    return cp.kind == "checkpoint" and not (
+        cp.label == "stop" or cp.label.startswith(_NOT_STEPS[1:]))
+
+
+def _rewind_target(c: Client, session_id: str, steps: int) -> tuple[str, list]:
+    """The checkpoint ``steps`` tool calls before the world as it is now, and the steps
+    it undoes (their checkpoints, newest first): back along the parents, where a
+    restore stands for the checkpoint it restored and a checkpoint that follows no tool
+    call (a prompt, a stop, an approval) is passed over."""
     if steps < 1:
         raise InvalidArgument(f"--steps must be 1 or more (got {steps})")
     log = {cp.id: cp for cp in c.log(session_id)}
-    cp = log[c.get_session(session_id).head]
+    cp, undone = log[c.get_session(session_id).head], []
     for _ in range(steps):
-        while cp.kind == "restore" and cp.restored_from in log:
-            cp = log[cp.restored_from]
-        if cp.parent_id not in log:
-            raise InvalidArgument(f"the session's history holds fewer than {steps} step(s)"
-                                  " back; give --to CHECKPOINT")
+        while cp.kind == "restore" and cp.restored_from in log or (
+                not _is_step(cp) and cp.parent_id in log):
+            cp = log[cp.restored_from] if cp.kind == "restore" else log[cp.parent_id]
+        if not _is_step(cp) or cp.parent_id not in log:
+            raise InvalidArgument(f"the session's history holds fewer than {steps} tool"
+                                  " call(s) to go back over; give --to CHECKPOINT")
+        undone.append(cp)
         cp = log[cp.parent_id]
-    return cp.id
+    return cp.id, undone
 
 
 def resume_hint(resume: dict | None) -> str:
@@ -456,16 +488,29 @@ def resume_hint(resume: dict | None) -> str:
 
 def cmd_rewind(c: Client, a, out: Output) -> int:
     session_id = _session_here(c, a.session)
-    target = a.to or _rewind_target(c, session_id, a.steps)
+    target, undone = (a.to, []) if a.to else _rewind_target(c, session_id, a.steps)
     r = c.restore(session_id, target, acknowledge_side_effects=a.yes,
                   dry_run=a.dry_run).to_dict()
-    resume = c.show(target).resume if not a.dry_run else None
+    shown = c.show(target)
+    resume = shown.resume if not a.dry_run else None
     r["session_id"], r["resume"], r["resume_command"] = session_id, resume, resume_hint(resume)
+    calls = {}
+    for t in c.tool_calls(session_id) if undone else ():
+        calls.setdefault(t.checkpoint_id, []).append(t.to_dict())
+    r["target"] = {"id": shown.id, "seq": shown.seq, "label": shown.label}
+    r["undone"] = [{"checkpoint_id": cp.id, "seq": cp.seq, "label": cp.label,
+                    "tool_calls": calls.get(cp.parent_id, [])} for cp in undone]
 
     def human() -> str:
         verb = "would rewind" if a.dry_run else "rewound"
-        text = (f"{verb} session {session_id} to {target}: {len(r['files_written'])} path(s)"
-                f" written, {len(r['files_removed'])} removed")
+        label = f" ({shown.label})" if shown.label else ""
+        text = (f"{verb} session {session_id} to #{shown.seq} {target}{label}:"
+                f" {len(r['files_written'])} path(s) written, {len(r['files_removed'])}"
+                " removed")
+        for step in r["undone"]:
+            what = "; ".join(f"{_call_summary(t)} ({t['id']})" for t in step["tool_calls"])
+            text += f"\n  undoes #{step['seq']} {what or step['label']}"
+        text += _kept_human(r, a.dry_run)
         for warning in r.get("warnings", []):
             text += f"\nwarning: {warning}"
         if r["resume_command"]:
@@ -679,8 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     ct = add("cat", cmd_cat, "print a file's bytes as of a checkpoint")
     ct.add_argument("checkpoint")
     ct.add_argument("path", help="relative to the workspace")
-    add("show", cmd_show, "show a checkpoint with its conversation, state and tasks"
-        ).add_argument("checkpoint")
+    sw = add("show", cmd_show, "show a checkpoint with its conversation, state and tasks")
+    sw.add_argument("checkpoint")
     df = add("diff", cmd_diff, "paths that differ between two checkpoints")
     df.add_argument("from_id", metavar="FROM")
     df.add_argument("to_id", metavar="TO")
@@ -721,8 +766,11 @@ def build_parser() -> argparse.ArgumentParser:
                         " share them with the fork, or give the fork empty ones")
     _progress_flag(f)
 
-    add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)"
-        ).add_argument("checkpoint")
+    im = add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)")
+    im.add_argument("checkpoint")
+    for parser in (sw, df, im, f, ct):  # the session HEAD and HEAD~N name
+        parser.add_argument("--session", help="the session whose HEAD (HEAD~N) is meant"
+                                              " (default: the current folder's)")
 
     t = add("tool", cmd_tool, "record a tool call")
     t.add_argument("session")
@@ -925,6 +973,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         from ._client import Client
         with Client(getattr(args, "address", None)) as client:
+            _resolve_ids(client, args)
             return args.fn(client, args, out)
     except WorldlineError as exc:
         return _failed(exc, as_json)

@@ -123,14 +123,38 @@ def build(address: str | None = None) -> MCPServer:
     @_tool(server, ToolAnnotations(read_only_hint=False, destructive_hint=True,
                                    idempotent_hint=False, open_world_hint=False))
     def restore(session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
-                dry_run: bool = False) -> dict[str, Any]:
+                dry_run: bool = False, paths: list[str] | None = None) -> dict[str, Any]:
         """Make the session's workspace, container, conversation, state and tasks equal to a
         checkpoint (overwriting the workspace's files; history keeps every version). It
         refuses while non-idempotent side effects happened since the checkpoint, listing
-        them, until they are acknowledged. dry_run reports and changes nothing."""
+        them, until they are acknowledged. dry_run reports and changes nothing. With
+        paths (relative to the workspace), only those are restored: the rest of the
+        world, the conversation and the tasks stay as they are. The world as it was is
+        first kept as a checkpoint of its own ("before" in the answer) when it differs
+        from the head; "not_checkpointed" lists the paths that did."""
         return client.restore(session_id, checkpoint_id,
                               acknowledge_side_effects=acknowledge_side_effects,
-                              dry_run=dry_run).to_dict()
+                              dry_run=dry_run, paths=paths).to_dict()
+
+    @_tool(server, READ)
+    def path_history(session_id: str, path: str, patch: bool = False) -> list[dict[str, Any]]:
+        """The checkpoints that changed one path (relative to the workspace), newest first:
+        each with its change (added, modified, deleted) and the tool calls made before
+        it; with patch, a unified diff of each change. A rename shows as the deletion of
+        one path and the addition of another."""
+        return [c.to_dict() for c in client.path_history(session_id, path, patch=patch)]
+
+    @_tool(server, READ)
+    def read_file(checkpoint_id: str, path: str) -> dict[str, Any]:
+        """A file's content as of a checkpoint (path relative to the workspace): "text"
+        when it is UTF-8, else "base64"."""
+        data = client.read_file(checkpoint_id, path)
+        try:
+            return {"path": path, "size": len(data), "text": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            import base64
+            return {"path": path, "size": len(data),
+                    "base64": base64.b64encode(data).decode("ascii")}
 
     @_tool(server, WRITE)
     def fork(checkpoint_id: str, workspace: str = "") -> dict[str, Any]:

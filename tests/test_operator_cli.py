@@ -294,3 +294,91 @@ def test_hostile_paths_are_refused_and_change_nothing(daemon, client, workspace,
         assert fails(daemon, *args) == "INVALID_ARGUMENT", args
     assert tree_state(workspace) == state and tree_state(outside) == outside_state
     assert daemon.cli_json("log", s.id) == log
+
+
+# -- 3. ids a person can type ----------------------------------------------------------
+def test_prefixes_session_at_n_and_head_resolve_and_ambiguity_is_an_error(daemon, client,
+                                                                           workspace):
+    (workspace / "a.txt").write_text("0\n")
+    s = client.create_session(str(workspace))
+    cps = [s.head]
+    for n in range(1, 4):
+        (workspace / "a.txt").write_text(f"{n}\n")
+        cps.append(s.checkpoint(label=f"cp {n}").id)
+    here = str(workspace)
+
+    def show(ref: str, *extra: str, cwd: str | None = None) -> dict:
+        res = subprocess.run(WORLDLINE + ["show", ref, *extra, "--json", "--address",
+                                          daemon.address], capture_output=True, text=True,
+                             timeout=60, env=daemon.env, cwd=cwd)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    assert show("HEAD", cwd=here)["id"] == cps[3]
+    assert show("head~2", cwd=here)["id"] == cps[1]
+    assert show("HEAD~1", "--session", s.id[:12])["id"] == cps[2]
+    assert show(f"{s.id}@2")["id"] == cps[2]
+    assert show(f"{s.id[:14].lower()}@0")["id"] == cps[0]
+    assert show(cps[1][:20].lower())["id"] == cps[1]  # any case
+    # wherever an id goes: a restore by prefixes, a diff by HEAD forms, cat by SESSION@N
+    r = daemon.cli_json("restore", s.id[:16], cps[1][:20])
+    assert r["restored_from"] == cps[1] and (workspace / "a.txt").read_text() == "1\n"
+    res = subprocess.run(WORLDLINE + ["diff", "HEAD~2", "HEAD", "--json", "--address",
+                                      daemon.address], capture_output=True, text=True,
+                         cwd=here, timeout=60)
+    assert json.loads(res.stdout)["modified"] == ["a.txt"], res.stderr
+    assert daemon.cli("cat", f"{s.id}@3", "a.txt").stdout == "3\n"
+    # the ids of one session's checkpoints share their first characters (time): too
+    # short a prefix is ambiguous, and the error names the candidates
+    common = os.path.commonprefix(cps)
+    res = subprocess.run(WORLDLINE + ["show", common, "--address", daemon.address],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "INVALID_ARGUMENT" in res.stderr
+    assert all(cp in res.stderr for cp in cps)
+    assert fails(daemon, "show", "HEAD~99", "--session", s.id) == "NOT_FOUND"
+    assert fails(daemon, "show", f"{s.id}@99") == "NOT_FOUND"
+    assert fails(daemon, "show", "ZZZZZZZZ") == "NOT_FOUND"
+    assert fails(daemon, "show", "01") == "INVALID_ARGUMENT"  # too short to mean one
+    assert fails(daemon, "show", "HEAD", cwd="/") == "NOT_FOUND"  # no session here
+    assert client.resolve_id(s.id[:15], "session") == s.id
+    # HEAD~N goes back along parents: the restore's parent is the head it replaced
+    assert client.resolve_id("HEAD~1", session=s.id) == cps[3]
+    assert client.resolve_id("HEAD~4", session=s.id) == cps[0]
+
+
+# -- 4. rewind counts tool calls --------------------------------------------------------
+def test_rewind_after_a_stop_undoes_the_last_tool_call(daemon, client, workspace, tmp_path):
+    from .test_hooks import Agent, session_of
+    agent = Agent("claude-code", daemon, workspace, tmp_path)
+    fixture, uses = agent.payload, iter(range(100))  # each call its own tool use id
+    agent.payload = lambda event: fixture(event).replace("toolu_01ABC", f"toolu_{next(uses)}")
+    agent.file.write_text("v1\n")
+    agent.run("start")
+    agent.say("user", "change it")
+    agent.run("prompt")
+    agent.run("pre_edit")
+    agent.file.write_text("v2\n")
+    agent.run("post_edit")
+    agent.file.write_text("v3\n")
+    agent.run("post_edit")
+    agent.say("assistant", "done")
+    agent.run("stop")
+    s = session_of(client, workspace)
+    assert client.log(s.id)[-1].label == "stop"
+
+    def rewind(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(WORLDLINE + ["rewind", "--address", daemon.address, *args],
+                              capture_output=True, text=True, cwd=workspace, timeout=60)
+    res = rewind("--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert agent.file.read_text() == "v2\n"  # the last Write undone, not the stop
+    assert d["target"]["label"] == "Write: app.py"
+    assert [u["label"] for u in d["undone"]] == ["Write: app.py"]
+    assert [t["name"] for t in d["undone"][0]["tool_calls"]] == ["Write"]
+    text = rewind("--dry-run").stdout  # from the restore: v2 -> v1
+    assert "undoes #2 Write " in text and "app.py (" in text, text
+    res = rewind("--steps", "2")
+    assert res.returncode == 1 and "INVALID_ARGUMENT" in res.stderr  # only one call left
+    rewind()
+    assert agent.file.read_text() == "v1\n"

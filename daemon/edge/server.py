@@ -18,7 +18,7 @@ from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .. import fleet, maintenance
+from .. import fleet, maintenance, typed_ids
 from ..gates import Gates
 from ..progress import Progress
 from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
@@ -228,6 +228,14 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             pb.PathChange(checkpoint=checkpoint_pb(c.checkpoint), change=c.change,
                           tool_calls=[tool_call_pb(t) for t in c.tool_calls], patch=c.patch)
             for c in self.world.path_history(r.session_id, r.path, r.patch)])
+
+    def ResolveId(self, r, context):
+        caller = callers.CALLER.get()
+        visible = ((lambda sid: callers.belongs(self.world.session(sid).spec, caller))
+                   if caller is not None else (lambda _: True))
+        found, kind = typed_ids.resolve(self.world.store, r.text, r.kind, r.session_id,
+                                        visible)
+        return pb.ResolveIdResponse(id=found, kind=kind)
 
     def ReadFile(self, r, context):
         data, size, kind = self.world.read_file(r.checkpoint_id, r.path, r.offset, r.length)
