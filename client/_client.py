@@ -269,6 +269,12 @@ class Client:
     # approvals
     def request_approval(self, session_id: str, tool: str, args: dict | None = None,
                          ttl: float | None = None, args_json: str | None = None) -> Approval:
+        """``ttl``: seconds before it expires (None: the daemon's default, an hour); 0 or
+        less is InvalidArgument (it never meant "no expiry")."""
+        if ttl is not None and ttl <= 0:
+            from .errors import InvalidArgument
+            raise InvalidArgument(f"ttl must be more than 0 seconds (got {ttl:g}); leave it"
+                                  " out for the default of an hour")
         return Approval.from_pb(self._call("RequestApproval", pb.RequestApprovalRequest(
             session_id=session_id, tool=tool,
             args_json=args_json if args_json is not None else _dumps(args),

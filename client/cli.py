@@ -27,14 +27,24 @@ class Output:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
 
-    def emit(self, document: Any, human: Callable[[], str]) -> None:
+    def emit(self, document: Any, human: Callable[[], str], paged: bool = False) -> None:
+        """``paged``: a text longer than the terminal goes through the pager ($PAGER,
+        else less) when stdout is a terminal."""
         if self.as_json:
             json.dump(document, sys.stdout, ensure_ascii=False, indent=2)
             sys.stdout.write("\n")
         else:
             text = human()
-            if text:
+            if paged and sys.stdout.isatty() and text.count("\n") > _rows():
+                import pydoc
+                pydoc.pager(text)
+            elif text:
                 print(text)
+
+
+def _rows() -> int:
+    import shutil
+    return shutil.get_terminal_size().lines - 2
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
@@ -67,10 +77,11 @@ def _session_human(s: dict) -> str:
                + [k for k in ("host", "released_to", "needs_attention") if s.get(k)])
 
 
-def _checkpoint_rows(cps: list[dict]) -> str:
-    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else ""),
-                    c["created_at"][:19], c["label"]]
-                   for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
+def _calls_cell(calls: list[dict]) -> str:
+    """The tool calls before a checkpoint, in one cell: how many, and the first."""
+    if not calls:
+        return "-"
+    return f"{len(calls)}: {_call_summary(calls[0], 30)}" + (" …" if len(calls) > 1 else "")
 
 
 def _effects_human(effects: list[dict]) -> str:
@@ -177,7 +188,18 @@ def cmd_log(c: Client, a, out: Output) -> int:
         return cmd_log_path(c, a, out)
     cps = [cp.to_dict() for cp in c.log(a.session)]
     if not a.graph:
-        out.emit(cps, lambda: _checkpoint_rows(cps))
+        def rows() -> str:  # each checkpoint with the tool calls made before it
+            calls: dict[str, list[dict]] = {}
+            for t in c.tool_calls(a.session):
+                calls.setdefault(t.checkpoint_id, []).append(t.to_dict())
+            return _table([[cp["seq"], cp["id"], cp["kind"] + (" [pruned]" if cp["pruned"]
+                                                                 else ""),
+                            cp["created_at"][:19], f"+{cp['messages_added']}",
+                            _calls_cell(calls.get(cp["parent_id"] or "", [])
+                                        if cp["kind"] == "checkpoint" else []),
+                            cp["label"]] for cp in cps],
+                          ["SEQ", "ID", "KIND", "CREATED", "MSGS", "CALLS", "LABEL"])
+        out.emit(cps, rows)
         return 0
     seq_of = {cp["id"]: cp["seq"] for cp in cps}
     forks: dict[str, list[dict]] = {}
@@ -263,16 +285,22 @@ def cmd_restore(c: Client, a, out: Output) -> int:
                                     f" {r['checkpoint']['id']}\n"
         text = f"{head}{verb} {len(r['files_written'])} path(s), {gone}" \
                f" {len(r['files_removed'])}"
+        if a.dry_run:  # the paths themselves, as `diff` shows them
+            text += "".join(f"\n  W {p}" for p in r["files_written"])
+            text += "".join(f"\n  D {p}" for p in r["files_removed"])
         box = r.get("container")
         if box is not None:
             text += f"\ncontainer: {verb} {len(box['files_written'])} path(s), {gone}" \
                     f" {len(box['files_removed'])}"
+            if a.dry_run:
+                text += "".join(f"\n  W container:{p}" for p in box["files_written"])
+                text += "".join(f"\n  D container:{p}" for p in box["files_removed"])
         text += _kept_human(r, a.dry_run)
         for warning in r.get("warnings", []):
             text += f"\nwarning: {warning}"
         effects = _effects_human(r["side_effects"])
         return text + ("\n" + effects if effects else "")
-    out.emit(r, human)
+    out.emit(r, human, paged=a.dry_run)
     return 0
 
 
@@ -330,8 +358,17 @@ def cmd_tool(c: Client, a, out: Output) -> int:
 
 def cmd_tools(c: Client, a, out: Output) -> int:
     calls = [t.to_dict() for t in c.tool_calls(a.session)]
-    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"], t["created_at"][:19]]
-                                    for t in calls], ["ID", "TOOL", "EFFECT", "AT"]))
+
+    def human() -> str:
+        log = c.log(a.session)
+        seq = {cp.id: cp.seq for cp in log}
+        made = {cp.parent_id: cp.seq for cp in log if cp.kind == "checkpoint"}
+        return _table([[t["id"], _call_summary(t, 50), t["effect"],
+                        f"#{seq.get(t['checkpoint_id'], '?')}",
+                        f"#{made[t['checkpoint_id']]}" if t["checkpoint_id"] in made else "-",
+                        t["created_at"][:19]] for t in calls],
+                      ["ID", "CALL", "EFFECT", "AFTER", "CHECKPOINT", "AT"])
+    out.emit(calls, human)
     return 0
 
 
@@ -355,6 +392,15 @@ def _approval_human(ap: dict) -> str:
     return _kv(ap, ["id", "status", "tool", "checkpoint_id", "reason", "expires_at"])
 
 
+def _approval_full(ap: dict) -> str:
+    """An approval as a person decides on it: what the call would do, whose, until when."""
+    return (_kv(ap, ["id", "status", "session_id", "tool", "checkpoint_id", "created_at",
+                     "expires_at", "decided_at", "reason"])
+            + "\nargs: " + json.dumps(ap["args"], ensure_ascii=False, indent=2)
+            + (f"\ndecide: worldline approve {ap['id']}   or: worldline deny {ap['id']}"
+               " --reason R" if ap["status"] == "pending" else ""))
+
+
 def cmd_approval(c: Client, a, out: Output) -> int:
     ap = c.request_approval(a.session, a.tool, args_json=a.args or "", ttl=a.ttl)
     if a.wait is not None:
@@ -370,6 +416,10 @@ def cmd_approval(c: Client, a, out: Output) -> int:
 
 
 def cmd_approvals(c: Client, a, out: Output) -> int:
+    if a.approvals_cmd == "show":
+        d = c.get_approval(a.id).to_dict()
+        out.emit(d, lambda: _approval_full(d))
+        return 0
     if a.approvals_cmd == "cancel":
         d = c.cancel_approval(a.id, reason=a.reason or "").to_dict()
         out.emit(d, lambda: f"approval {d['id']}: {d['status']} ({d['reason']})")
@@ -806,6 +856,9 @@ def build_parser() -> argparse.ArgumentParser:
     all_ = als.add_parser("list", parents=[common], help="list approvals")
     all_.add_argument("--session")
     all_.add_argument("--status")
+    alw = als.add_parser("show", parents=[common],
+                         help="one approval: the call's arguments, its checkpoint, expiry")
+    alw.add_argument("id")
     alc = als.add_parser("cancel", parents=[common],
                          help="withdraw a pending approval you requested")
     alc.add_argument("id")

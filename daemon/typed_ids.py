@@ -30,7 +30,8 @@ MIN_PREFIX = 4
 SHOWN = 10
 _HEAD = re.compile(r"^HEAD(?:~(\d+))?$", re.IGNORECASE)
 _AT = re.compile(r"^([0-9A-Za-z]+)@(\d+)$")
-_PREFIX = re.compile(r"^[0-9A-Za-z]+$")
+# a ULID's start: its first character is 0-7 (its time), the rest of its alphabet
+_PREFIX = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{0,25}$", re.IGNORECASE)
 
 
 def resolve(store: Store, text: str, kind: str = "", session_id: str = "",

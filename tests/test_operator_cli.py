@@ -337,7 +337,8 @@ def test_prefixes_session_at_n_and_head_resolve_and_ambiguity_is_an_error(daemon
     assert all(cp in res.stderr for cp in cps)
     assert fails(daemon, "show", "HEAD~99", "--session", s.id) == "NOT_FOUND"
     assert fails(daemon, "show", f"{s.id}@99") == "NOT_FOUND"
-    assert fails(daemon, "show", "ZZZZZZZZ") == "NOT_FOUND"
+    assert fails(daemon, "show", "7ZZZZZZZ") == "NOT_FOUND"
+    assert fails(daemon, "show", "nope") == "INVALID_ARGUMENT"  # no id starts so
     assert fails(daemon, "show", "01") == "INVALID_ARGUMENT"  # too short to mean one
     assert fails(daemon, "show", "HEAD", cwd="/") == "NOT_FOUND"  # no session here
     assert client.resolve_id(s.id[:15], "session") == s.id
@@ -382,3 +383,71 @@ def test_rewind_after_a_stop_undoes_the_last_tool_call(daemon, client, workspace
     assert res.returncode == 1 and "INVALID_ARGUMENT" in res.stderr  # only one call left
     rewind()
     assert agent.file.read_text() == "v1\n"
+
+
+def test_mcp_has_the_same_history_recovery_and_ids(daemon, client, workspace):
+    import anyio
+
+    from .test_mcp import mcp_session
+    (workspace / "a.txt").write_text("a1\n")
+    (workspace / "b.txt").write_text("b1\n")
+    s = client.create_session(str(workspace))
+    first = s.head
+    (workspace / "a.txt").write_text("a2\n")
+    (workspace / "b.txt").write_text("b2\n")
+    s.checkpoint(label="both")
+    (workspace / "c.txt").write_text("not checkpointed\n")
+
+    async def scenario():
+        async with mcp_session(daemon) as session:
+            await session.initialize()
+
+            async def call(name, **args):
+                result = await session.call_tool(name, args)
+                assert not result.is_error, result.content
+                return result.structured_content
+
+            history = (await call("path_history", session_id=s.id[:16], path="a.txt"))
+            assert [c["change"] for c in history["result"]] == ["modified", "added"]
+            got = await call("read_file", checkpoint_id=f"{s.id}@0", path="a.txt")
+            assert got["text"] == "a1\n"
+            r = await call("restore", session_id=s.id[:16], checkpoint_id="HEAD~1",
+                           paths=["a.txt"])
+            assert r["restored_from"] == first and r["files_written"] == ["a.txt"]
+            assert r["before"]["label"] == "before restore"
+            assert r["not_checkpointed"] == ["c.txt"]
+            bad = await session.call_tool("read_file", {"checkpoint_id": first,
+                                                        "path": "../etc/passwd"})
+            assert bad.is_error and "INVALID_ARGUMENT" in bad.content[0].text
+            bad = await session.call_tool("log", {"session_id": s.id[:3]})
+            assert bad.is_error and "INVALID_ARGUMENT" in bad.content[0].text  # too short
+
+    anyio.run(scenario)
+    assert (workspace / "a.txt").read_text() == "a1\n"
+    assert (workspace / "b.txt").read_text() == "b2\n"
+    assert (workspace / "c.txt").read_text() == "not checkpointed\n"
+
+
+# -- 5. plain text that answers ---------------------------------------------------------
+def test_plain_text_says_what_a_person_needs(daemon, client, workspace):
+    (workspace / "a.txt").write_text("1\n")
+    s = client.create_session(str(workspace))
+    first = s.head
+    call = s.record_tool_call("Bash", args={"command": "npm test -- --watch=false"})
+    (workspace / "b.txt").write_text("new\n")
+    (workspace / "a.txt").unlink()
+    made = s.checkpoint(label="Bash: npm test")
+    tools = daemon.cli("tools", s.id).stdout
+    assert call.id in tools and "npm test -- --watch=false" in tools and "#1" in tools
+    log = daemon.cli("log", s.id).stdout
+    assert "1: Bash npm test" in log and made.id in log
+    dry = daemon.cli("restore", s.id, first, "--dry-run").stdout
+    assert "  W a.txt" in dry and "  D b.txt" in dry
+    assert fails(daemon, "approval", "request", s.id, "deploy", "--ttl", "0") == \
+        "INVALID_ARGUMENT"
+    ap = daemon.cli_json("approval", "request", s.id, "deploy", "--args", '{"env": "prod"}')
+    shown = daemon.cli("approvals", "show", ap["id"][:22]).stdout
+    assert '"env": "prod"' in shown and "expires_at: " in shown and ap["id"] in shown
+    assert daemon.cli_json("approvals", "show", ap["id"])["args"] == {"env": "prod"}
+    daemon.cli("deny", ap["id"][:22], "--reason", "not now")
+    assert client.get_approval(ap["id"]).status == "denied"
