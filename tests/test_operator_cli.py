@@ -451,3 +451,25 @@ def test_plain_text_says_what_a_person_needs(daemon, client, workspace):
     assert daemon.cli_json("approvals", "show", ap["id"])["args"] == {"env": "prod"}
     daemon.cli("deny", ap["id"][:22], "--reason", "not now")
     assert client.get_approval(ap["id"]).status == "denied"
+
+
+def test_a_world_past_a_limit_is_restored_and_the_restore_says_it_was_not_kept(tmp_path):
+    """The world as it was could not be stored (past --max-entries): the restore goes on,
+    as before 0.8, and its warnings say that world was not kept; a restore of some paths,
+    which keeps the rest of that world in its own checkpoint, is refused instead."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    d = DaemonProcess(tmp_path / "r", extra=["--max-entries", "20"]).start()
+    try:
+        sid = session_on(d, ws)
+        first = d.cli_json("session", "show", sid)["head"]
+        for n in range(30):
+            (ws / f"f{n}.txt").write_text(f"{n}\n")
+        assert fails(d, "restore", sid, first, "--path", "a.txt") == "RESOURCE_EXHAUSTED"
+        r = d.cli_json("restore", sid, first)
+        assert r["before"] is None and len(r["not_checkpointed"]) == 30
+        assert any("not checkpointed" in w for w in r["warnings"]), r["warnings"]
+        assert sorted(os.listdir(ws)) == ["a.txt"]
+    finally:
+        d.stop()
