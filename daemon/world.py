@@ -802,7 +802,8 @@ class World:
             cp = self.store.append_checkpoint(cp, [], entry["head"], tasks, events)
             self.journal.remove(session_id)
         return replace(self._result(cp, target, plans, effects, warnings), before=before,
-                       not_checkpointed=self._not_checkpointed(head, plans),
+                       not_checkpointed=self._not_checkpointed(
+                           head, plans[:1] if revived else plans),  # a new layer: nothing
                        processes=processes)
 
     def _processes(self, session: Session) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 
 from .conftest import WORLDLINE, DaemonProcess, tree_state
 from .fidelity import AGENT_UID, as_agent
+from .test_agent_users import place  # noqa: F401 -- a fixture
 
 
 def fails(daemon, *args: str, cwd: str | None = None) -> str:
@@ -473,3 +474,66 @@ def test_a_world_past_a_limit_is_restored_and_the_restore_says_it_was_not_kept(t
         assert sorted(os.listdir(ws)) == ["a.txt"]
     finally:
         d.stop()
+
+
+def test_a_restore_of_some_paths_killed_midway_is_completed_as_planned(tmp_path):
+    """Killed once its journal is written: the next start completes the restore of those
+    paths only (the journal names the tree made of the world and them), the third edit
+    and the rest of the world as they were."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text(f"{name} 1\n")
+    d = DaemonProcess(tmp_path / "r", env={"WORLDLINE_FAULTS": "restore.after_journal"})
+    d.start()
+    sid = session_on(d, ws)
+    first = d.cli_json("session", "show", sid)["head"]
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text(f"{name} 2\n")
+    checkpoint(d, sid)
+    (ws / "c.txt").write_text("c.txt 3, not checkpointed\n")
+    assert d.cli("restore", sid, first, "--path", "a.txt", check=False).returncode != 0
+    assert d.proc.wait(15) == -signal.SIGKILL
+    d.proc = None
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()
+    try:
+        assert (ws / "a.txt").read_text() == "a.txt 1\n"
+        assert (ws / "b.txt").read_text() == "b.txt 2\n"
+        assert (ws / "c.txt").read_text() == "c.txt 3, not checkpointed\n"
+        log = d.cli_json("log", sid)
+        assert [c["label"] for c in log[-2:]] == ["before restore",
+                                                  f"restore of a.txt from {first}"]
+        assert d.cli_json("restore", sid, log[-1]["id"], "--dry-run")["files_written"] == []
+        assert d.cli_json("fsck")["ok"]
+    finally:
+        d.stop()
+
+
+def _agent_resolves(address: str, ws: str, other: str) -> dict:
+    """As uid 1000: its own session's prefix resolves; the owner's session is not there
+    for it, by prefix or as the session of a HEAD."""
+    from worldline.client import Client
+    with Client(address) as c:
+        mine = c.create_session(ws)
+        out = {"own": c.resolve_id(mine.id[:20].lower(), "session") == mine.id,
+               "own head": c.resolve_id("HEAD", session=mine.id[:20]) == mine.head}
+        for what, call in (("other", lambda: c.resolve_id(other[:20], "session")),
+                           ("other head", lambda: c.resolve_id("HEAD", session=other[:20]))):
+            try:
+                call()
+                out[what] = "ok"
+            except Exception as exc:  # noqa: BLE001 -- the name is compared
+                out[what] = type(exc).__name__
+        return out
+
+
+def test_an_allowed_user_resolves_only_its_own_ids(place):  # noqa: F811 -- the fixture
+    from .fidelity import in_fresh_child_as
+    d, home, canary = place
+    with d.client() as owner:
+        theirs = owner.create_session(str(canary))
+    got = in_fresh_child_as(AGENT_UID, _agent_resolves, d.address, str(home / "ws"),
+                            theirs.id)
+    assert got == {"own": True, "own head": True, "other": "NotFound",
+                   "other head": "NotFound"}, got
