@@ -233,9 +233,25 @@ def cmd_show(c: Client, a, out: Output) -> int:
     d = c.show(a.checkpoint).to_dict()
     out.emit(d, lambda: _kv(d, ["id", "session_id", "seq", "kind", "parent_id", "label",
                                 "reasoning", "created_at", "tree", "bytes", "message_count"])
-             + f"\nmessages: {len(d['messages'])}\ntasks: {len(d['tasks'])}"
-             + f"\nstate: {json.dumps(d['state'])[:200]}")
+             + f"\ntasks: {len(d['tasks'])}"
+             + "".join(f"\n  [{t['status']}] {t['id']} {t['title']}" for t in d["tasks"])
+             + f"\nstate: {json.dumps(d['state'])[:200]}"
+             + f"\nconversation ({len(d['messages'])} message(s)):"
+             + "".join(f"\n{_message_human(m)}" for m in d["messages"]), paged=True)
     return 0
+
+
+def _message_human(m: Any) -> str:
+    """One message of a conversation as a person reads it: who, then what (long ones
+    cut at 2,000 characters, saying so)."""
+    if not isinstance(m, dict):
+        return f"  {json.dumps(m, ensure_ascii=False)[:2000]}"
+    content = m.get("content", m.get("text", ""))
+    if not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    cut = f" … ({len(content)} characters)" if len(content) > 2000 else ""
+    body = "\n    ".join(content[:2000].splitlines() or [""])
+    return f"  {m.get('role', '?')}: {body}{cut}"
 
 
 def cmd_diff(c: Client, a, out: Output) -> int:
@@ -426,8 +442,11 @@ def cmd_approvals(c: Client, a, out: Output) -> int:
         return 0
     aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
     out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
-                                   x["created_at"][:19]] for x in aps],
-                                 ["ID", "STATUS", "SESSION", "TOOL", "REQUESTED"]))
+                                   json.dumps(x["args"], ensure_ascii=False)[:50]
+                                   if x["args"] else "-",
+                                   x["created_at"][:19], x["expires_at"][:19]] for x in aps],
+                                 ["ID", "STATUS", "SESSION", "TOOL", "ARGS", "REQUESTED",
+                                  "EXPIRES"]))
     return 0
 
 
@@ -451,8 +470,10 @@ def cmd_audit(c: Client, a, out: Output) -> int:
         return 0 if d["ok"] else EXIT_ERROR
     events = [e.to_dict() for e in c.audit(a.session, a.kind, a.limit)]
     out.emit(events, lambda: _table([[e["seq"], e["created_at"][:19], e["kind"],
-                                      e["session_id"] or "", e["subject_id"]] for e in events],
-                                    ["SEQ", "AT", "KIND", "SESSION", "SUBJECT"]))
+                                      e["session_id"] or "", e["subject_id"],
+                                      json.dumps(e["detail"], ensure_ascii=False,
+                                                 sort_keys=True)] for e in events],
+                                    ["SEQ", "AT", "KIND", "SESSION", "SUBJECT", "DETAIL"]))
     return 0
 
 

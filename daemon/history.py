@@ -125,6 +125,24 @@ def changes_of(reader: TreeReader, path: str, chain: list[Checkpoint],
     return out
 
 
+def metadata_change(path: str, old: Entry | None, new: Entry | None) -> str:
+    """A patch's lines for what changed of a path besides its bytes (git's way: "old
+    mode"/"new mode"), "" when nothing did or it was added or deleted."""
+    if old is None or new is None:
+        return ""
+    lines = []
+    if old.kind != new.kind:
+        lines.append(f"kind {old.kind} -> {new.kind}")
+    if old.mode != new.mode:
+        lines += [f"old mode {old.mode:o}", f"new mode {new.mode:o}"]
+    if (old.uid, old.gid) != (new.uid, new.gid) and old.has_meta and new.has_meta:
+        lines.append(f"owner {old.uid}:{old.gid} -> {new.uid}:{new.gid}")
+    if old.extras().get("x") != new.extras().get("x"):
+        lines.append("extended attributes changed")
+    return "".join(f"{line}\n" for line in
+                   ([f"metadata of {path}:"] + lines if lines else []))
+
+
 def read_entry(blobs: BlobStore, entry: Entry, path: str, offset: int, length: int
                ) -> tuple[bytes, int]:
     """(bytes from ``offset``, at most ``length`` or READ_LIMIT; the whole size) of a

@@ -1574,6 +1574,11 @@ class World:
 
     def _patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
         path = escape(path)
+        return history.metadata_change(path, old, new) + self._text_patch(path, old, new)
+
+    def _text_patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
+        if old is not None and new is not None and (old.kind, old.ref) == (new.kind, new.ref):
+            return ""  # the same bytes: what changed is said by metadata_change
         texts = []
         for entry in (old, new):
             if entry is None or entry.kind != FILE:

@@ -537,3 +537,22 @@ def test_an_allowed_user_resolves_only_its_own_ids(place):  # noqa: F811 -- the 
                             theirs.id)
     assert got == {"own": True, "own head": True, "other": "NotFound",
                    "other head": "NotFound"}, got
+
+
+def test_show_diff_approvals_and_audit_say_what_they_hold(daemon, client, workspace):
+    (workspace / "run.sh").write_text("echo hi\n")
+    s = client.create_session(str(workspace))
+    first = s.head
+    os.chmod(workspace / "run.sh", 0o755)  # a chmod alone
+    cp = s.checkpoint(messages=[{"role": "user", "content": "make it executable"},
+                                {"role": "assistant", "content": "done:\nchmod +x run.sh"}])
+    patch = daemon.cli("diff", first, cp.id, "--patch").stdout
+    assert "metadata of run.sh" in patch and "new mode" in patch and "755" in patch
+    shown = daemon.cli("show", cp.id).stdout
+    assert "user: make it executable" in shown and "chmod +x run.sh" in shown
+    ap = daemon.cli_json("approval", "request", s.id, "deploy", "--args", '{"env": "prod"}',
+                         "--ttl", "60")
+    listed = daemon.cli("approvals", "list", "--session", s.id).stdout
+    assert '{"env": "prod"}' in listed and ap["expires_at"][:19] in listed
+    audit = daemon.cli("audit", "--session", s.id, "--kind", "checkpoint").stdout
+    assert f'"tree": "{cp.tree}"' in audit
