@@ -619,9 +619,13 @@ def cmd_gc(c: Client, a, out: Output) -> int:
         keep_newer_than=keep_newer_than, operation_id=op))
     prune, remove, free = (("would prune", "would remove", "would free") if a.dry_run
                            else ("pruned", "removed", "freed"))
+    why = ("\nno space is freed yet: gc never removes a blob stored or reused within the"
+           " daemon's grace period (--gc-grace, default 600 s), so what the pruned"
+           " checkpoints alone held is freed by a gc after that"
+           if d["checkpoints_pruned"] and not d["bytes_freed"] else "")
     out.emit(d, lambda: f"{prune} {d['checkpoints_pruned']} checkpoint(s); {remove}"
              f" {d['blobs_removed']} blob(s), {d['images_removed']} image(s) and"
-             f" {d['views_removed']} fork view(s); {free} {d['bytes_freed']} bytes")
+             f" {d['views_removed']} fork view(s); {free} {d['bytes_freed']} bytes{why}")
     return 0
 
 

@@ -556,3 +556,14 @@ def test_show_diff_approvals_and_audit_say_what_they_hold(daemon, client, worksp
     assert '{"env": "prod"}' in listed and ap["expires_at"][:19] in listed
     audit = daemon.cli("audit", "--session", s.id, "--kind", "checkpoint").stdout
     assert f'"tree": "{cp.tree}"' in audit
+
+
+def test_gc_says_why_pruned_checkpoints_free_nothing_yet(fresh_daemon, workspace):
+    d = fresh_daemon.start()
+    sid = session_on(d, workspace)
+    for n in range(3):
+        (workspace / "f.txt").write_text(f"{n}\n" * 1000)
+        checkpoint(d, sid)
+    doc = d.cli_json("gc", "--keep-last", "1", "--dry-run")
+    assert doc["checkpoints_pruned"] >= 2 and doc["bytes_freed"] == 0
+    assert "--gc-grace" in d.cli("gc", "--keep-last", "1", "--dry-run").stdout
