@@ -16,6 +16,7 @@ import pytest
 from .conftest import WORLDLINE, DaemonProcess, tree_state
 from .fidelity import AGENT_UID, as_agent
 from .test_agent_users import place  # noqa: F401 -- a fixture
+from .test_fleet import fleet  # noqa: F401 -- a fixture
 
 
 def fails(daemon, *args: str, cwd: str | None = None) -> str:
@@ -567,3 +568,21 @@ def test_gc_says_why_pruned_checkpoints_free_nothing_yet(fresh_daemon, workspace
     doc = d.cli_json("gc", "--keep-last", "1", "--dry-run")
     assert doc["checkpoints_pruned"] >= 2 and doc["bytes_freed"] == 0
     assert "--gc-grace" in d.cli("gc", "--keep-last", "1", "--dry-run").stdout
+
+
+def test_a_fleets_restore_keeps_the_world_before_it_in_the_bucket(fleet, tmp_path):  # noqa: F811
+    """On PostgreSQL and S3 the checkpoint of the world before a restore is committed
+    with its objects indexed, like any other: another host reads it back exactly."""
+    a, b = fleet.host("a"), fleet.host("b")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("one\n")
+    sid = session_on(a, ws)
+    first = a.cli_json("session", "show", sid)["head"]
+    (ws / "f.txt").write_text("two, not checkpointed\n" * 500)
+    r = a.cli_json("restore", sid, first)
+    assert r["not_checkpointed"] == ["f.txt"]
+    assert b.cli("cat", r["before"]["id"], "f.txt").stdout == "two, not checkpointed\n" * 500
+    assert b.cli_json("fsck")["ok"]
+    a.cli("restore", sid, r["before"]["id"][:20])
+    assert (ws / "f.txt").read_text() == "two, not checkpointed\n" * 500
