@@ -81,18 +81,14 @@ def resolve(store: Store, text: str, kind: str = "", session_id: str = "",
 
 def _candidates(store: Store, prefix: str, kind: str, visible: Callable[[str], bool]):
     """(kind, id) of everything whose id starts with ``prefix``."""
-    if kind in ("", "session"):
-        yield from (("session", s.id) for s in store.list_sessions()
-                    if s.id.startswith(prefix) and visible(s.id))
-    if kind in ("", "checkpoint"):
-        yield from (("checkpoint", c.id) for c in store.list_checkpoints()
-                    if c.id.startswith(prefix) and visible(c.session_id))
-    if kind in ("", "approval"):
-        yield from (("approval", a.id) for a in store.list_approvals()
-                    if a.id.startswith(prefix) and visible(a.session_id))
-    if kind in ("", "tool_call"):
-        yield from (("tool_call", t.id) for t in store.list_tool_calls()
-                    if t.id.startswith(prefix) and visible(t.session_id))
+    lists = {"session": (store.list_sessions, lambda s: s.id),
+             "checkpoint": (store.list_checkpoints, lambda c: c.session_id),
+             "approval": (store.list_approvals, lambda a: a.session_id),
+             "tool_call": (store.list_tool_calls, lambda t: t.session_id)}
+    for name, (listed, session_of) in lists.items():
+        if kind in ("", name):
+            yield from ((name, x.id) for x in listed()
+                        if x.id.startswith(prefix) and visible(session_of(x)))
 
 
 def _back(store: Store, checkpoint_id: str, steps: int, text: str) -> str:
