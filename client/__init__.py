@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         Checkpoint,
         CheckpointDetail,
         Diff,
+        PathChange,
         PolicyDecision,
         RestoreResult,
         Session,
@@ -49,7 +50,8 @@ _LAZY = {"Client": "_client", "ApprovalDenied": "helpers", "AsyncClient": "helpe
          "StateVersionTooNew": "migrations",
          **{name: "models" for name in (
              "Approval", "AuditEvent", "Checkpoint", "CheckpointDetail", "Diff",
-             "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task", "ToolCall")}}
+             "PathChange", "PolicyDecision", "RestoreResult", "Session", "SideEffect", "Task",
+             "ToolCall")}}
 
 
 def __getattr__(name: str):
@@ -82,6 +84,7 @@ __all__ = [
     "Internal",
     "InvalidArgument",
     "NotFound",
+    "PathChange",
     "PermissionDenied",
     "PolicyDecision",
     "ResourceExhausted",

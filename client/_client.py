@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from worldline.v1 import worldline_pb2 as pb
@@ -16,6 +17,7 @@ from .models import (
     Checkpoint,
     CheckpointDetail,
     Diff,
+    PathChange,
     PolicyDecision,
     RestoreResult,
     Session,
@@ -26,6 +28,7 @@ from .models import (
 from .transport import open_transport
 
 Migrations = StateMigrations | dict[int, Migration] | None
+_FULL_ID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 
 
 def _dumps(value: Any) -> str:
@@ -73,6 +76,32 @@ class Client:
 
     def _call(self, method: str, request, timeout: float | None = None):
         return self._transport.call(method, request, timeout or self.timeout)
+
+    # ids
+    def resolve_id(self, text: str, kind: str = "", session: str | None = None) -> str:
+        """The full id meant by ``text``: a full id, a unique prefix of one (any case),
+        ``SESSION@N`` (checkpoint N of a session), ``HEAD`` or ``HEAD~N`` (of
+        ``session``, default the one whose workspace holds the current folder).
+        ``kind``: session, checkpoint, approval or tool_call (empty: any). An ambiguous
+        prefix is InvalidArgument naming the candidates. A full id is returned as it
+        is, with no call."""
+        if _FULL_ID.match(text or ""):
+            return text
+        if text.strip().upper().startswith("HEAD") and not session:
+            session = self.session_here().id
+        return self._call("ResolveId", pb.ResolveIdRequest(
+            text=text, kind=kind, session_id=session or "")).id
+
+    def session_here(self, folder: str | None = None) -> Session:
+        """The live session whose workspace is ``folder`` (default: the current folder)
+        or holds it; NotFound when none does."""
+        here = os.path.abspath(folder or os.getcwd())
+        found = self.list_sessions(workspace=here)
+        if not found:
+            from .errors import NotFound
+            raise NotFound(f"no session's workspace holds {here}: run it in the workspace,"
+                           " or give --session")
+        return found[0]
 
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
@@ -170,10 +199,14 @@ class Client:
     def restore(self, session_id: str, checkpoint_id: str, acknowledge_side_effects: bool = False,
                 dry_run: bool = False, expected_head: str | None = None,
                 operation_id: str | None = None,
-                from_other_session: bool = False) -> RestoreResult:
+                from_other_session: bool = False,
+                paths: list[str] | None = None) -> RestoreResult:
         """With ``operation_id``, ``progress(operation_id)`` follows it from another thread.
         A checkpoint of another session's history restores only with
-        ``from_other_session``.
+        ``from_other_session``. ``paths``: only those workspace-relative paths (the rest
+        of the world, the conversation and the tasks stay as they are). Either way the
+        world as it was is kept first as a checkpoint (``RestoreResult.before``) when
+        it differs from the head.
 
         With migrations, the checkpoint's state is read and upgraded first (a state
         this client cannot read restores nothing: StateMigrationError), and the
@@ -183,9 +216,30 @@ class Client:
             session_id=session_id, checkpoint_id=checkpoint_id,
             acknowledge_side_effects=acknowledge_side_effects, dry_run=dry_run,
             expected_head=expected_head or "", operation_id=operation_id or "",
-            from_other_session=from_other_session)))
+            from_other_session=from_other_session, paths=list(paths or ()))))
         result.state = state
         return result
+
+    def path_history(self, session_id: str, path: str, patch: bool = False
+                     ) -> list[PathChange]:
+        """The checkpoints of the session's history that changed ``path`` (relative to
+        the workspace), newest first, each with the tool calls made since the one
+        before it. A rename shows as the deletion of one path and the addition of
+        another."""
+        return [PathChange.from_pb(c) for c in self._call("PathHistory", pb.PathHistoryRequest(
+            session_id=session_id, path=path, patch=patch)).changes]
+
+    def read_file(self, checkpoint_id: str, path: str) -> bytes:
+        """The bytes of the file at ``path`` as of the checkpoint (a symlink: its
+        target), read in slices of at most 32 MiB."""
+        out, offset = bytearray(), 0
+        while True:
+            m = self._call("ReadFile", pb.ReadFileRequest(checkpoint_id=checkpoint_id,
+                                                          path=path, offset=offset))
+            out += m.data
+            offset += len(m.data)
+            if offset >= m.size or not m.data:
+                return bytes(out)
 
     def resolve_session(self, session_id: str, complete: bool) -> Session:
         """An operator's decision on a session that needs attention: complete the
@@ -263,6 +317,12 @@ class Client:
     # approvals
     def request_approval(self, session_id: str, tool: str, args: dict | None = None,
                          ttl: float | None = None, args_json: str | None = None) -> Approval:
+        """``ttl``: seconds before it expires (None: the daemon's default, an hour); 0 or
+        less is InvalidArgument (it never meant "no expiry")."""
+        if ttl is not None and ttl <= 0:
+            from .errors import InvalidArgument
+            raise InvalidArgument(f"ttl must be more than 0 seconds (got {ttl:g}); leave it"
+                                  " out for the default of an hour")
         return Approval.from_pb(self._call("RequestApproval", pb.RequestApprovalRequest(
             session_id=session_id, tool=tool,
             args_json=args_json if args_json is not None else _dumps(args),

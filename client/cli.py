@@ -27,14 +27,24 @@ class Output:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
 
-    def emit(self, document: Any, human: Callable[[], str]) -> None:
+    def emit(self, document: Any, human: Callable[[], str], paged: bool = False) -> None:
+        """``paged``: a text longer than the terminal goes through the pager ($PAGER,
+        else less) when stdout is a terminal."""
         if self.as_json:
             json.dump(document, sys.stdout, ensure_ascii=False, indent=2)
             sys.stdout.write("\n")
         else:
             text = human()
-            if text:
+            if paged and sys.stdout.isatty() and text.count("\n") > _rows():
+                import pydoc
+                pydoc.pager(text)
+            elif text:
                 print(text)
+
+
+def _rows() -> int:
+    import shutil
+    return shutil.get_terminal_size().lines - 2
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
@@ -67,11 +77,11 @@ def _session_human(s: dict) -> str:
                + [k for k in ("host", "released_to", "needs_attention") if s.get(k)])
 
 
-def _checkpoint_rows(cps: list[dict]) -> str:
-    return _table([[c["seq"], c["id"], c["kind"] + (" [pruned]" if c["pruned"] else "")
-                    + (f" [{len(c['warnings'])} warning(s)]" if c.get("warnings") else ""),
-                    c["created_at"][:19], c["label"]]
-                   for c in cps], ["SEQ", "ID", "KIND", "CREATED", "LABEL"])
+def _calls_cell(calls: list[dict]) -> str:
+    """The tool calls before a checkpoint, in one cell: how many, and the first."""
+    if not calls:
+        return "-"
+    return f"{len(calls)}: {_call_summary(calls[0], 30)}" + (" …" if len(calls) > 1 else "")
 
 
 def _effects_human(effects: list[dict]) -> str:
@@ -128,10 +138,71 @@ def cmd_checkpoint(c: Client, a, out: Output) -> int:
     return 0
 
 
+def _call_summary(t: dict, width: int = 60) -> str:
+    """A tool call as a person reads it: its name and its command or file."""
+    args = t.get("args") if isinstance(t.get("args"), dict) else {}
+    key = next((k for k in ("command", "file_path", "path", "url", "query") if args.get(k)),
+               None)
+    what = " ".join(str(args[key]).split()) if key else ""
+    if len(what) > width:  # a command's start, a file's end
+        what = what[:width] + "…" if key == "command" else "…" + what[-width:]
+    return f"{t['name']} {what}".rstrip()
+
+
+def cmd_log_path(c: Client, a, out: Output) -> int:
+    from .paths import escape
+    changes = [ch.to_dict() for ch in c.path_history(a.session, escape(a.path),
+                                                     patch=a.patch)]
+
+    def human() -> str:
+        if not changes:
+            return f"(no checkpoint of session {a.session} changed {a.path})"
+        lines = []
+        for ch in changes:
+            cp = ch["checkpoint"]
+            note = cp["label"] or (f"restore of {cp['restored_from']}"
+                                   if cp["kind"] == "restore" else "")
+            lines.append(f"#{cp['seq']:<4} {cp['id']}  {ch['change']:<8} {cp['created_at'][:19]}"
+                         f"  {cp['kind']}{'  ' + note if note else ''}")
+            lines += [f"      by {t['id']}  {_call_summary(t)}" for t in ch["tool_calls"]]
+            if a.patch and ch["patch"]:
+                lines.append(ch["patch"].rstrip("\n"))
+        return "\n".join(lines)
+    out.emit(changes, human)
+    return 0
+
+
+def cmd_cat(c: Client, a, out: Output) -> int:
+    from .paths import escape
+    data = c.read_file(a.checkpoint, escape(a.path))
+    if out.as_json:
+        import base64
+        out.emit({"checkpoint_id": a.checkpoint, "path": a.path, "size": len(data),
+                  "base64": base64.b64encode(data).decode("ascii")}, str)
+    else:
+        sys.stdout.buffer.write(data)
+    return 0
+
+
 def cmd_log(c: Client, a, out: Output) -> int:
+    if a.path:
+        return cmd_log_path(c, a, out)
     cps = [cp.to_dict() for cp in c.log(a.session)]
     if not a.graph:
-        out.emit(cps, lambda: _checkpoint_rows(cps))
+        def rows() -> str:  # each checkpoint with the tool calls made before it
+            calls: dict[str, list[dict]] = {}
+            for t in c.tool_calls(a.session):
+                calls.setdefault(t.checkpoint_id, []).append(t.to_dict())
+            return _table([[cp["seq"], cp["id"], cp["kind"] + (" [pruned]" if cp["pruned"]
+                                                                 else "")
+                            + (f" [{len(cp['warnings'])} warning(s)]" if cp.get("warnings")
+                               else ""),
+                            cp["created_at"][:19], f"+{cp['messages_added']}",
+                            _calls_cell(calls.get(cp["parent_id"] or "", [])
+                                        if cp["kind"] == "checkpoint" else []),
+                            cp["label"]] for cp in cps],
+                          ["SEQ", "ID", "KIND", "CREATED", "MSGS", "CALLS", "LABEL"])
+        out.emit(cps, rows)
         return 0
     seq_of = {cp["id"]: cp["seq"] for cp in cps}
     forks: dict[str, list[dict]] = {}
@@ -165,10 +236,26 @@ def cmd_show(c: Client, a, out: Output) -> int:
     d = c.show(a.checkpoint).to_dict()
     out.emit(d, lambda: _kv(d, ["id", "session_id", "seq", "kind", "parent_id", "label",
                                 "reasoning", "created_at", "tree", "bytes", "message_count"])
-             + f"\nmessages: {len(d['messages'])}\ntasks: {len(d['tasks'])}"
+             + f"\ntasks: {len(d['tasks'])}"
+             + "".join(f"\n  [{t['status']}] {t['id']} {t['title']}" for t in d["tasks"])
              + f"\nstate: {json.dumps(d['state'])[:200]}"
-             + "".join(f"\nwarning: {w}" for w in d["warnings"]))
+             + f"\nconversation ({len(d['messages'])} message(s)):"
+             + "".join(f"\n{_message_human(m)}" for m in d["messages"])
+             + "".join(f"\nwarning: {w}" for w in d["warnings"]), paged=True)
     return 0
+
+
+def _message_human(m: Any) -> str:
+    """One message of a conversation as a person reads it: who, then what (long ones
+    cut at 2,000 characters, saying so)."""
+    if not isinstance(m, dict):
+        return f"  {json.dumps(m, ensure_ascii=False)[:2000]}"
+    content = m.get("content", m.get("text", ""))
+    if not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    cut = f" … ({len(content)} characters)" if len(content) > 2000 else ""
+    body = "\n    ".join(content[:2000].splitlines() or [""])
+    return f"  {m.get('role', '?')}: {body}{cut}"
 
 
 def cmd_diff(c: Client, a, out: Output) -> int:
@@ -205,9 +292,11 @@ def _followed(c: Client, a, call: Callable[[str | None], Any]) -> Any:
 
 
 def cmd_restore(c: Client, a, out: Output) -> int:
+    from .paths import escape
     r = _followed(c, a, lambda op: c.restore(
         a.session, a.checkpoint, acknowledge_side_effects=a.yes, dry_run=a.dry_run,
-        operation_id=op, from_other_session=a.from_other_session)).to_dict()
+        operation_id=op, from_other_session=a.from_other_session,
+        paths=[escape(p) for p in a.path or ()])).to_dict()
 
     def human() -> str:
         verb = "would write" if a.dry_run else "wrote"
@@ -216,16 +305,47 @@ def cmd_restore(c: Client, a, out: Output) -> int:
                                     f" {r['checkpoint']['id']}\n"
         text = f"{head}{verb} {len(r['files_written'])} path(s), {gone}" \
                f" {len(r['files_removed'])}"
+        if a.dry_run:  # the paths themselves, as `diff` shows them
+            text += "".join(f"\n  W {p}" for p in r["files_written"])
+            text += "".join(f"\n  D {p}" for p in r["files_removed"])
         box = r.get("container")
         if box is not None:
             text += f"\ncontainer: {verb} {len(box['files_written'])} path(s), {gone}" \
                     f" {len(box['files_removed'])}"
+            if a.dry_run:
+                text += "".join(f"\n  W container:{p}" for p in box["files_written"])
+                text += "".join(f"\n  D container:{p}" for p in box["files_removed"])
+        text += _kept_human(r, a.dry_run)
         for warning in r.get("warnings", []):
             text += f"\nwarning: {warning}"
         effects = _effects_human(r["side_effects"])
         return text + ("\n" + effects if effects else "")
-    out.emit(r, human)
+    out.emit(r, human, paged=a.dry_run)
     return 0
+
+
+def _kept_human(r: dict, dry_run: bool) -> str:
+    """What a restore keeps of the world as it was: the paths that differed from the
+    head, the checkpoint that holds them, the container's processes it stops."""
+    text = ""
+    unsaved = r.get("not_checkpointed") or []
+    if unsaved and dry_run:
+        text += (f"\n{len(unsaved)} path(s) differ from the head; the restore checkpoints"
+                 " them first (label \"before restore\"):")
+    elif unsaved and r.get("before"):
+        text += (f"\nthe world as it was is kept as checkpoint {r['before']['id']}: undo with"
+                 f" `worldline restore {r['before']['session_id']} {r['before']['id']}`;"
+                 f" {len(unsaved)} path(s) were not checkpointed before:")
+    elif unsaved:
+        text += f"\n{len(unsaved)} path(s) differed from the head and were NOT kept:"
+    text += "".join(f"\n  {p}" for p in unsaved)
+    procs = r.get("processes") or []
+    if procs:
+        text += (f"\nthe container's processes {'it would stop' if dry_run else 'stopped'}"
+                 " (the container starts again with its own command; these are not"
+                 " resumed):")
+        text += "".join(f"\n  {p}" for p in procs)
+    return text
 
 
 def cmd_fork(c: Client, a, out: Output) -> int:
@@ -258,9 +378,18 @@ def cmd_tool(c: Client, a, out: Output) -> int:
 
 def cmd_tools(c: Client, a, out: Output) -> int:
     calls = [t.to_dict() for t in c.tool_calls(a.session)]
-    out.emit(calls, lambda: _table([[t["id"], t["name"], t["effect"] + (
-        f" (gate {t['gate']})" if t["gate"] else ""), t["created_at"][:19]] for t in calls],
-        ["ID", "TOOL", "EFFECT", "AT"]))
+
+    def human() -> str:
+        log = c.log(a.session)
+        seq = {cp.id: cp.seq for cp in log}
+        made = {cp.parent_id: cp.seq for cp in log if cp.kind == "checkpoint"}
+        return _table([[t["id"], _call_summary(t, 50), t["effect"] + (
+                            f" (gate {t['gate']})" if t["gate"] else ""),
+                        f"#{seq.get(t['checkpoint_id'], '?')}",
+                        f"#{made[t['checkpoint_id']]}" if t["checkpoint_id"] in made else "-",
+                        t["created_at"][:19]] for t in calls],
+                      ["ID", "CALL", "EFFECT", "AFTER", "CHECKPOINT", "AT"])
+    out.emit(calls, human)
     return 0
 
 
@@ -284,6 +413,15 @@ def _approval_human(ap: dict) -> str:
     return _kv(ap, ["id", "status", "tool", "checkpoint_id", "reason", "expires_at"])
 
 
+def _approval_full(ap: dict) -> str:
+    """An approval as a person decides on it: what the call would do, whose, until when."""
+    return (_kv(ap, ["id", "status", "session_id", "tool", "checkpoint_id", "created_at",
+                     "expires_at", "decided_at", "reason"])
+            + "\nargs: " + json.dumps(ap["args"], ensure_ascii=False, indent=2)
+            + (f"\ndecide: worldline approve {ap['id']}   or: worldline deny {ap['id']}"
+               " --reason R" if ap["status"] == "pending" else ""))
+
+
 def cmd_approval(c: Client, a, out: Output) -> int:
     ap = c.request_approval(a.session, a.tool, args_json=a.args or "", ttl=a.ttl)
     if a.wait is not None:
@@ -299,14 +437,21 @@ def cmd_approval(c: Client, a, out: Output) -> int:
 
 
 def cmd_approvals(c: Client, a, out: Output) -> int:
+    if a.approvals_cmd == "show":
+        d = c.get_approval(a.id).to_dict()
+        out.emit(d, lambda: _approval_full(d))
+        return 0
     if a.approvals_cmd == "cancel":
         d = c.cancel_approval(a.id, reason=a.reason or "").to_dict()
         out.emit(d, lambda: f"approval {d['id']}: {d['status']} ({d['reason']})")
         return 0
     aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
     out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
-                                   x["created_at"][:19]] for x in aps],
-                                 ["ID", "STATUS", "SESSION", "TOOL", "REQUESTED"]))
+                                   json.dumps(x["args"], ensure_ascii=False)[:50]
+                                   if x["args"] else "-",
+                                   x["created_at"][:19], x["expires_at"][:19]] for x in aps],
+                                 ["ID", "STATUS", "SESSION", "TOOL", "ARGS", "REQUESTED",
+                                  "EXPIRES"]))
     return 0
 
 
@@ -330,38 +475,71 @@ def cmd_audit(c: Client, a, out: Output) -> int:
         return 0 if d["ok"] else EXIT_ERROR
     events = [e.to_dict() for e in c.audit(a.session, a.kind, a.limit)]
     out.emit(events, lambda: _table([[e["seq"], e["created_at"][:19], e["kind"],
-                                      e["session_id"] or "", e["subject_id"]] for e in events],
-                                    ["SEQ", "AT", "KIND", "SESSION", "SUBJECT"]))
+                                      e["session_id"] or "", e["subject_id"],
+                                      json.dumps(e["detail"], ensure_ascii=False,
+                                                 sort_keys=True)] for e in events],
+                                    ["SEQ", "AT", "KIND", "SESSION", "SUBJECT", "DETAIL"]))
     return 0
 
 
 def _session_here(c: Client, explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    here = os.getcwd()
-    found = c.list_sessions(workspace=here)
-    if not found:
-        from .errors import NotFound
-        raise NotFound(f"no session's workspace holds {here}: run it in the workspace, or"
-                       " give --session")
-    return found[0].id
+    return explicit or c.session_here().id
 
 
-def _rewind_target(c: Client, session_id: str, steps: int) -> str:
-    """The checkpoint ``steps`` tool calls before the world as it is now: back along the
-    parents, where a restore stands for the checkpoint it restored."""
+# Where a command takes an id (the argument's name, and for `id` the command), the kind
+# of id: each is resolved (Client.resolve_id) before the command runs, so a person may
+# type a unique prefix, SESSION@N, HEAD or HEAD~N wherever an id goes.
+_ID_KINDS = {"session": "session", "checkpoint": "checkpoint", "from_id": "checkpoint",
+             "to_id": "checkpoint", "expected_head": "checkpoint", "approval": "approval"}
+_ID_OF = {"session": "session", "approve": "approval", "deny": "approval",
+          "approvals": "approval"}
+
+
+def _resolve_ids(c: Client, a) -> None:
+    """Every id the command was given, as the full id it names (the session first: HEAD
+    in a checkpoint's place is that session's head, else the current folder's)."""
+    for name in ("session", "checkpoint", "from_id", "to_id", "expected_head", "approval",
+                 "id", "to"):
+        value = getattr(a, name, None)
+        if not isinstance(value, str) or not value:
+            continue
+        kind = (_ID_OF.get(a.command) if name == "id" else "checkpoint"
+                if name == "to" and a.command == "rewind" else _ID_KINDS.get(name))
+        if kind is not None:
+            setattr(a, name, c.resolve_id(value, kind, getattr(a, "session", None)))
+
+
+# Checkpoints that follow no tool call of the agent's: not steps for a rewind.
+_NOT_STEPS = ("stop", "prompt: ", "approval requested: ", "before restore")
+
+
+def _is_step(cp) -> bool:
+    """Whether a checkpoint follows a tool call (a hook's "Tool: command" one, or one an
+    SDK took): not the first, a fork's, a restore, nor a prompt's, a stop's, an
+    approval's or the one a restore takes of the world before it."""
+    return cp.kind == "checkpoint" and not (
+        cp.label == "stop" or cp.label.startswith(_NOT_STEPS[1:]))
+
+
+def _rewind_target(c: Client, session_id: str, steps: int) -> tuple[str, list]:
+    """The checkpoint ``steps`` tool calls before the world as it is now, and the steps
+    it undoes (their checkpoints, newest first): back along the parents, where a
+    restore stands for the checkpoint it restored and a checkpoint that follows no tool
+    call (a prompt, a stop, an approval) is passed over."""
     if steps < 1:
         raise InvalidArgument(f"--steps must be 1 or more (got {steps})")
     log = {cp.id: cp for cp in c.log(session_id)}
-    cp = log[c.get_session(session_id).head]
+    cp, undone = log[c.get_session(session_id).head], []
     for _ in range(steps):
-        while cp.kind == "restore" and cp.restored_from in log:
-            cp = log[cp.restored_from]
-        if cp.parent_id not in log:
-            raise InvalidArgument(f"the session's history holds fewer than {steps} step(s)"
-                                  " back; give --to CHECKPOINT")
+        while cp.kind == "restore" and cp.restored_from in log or (
+                not _is_step(cp) and cp.parent_id in log):
+            cp = log[cp.restored_from] if cp.kind == "restore" else log[cp.parent_id]
+        if not _is_step(cp) or cp.parent_id not in log:
+            raise InvalidArgument(f"the session's history holds fewer than {steps} tool"
+                                  " call(s) to go back over; give --to CHECKPOINT")
+        undone.append(cp)
         cp = log[cp.parent_id]
-    return cp.id
+    return cp.id, undone
 
 
 def resume_hint(resume: dict | None) -> str:
@@ -386,16 +564,29 @@ def resume_hint(resume: dict | None) -> str:
 
 def cmd_rewind(c: Client, a, out: Output) -> int:
     session_id = _session_here(c, a.session)
-    target = a.to or _rewind_target(c, session_id, a.steps)
+    target, undone = (a.to, []) if a.to else _rewind_target(c, session_id, a.steps)
     r = c.restore(session_id, target, acknowledge_side_effects=a.yes,
                   dry_run=a.dry_run).to_dict()
-    resume = c.show(target).resume if not a.dry_run else None
+    shown = c.show(target)
+    resume = shown.resume if not a.dry_run else None
     r["session_id"], r["resume"], r["resume_command"] = session_id, resume, resume_hint(resume)
+    calls = {}
+    for t in c.tool_calls(session_id) if undone else ():
+        calls.setdefault(t.checkpoint_id, []).append(t.to_dict())
+    r["target"] = {"id": shown.id, "seq": shown.seq, "label": shown.label}
+    r["undone"] = [{"checkpoint_id": cp.id, "seq": cp.seq, "label": cp.label,
+                    "tool_calls": calls.get(cp.parent_id, [])} for cp in undone]
 
     def human() -> str:
         verb = "would rewind" if a.dry_run else "rewound"
-        text = (f"{verb} session {session_id} to {target}: {len(r['files_written'])} path(s)"
-                f" written, {len(r['files_removed'])} removed")
+        label = f" ({shown.label})" if shown.label else ""
+        text = (f"{verb} session {session_id} to #{shown.seq} {target}{label}:"
+                f" {len(r['files_written'])} path(s) written, {len(r['files_removed'])}"
+                " removed")
+        for step in r["undone"]:
+            what = "; ".join(f"{_call_summary(t)} ({t['id']})" for t in step["tool_calls"])
+            text += f"\n  undoes #{step['seq']} {what or step['label']}"
+        text += _kept_human(r, a.dry_run)
         for warning in r.get("warnings", []):
             text += f"\nwarning: {warning}"
         if r["resume_command"]:
@@ -443,9 +634,13 @@ def cmd_gc(c: Client, a, out: Output) -> int:
         keep_newer_than=keep_newer_than, operation_id=op))
     prune, remove, free = (("would prune", "would remove", "would free") if a.dry_run
                            else ("pruned", "removed", "freed"))
+    why = ("\nno space is freed yet: gc never removes a blob stored or reused within the"
+           " daemon's grace period (--gc-grace, default 600 s), so what the pruned"
+           " checkpoints alone held is freed by a gc after that"
+           if d["checkpoints_pruned"] and not d["bytes_freed"] else "")
     out.emit(d, lambda: f"{prune} {d['checkpoints_pruned']} checkpoint(s); {remove}"
              f" {d['blobs_removed']} blob(s), {d['images_removed']} image(s) and"
-             f" {d['views_removed']} fork view(s); {free} {d['bytes_freed']} bytes")
+             f" {d['views_removed']} fork view(s); {free} {d['bytes_freed']} bytes{why}")
     return 0
 
 
@@ -632,8 +827,17 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("session")
     lg.add_argument("--graph", action="store_true",
                     help="newest first, drawing restores and the forks made from each checkpoint")
-    add("show", cmd_show, "show a checkpoint with its conversation, state and tasks"
-        ).add_argument("checkpoint")
+    lg.add_argument("--path", metavar="PATH",
+                    help="only the checkpoints that changed PATH (relative to the workspace),"
+                         " newest first, with the tool calls before each; a rename shows as"
+                         " a deletion of the old path and an addition of the new one")
+    lg.add_argument("--patch", action="store_true",
+                    help="with --path: each change as a unified diff")
+    ct = add("cat", cmd_cat, "print a file's bytes as of a checkpoint")
+    ct.add_argument("checkpoint")
+    ct.add_argument("path", help="relative to the workspace")
+    sw = add("show", cmd_show, "show a checkpoint with its conversation, state and tasks")
+    sw.add_argument("checkpoint")
     df = add("diff", cmd_diff, "paths that differ between two checkpoints")
     df.add_argument("from_id", metavar="FROM")
     df.add_argument("to_id", metavar="TO")
@@ -645,6 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true",
                    help="acknowledge non-idempotent side effects the restore cannot undo")
     r.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    r.add_argument("--path", action="append", metavar="PATH",
+                   help="only this path (relative to the workspace; repeatable): the rest"
+                        " of the world, the conversation and the tasks stay as they are")
     r.add_argument("--from-other-session", action="store_true",
                    help="the checkpoint belongs to another session's history: restore it"
                         " here anyway")
@@ -671,8 +878,11 @@ def build_parser() -> argparse.ArgumentParser:
                         " share them with the fork, or give the fork empty ones")
     _progress_flag(f)
 
-    add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)"
-        ).add_argument("checkpoint")
+    im = add("image", cmd_image, "a runnable image of a checkpoint's container (docker commit)")
+    im.add_argument("checkpoint")
+    for parser in (sw, df, im, f, ct):  # the session HEAD and HEAD~N name
+        parser.add_argument("--session", help="the session whose HEAD (HEAD~N) is meant"
+                                              " (default: the current folder's)")
 
     t = add("tool", cmd_tool, "record a tool call")
     t.add_argument("session")
@@ -708,6 +918,9 @@ def build_parser() -> argparse.ArgumentParser:
     all_ = als.add_parser("list", parents=[common], help="list approvals")
     all_.add_argument("--session")
     all_.add_argument("--status")
+    alw = als.add_parser("show", parents=[common],
+                         help="one approval: the call's arguments, its checkpoint, expiry")
+    alw.add_argument("id")
     alc = als.add_parser("cancel", parents=[common],
                          help="withdraw a pending approval you requested")
     alc.add_argument("id")
@@ -892,6 +1105,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         from ._client import Client
         with Client(getattr(args, "address", None)) as client:
+            _resolve_ids(client, args)
             return args.fn(client, args, out)
     except WorldlineError as exc:
         return _failed(exc, as_json)

@@ -136,6 +136,12 @@ class RestoreResult(_Record):
     dry_run: bool
     container: LayerRestore | None = None  # None when the session has no container
     warnings: list[str] = field(default_factory=list)
+    # The checkpoint of the world just before the restore (label "before restore"),
+    # None when it equalled the head; the paths that differed from the head (kept
+    # there; a container's prefixed "container:"); the container's processes stopped.
+    before: Checkpoint | None = None
+    not_checkpointed: list[str] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)
     # The restored state, upgraded by the client's migrations (None without them: read
     # it with ``show``); not part of the CLI's JSON.
     state: dict | None = field(default=None, metadata={"local": True})
@@ -146,7 +152,25 @@ class RestoreResult(_Record):
                    m.restored_from, list(m.files_written), list(m.files_removed),
                    [SideEffect.from_pb(s) for s in m.side_effects], m.dry_run,
                    LayerRestore.from_pb(m.container) if m.HasField("container") else None,
-                   list(m.warnings))
+                   list(m.warnings),
+                   Checkpoint.from_pb(m.before) if m.HasField("before") else None,
+                   list(m.not_checkpointed), list(m.processes))
+
+
+@dataclass
+class PathChange(_Record):
+    """A checkpoint that changed one path: ``change`` is added, modified or deleted;
+    ``tool_calls``, the calls made since the checkpoint before it."""
+
+    checkpoint: Checkpoint
+    change: str
+    tool_calls: list[ToolCall]
+    patch: str = ""
+
+    @classmethod
+    def from_pb(cls, m) -> PathChange:
+        return cls(Checkpoint.from_pb(m.checkpoint), m.change,
+                   [ToolCall.from_pb(t) for t in m.tool_calls], m.patch)
 
 
 @dataclass
@@ -267,10 +291,12 @@ class Session(_Record):
         return cp
 
     def restore(self, checkpoint_id: str, acknowledge_side_effects: bool = False,
-                dry_run: bool = False, from_other_session: bool = False) -> RestoreResult:
+                dry_run: bool = False, from_other_session: bool = False,
+                paths: list[str] | None = None) -> RestoreResult:
         result = self._client.restore(self.id, checkpoint_id,
                                       acknowledge_side_effects=acknowledge_side_effects,
-                                      dry_run=dry_run, from_other_session=from_other_session)
+                                      dry_run=dry_run, from_other_session=from_other_session,
+                                      paths=paths)
         if result.checkpoint is not None:
             self.head = result.checkpoint.id
         return result

@@ -35,7 +35,7 @@ from worldline.client.errors import (
 )
 from worldline.client.paths import escape
 
-from . import ids, owners, progress
+from . import history, ids, owners, progress
 from .capture import mappings, sparse
 from .capture.admission import FairGate
 from .capture.containers import (
@@ -103,6 +103,10 @@ log = logging.getLogger(__name__)
 # original's world, until an operator resolves it here (_leave_to_the_original).
 _COPIED = "this data root is a copy of the one at"
 
+# The label of the checkpoint a restore takes of the world just before it changes it,
+# when the world differs from the head (World._checkpoint_before).
+BEFORE_RESTORE = "before restore"
+
 # Seconds an incremental capture keeps its turn at the admission gate; a longer one (a
 # file of gigabytes) goes on beside the next, which would otherwise wait for all of it.
 # The eight-session load's captures hold it 4 ms (p99 10 ms).
@@ -119,6 +123,12 @@ class RestoreResult:
     dry_run: bool = False
     container: Diff | None = None  # the container layer's changes, when it has one
     warnings: list[str] = field(default_factory=list)
+    # The world as it was just before (BEFORE_RESTORE), when it differed from the head;
+    # the paths that differed (a container's prefixed "container:"); the container's
+    # processes the restore stopped (a dry run: would stop), "PID COMMAND" each.
+    before: Checkpoint | None = None
+    not_checkpointed: list[str] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +141,8 @@ class LayerPlan:
     want: str
     changes: Diff
     size: int
+    unsaved: str = ""  # why ``current`` was not stored (a persisting plan: a limit)
+    size_after: int | None = None  # a restore of some paths: the bytes of ``want``
 
     def journal(self) -> dict:
         """Each path to change, as it is and as it will be (entry_key), for the journal."""
@@ -736,28 +748,35 @@ class World:
     # -- restore -------------------------------------------------------------------------
     def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
                 dry_run: bool = False, expected_head: str = "",
-                from_other_session: bool = False) -> RestoreResult:
+                from_other_session: bool = False, paths: list[str] | None = None
+                ) -> RestoreResult:
+        """``paths``: only those workspace paths (history.Graft), the rest of the world,
+        the conversation and the tasks as they are; no side effect is passed."""
+        paths = sorted({history.check_path(p) for p in paths or ()})
         with self.in_use.holding(checkpoint_id):  # kept from gc until it is committed
             return self._restore(session_id, checkpoint_id, acknowledge, dry_run,
-                                 expected_head, from_other_session)
+                                 expected_head, from_other_session, paths)
 
     def _restore(self, session_id: str, checkpoint_id: str, acknowledge: bool,
-                 dry_run: bool, expected_head: str, from_other_session: bool
-                 ) -> RestoreResult:
+                 dry_run: bool, expected_head: str, from_other_session: bool,
+                 paths: list[str]) -> RestoreResult:
         target = self.usable(checkpoint_id)
-        with self._session_locked(session_id, expected_head) as (session, _):
+        with self._session_locked(session_id, expected_head) as (session, tasks_now):
             self._check_lineage(session, target, from_other_session)
             if session.container and target.container is None:
                 raise FailedPrecondition(f"checkpoint {target.id} has no container layer to"
                                          f" restore into container {session.container}")
-            effects = self.side_effects_since(session.head, target.id)
+            effects = [] if paths else self.side_effects_since(session.head, target.id)
             head = self.store.get_checkpoint(session.head)
             if dry_run:
                 shown = replace(session, container=None) if self._container_gone(
                     session) else session
+                processes = self._processes(shown)
                 with self._paused(shown) as mapped:
-                    plans = self._plan(shown, head, target, mapped)
-                return self._result(None, target, plans, effects, [], dry_run=True)
+                    plans = self._plan(shown, head, target, mapped, paths=paths)
+                return replace(self._result(None, target, plans, effects, [], dry_run=True),
+                               not_checkpointed=self._not_checkpointed(head, plans),
+                               processes=processes)
             if effects and not acknowledge:
                 names = ", ".join(f"{c.name} ({c.id})" for c in effects)
                 raise FailedPrecondition(
@@ -770,32 +789,114 @@ class World:
                             restored_from=target.id, acknowledged=tuple(c.id for c in effects),
                             container=target.container if session.container else None,
                             resume=target.resume)
+            if paths:  # files only: the conversation, state and tasks stay the head's
+                cp = replace(cp, state_digest=head.state_digest,
+                             tasks_digest=head.tasks_digest, conversation_parent=head.id,
+                             message_count=head.message_count, resume=head.resume,
+                             label=f"restore of {', '.join(paths)[:200]} from {target.id}")
             entry = {"session": session_id, "target": target.id, "head": session.head,
                      "checkpoint": cp.__dict__ | {"acknowledged": list(cp.acknowledged)}}
             revived = self._revive(session)
             if revived:
                 session = self.session(session_id)
+            processes = [] if revived else self._processes(session)
+            kept: dict = {}
+
+            def keep_the_world(plans: list[LayerPlan]) -> None:
+                """Before anything changes: the world as it is, as a checkpoint."""
+                kept["before"] = self._checkpoint_before(session, head, tasks_now, plans,
+                                                         revived, entry)
+                if paths:  # the tree made of the world and the paths, stored and durable
+                    self.blobs.sync()
+                    entry["checkpoint"].update(
+                        tree=plans[0].want, bytes=plans[0].size_after,
+                        container=plans[1].want if len(plans) > 1 else None,
+                        tasks_digest=(kept["before"] or head).tasks_digest)
+
             try:
-                plans, warnings = self._apply(session, head, target, entry)
+                plans, warnings = self._apply(session, head, target, entry, keep_the_world,
+                                              paths)
             except (WorldlineError, OSError) as exc:
                 raise self._restore_failed(session, target, exc) from exc
+            before = kept.get("before")
+            cp = replace(cp, **{k: entry["checkpoint"][k] for k in (
+                "id", "parent_id", "created_at", "tree", "bytes", "container",
+                "tasks_digest")})
+            warnings += [f"the world before the restore was not checkpointed: {p.unsaved}"
+                         for p in plans if p.unsaved]
             if revived:
                 self._start_container(session.container, session.workspace)
                 warnings.append(f"container {session.container} was gone: made again from"
                                 " its recorded spec")
             crash_point("restore.before_commit")
-            tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
+            tasks = (None if paths
+                     else tasks_from_json(self.blobs.read_bytes(target.tasks_digest)))
             written = sum(len(p.changes.added) + len(p.changes.modified) for p in plans)
             events = [AuditEvent("restore", session_id, cp.id,
                                  {"target": target.id, "written": written,
-                                  "removed": sum(len(p.changes.deleted) for p in plans)},
-                                 ids.now())]
+                                  "removed": sum(len(p.changes.deleted) for p in plans)}
+                                 | ({"paths": paths} if paths else {}), ids.now())]
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
-            cp = self.store.append_checkpoint(cp, [], session.head, tasks, events)
+            cp = self.store.append_checkpoint(cp, [], entry["head"], tasks, events)
             self.journal.remove(session_id)
-        return self._result(cp, target, plans, effects, warnings)
+        return replace(self._result(cp, target, plans, effects, warnings), before=before,
+                       not_checkpointed=self._not_checkpointed(
+                           head, plans[:1] if revived else plans),  # a new layer: nothing
+                       processes=processes)
+
+    def _processes(self, session: Session) -> list[str]:
+        """The processes a restore of the session stops: its container's, if it runs."""
+        return self._engine().processes(session.container) if session.container else []
+
+    def _not_checkpointed(self, head: Checkpoint, plans: list[LayerPlan]) -> list[str]:
+        """The paths where the world differs from the head (a container's prefixed
+        "container:"): what a restore would lose were it not checkpointed first."""
+        out = []
+        for plan, base in zip(plans, self._bases(head), strict=False):
+            changes = diff(self.trees, base or self.empty_tree, plan.current.root,
+                           plan.current.trees)
+            prefix = "container:" if plan.layer.kind == CONTAINER else ""
+            out += [prefix + p for p in sorted(changes.added + changes.modified
+                                               + changes.deleted)]
+        return out
+
+    def _checkpoint_before(self, session: Session, head: Checkpoint, tasks: list[Task],
+                           plans: list[LayerPlan], revived: bool, entry: dict
+                           ) -> Checkpoint | None:
+        """The world as the restore's plan captured it (stored: ``_plan(persist=True)``),
+        committed as a checkpoint of its own (BEFORE_RESTORE) after the head, when it
+        differs from the head, before the journal is written and anything changes; the
+        journal's entry then follows it. A crash after it leaves it in the history, the
+        world untouched. None when the world equals the head, or when a layer could not
+        be stored (a limit: the restore says so in its warnings). A container made
+        again (``revived``) carries the head's layer: its fresh one is nothing lost."""
+        roots = [p.current.root for p in plans]
+        if revived and len(roots) > 1:
+            roots[1] = head.container
+        tasks_json = tasks_to_json(tasks)
+        bases = self._bases(head)[:len(roots)]
+        if roots == bases and digest_of(tasks_json) == head.tasks_digest:
+            return None
+        if any(p.unsaved for p in plans):
+            return None
+        tasks_digest = (head.tasks_digest if digest_of(tasks_json) == head.tasks_digest
+                        else self.blobs.put_bytes(tasks_json, base=head.tasks_digest))
+        cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
+                        roots[0], plans[0].current.bytes, head.state_digest, tasks_digest,
+                        head.id, 0, head.message_count, label=BEFORE_RESTORE,
+                        container=roots[1] if len(roots) > 1 else head.container,
+                        resume=head.resume)
+        with self.blobs.committing() as objects:
+            cp = self.store.append_checkpoint(cp, [], head.id, None, [AuditEvent(
+                "checkpoint", session.id, cp.id,
+                _checkpoint_detail(cp, BEFORE_RESTORE, 0) | {"restore": entry["target"]},
+                ids.now())], objects)
+        self._heads[session.id] = cp
+        entry["head"] = cp.id  # the restore's checkpoint follows it, and is newer
+        entry["checkpoint"].update(parent_id=cp.id, id=ids.new_id(), created_at=ids.now())
+        return cp
 
     def _restore_failed(self, session: Session, target: Checkpoint,
                         exc: WorldlineError | OSError) -> Exception:
@@ -855,16 +956,40 @@ class World:
                              effects, dry_run, box, warnings)
 
     def _plan(self, session: Session, head: Checkpoint, target: Checkpoint,
-              mapped: dict[str, frozenset[str]] | None = None) -> list[LayerPlan]:
+              mapped: dict[str, frozenset[str]] | None = None, persist: bool = False,
+              paths: list[str] | None = None) -> list[LayerPlan]:
         """What a restore will change in each layer, checked before anything changes:
         every layer opened by identity, every blob it will write verified (a corrupt one
-        fails the restore with DATA_LOSS), the current state captured. ``mapped``: of a
-        paused container (a dry run); a restore stops the container first."""
+        fails the restore with DATA_LOSS), the current state captured (with ``persist``,
+        stored, for the checkpoint taken before the restore; a layer a limit keeps from
+        being stored is captured again without, and its plan says why: ``unsaved``).
+        ``mapped``: of a paused container (a dry run); a restore stops the container
+        first. ``paths``: only those of the workspace are brought to the target; every
+        other path of every layer stays as it is."""
         plans = []
         agent = owners.agent_of(session.spec)
         for layer, base, want in zip(self.layers(session), self._bases(head),
                                      self._bases(target), strict=False):
-            current, seen = layer.capture(base, persist=False, consume=False, mapped=mapped)
+            unsaved = ""
+            try:
+                current, seen = layer.capture(base, persist=persist, consume=False,
+                                              mapped=mapped)
+            except ResourceExhausted as exc:
+                if not persist:
+                    raise
+                unsaved = exc.message
+                current, seen = layer.capture(base, persist=False, consume=False,
+                                              mapped=mapped)
+            size_after = None
+            if paths and unsaved:  # the restore's checkpoint would name files never stored
+                raise ResourceExhausted(f"{unsaved}: a restore of some paths keeps the rest"
+                                        " of the world, which must be stored first")
+            if paths and layer.kind == WORKSPACE:
+                graft = history.Graft(self.trees, self.blobs, current.trees, persist)
+                want, size_after = graft.apply(current.root, target.tree, paths)
+                current = replace(current, trees=graft.trees)
+            elif paths:
+                want = current.root
             if agent is not None:  # it writes and removes only its user's own files,
                 # and writes back none its user could not make (a tree recorded before
                 # 0.7.26 may hold one)
@@ -876,29 +1001,36 @@ class World:
             changes = diff(self.trees, current.root, want, current.trees)
             size = 0
             for path in changes.added + changes.modified:
-                entry = entry_at(self.trees, want, path)
+                entry = entry_at(self.trees, want, path, current.trees)
                 if entry is not None and entry.has_content:
                     self.blobs.verify(entry.ref)
                     if entry.kind == SPARSE:
                         for piece in sparse.pieces(self.blobs, entry.ref):
                             self.blobs.verify(piece)
                     size += entry.size if entry.kind == FILE else 0
-            plans.append(LayerPlan(layer, current, seen, want, changes, size))
+            plans.append(LayerPlan(layer, current, seen, want, changes, size, unsaved,
+                                   size_after))
         return plans
 
     def _apply(self, session: Session, head: Checkpoint, target: Checkpoint,
-               entry: dict) -> tuple[list[LayerPlan], list[str]]:
+               entry: dict, before=None, paths: list[str] | None = None
+               ) -> tuple[list[LayerPlan], list[str]]:
         """Bring every layer to the target: the container stopped meanwhile, then started
         again if it was running. The plan is made (and may fail) before the journal is
         written, so a restore refused up front leaves no journal; the journal names
         every path the restore will change, in each layer, as it was and as it will be,
-        so a restart can tell whether the layers are still as the restore left them."""
+        so a restart can tell whether the layers are still as the restore left them.
+        ``before(plans)``, given by a new restore: called once the plan is made (its
+        capture stored), before the journal (_checkpoint_before)."""
         stopped = self._mark("stopped", session.id)
         was_running = (self._engine().stop(session.container, mark=stopped)
                        if session.container else False)
         try:
             crash_point("restore.stopped")
-            plans = self._plan(session, head, target)
+            plans = self._plan(session, head, target, persist=before is not None,
+                               paths=paths)
+            if before is not None:
+                before(plans)
             crash_point("restore.planned")
             self.journal.write(entry | {"layers": [p.journal() for p in plans]})
             crash_point("restore.after_journal")
@@ -934,7 +1066,7 @@ class World:
             pass
         session = self.store.get_session(sid)
         head = self.store.get_checkpoint(entry["head"])
-        target = self.store.get_checkpoint(entry["target"])
+        target = _journalled(entry)
         try:
             with self._paused(session) as mapped:
                 problem = self._changed_since(session, head, entry, mapped)
@@ -948,12 +1080,11 @@ class World:
                             sid, os.path.join(layer.path, path))
         self._apply(session, head, target, entry)
         tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
-        cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
-        self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
-            "restore.completed", sid, cp.id, {"target": target.id}, ids.now())])
+        self.store.append_checkpoint(target, [], entry["head"], tasks, [AuditEvent(
+            "restore.completed", sid, target.id, {"target": entry["target"]}, ids.now())])
         self.journal.remove(sid)
         self._release("stopped", session.id)
-        return f"completed the interrupted restore of session {sid} to {target.id}"
+        return f"completed the interrupted restore of session {sid} to {entry['target']}"
 
     def _changed_since(self, session: Session, head: Checkpoint, entry: dict,
                        mapped: dict[str, frozenset[str]]) -> str:
@@ -962,7 +1093,7 @@ class World:
         layers = self.layers(session)
         if len(planned) != len(layers) or any(x.kind not in planned for x in layers):
             return "the session's layers are not the ones the restore began with"
-        target = self.store.get_checkpoint(entry["target"])
+        target = _journalled(entry)
         for layer, base, want in zip(layers, self._bases(head), self._bases(target),
                                      strict=False):
             paths = planned[layer.kind]["paths"]
@@ -1056,13 +1187,11 @@ class World:
                     self.store.get_checkpoint(entry["checkpoint"]["id"])
                 except NotFound:
                     head = self.store.get_checkpoint(entry["head"])
-                    target = self.store.get_checkpoint(entry["target"])
-                    self._apply(session, head, target, entry)
-                    tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
-                    fields = entry["checkpoint"]
-                    cp = Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
+                    cp = _journalled(entry)
+                    self._apply(session, head, cp, entry)
+                    tasks = tasks_from_json(self.blobs.read_bytes(cp.tasks_digest))
                     self.store.append_checkpoint(cp, [], entry["head"], tasks, [AuditEvent(
-                        "restore.completed", session_id, cp.id, {"target": target.id},
+                        "restore.completed", session_id, cp.id, {"target": entry["target"]},
                         ids.now())])
                 self.journal.remove(session_id)
             for layer in self.layers(session):
@@ -1452,8 +1581,44 @@ class World:
                                      entry_at(self.trees, b.tree, path)))
         return changes, box, "".join(parts)
 
+    # -- one path -----------------------------------------------------------------------
+    def path_history(self, session_id: str, path: str, patch: bool = False
+                     ) -> list[history.PathChange]:
+        """The checkpoints of the session's lineage (its forks' ancestry included) that
+        changed ``path``, newest first, each with the tool calls made since the one
+        before it (history.changes_of). A rename is a deletion of one path and an
+        addition of another: each path's history shows its own."""
+        session = self.session(session_id)
+        path = history.check_path(path)
+        mine = {cp.id: cp for cp in self.store.list_checkpoints(session.id)}
+        chain = [mine.get(cid) or self.store.get_checkpoint(cid)
+                 for cid, _ in self.store.lineage(session.head)]
+        calls: dict[str, list[ToolCall]] = {}
+        for call in calls_on_path(self.store, session.head):
+            calls.setdefault(call.checkpoint_id, []).append(call)
+        return history.changes_of(self.trees, path, chain, calls,
+                                  (lambda old, new: self._patch(path, old, new))
+                                  if patch else None)
+
+    def read_file(self, checkpoint_id: str, path: str, offset: int = 0, length: int = 0
+                  ) -> tuple[bytes, int, str]:
+        """(bytes, whole size, kind) of the file or symlink at ``path`` as of the
+        checkpoint; a slice from ``offset`` (history.READ_LIMIT at most)."""
+        cp = self.usable(checkpoint_id)
+        path = history.check_path(path)
+        entry = history.PathLookup(self.trees, path).entry(cp.tree, strict=True)
+        if entry is None:
+            raise NotFound(f"checkpoint {cp.id} has no {path}")
+        data, size = history.read_entry(self.blobs, entry, path, offset, length)
+        return data, size, "symlink" if entry.kind == "symlink" else "file"
+
     def _patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
         path = escape(path)
+        return history.metadata_change(path, old, new) + self._text_patch(path, old, new)
+
+    def _text_patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
+        if old is not None and new is not None and (old.kind, old.ref) == (new.kind, new.ref):
+            return ""  # the same bytes: what changed is said by metadata_change
         texts = []
         for entry in (old, new):
             if entry is None or entry.kind != FILE:
@@ -1471,6 +1636,14 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _journalled(entry: dict) -> Checkpoint:
+    """The checkpoint a journalled restore appends: its trees are the ones the layers
+    are brought to (the target's, or for a restore of some paths, the world with
+    them), and its task list the session's after it."""
+    fields = entry["checkpoint"]
+    return Checkpoint(**{**fields, "acknowledged": tuple(fields["acknowledged"])})
 
 
 def _checkpoint_detail(cp: Checkpoint, label: str | None, messages: int) -> dict:

@@ -291,6 +291,19 @@ class Engine:
         with self.errors(container):
             self.api.start(container)
 
+    def processes(self, container: str) -> list[str]:
+        """The processes of a running container, ``docker top``'s way: one line each,
+        "PID COMMAND" (host pids); none when it does not run."""
+        state = self.inspect(container).get("State", {})
+        if not state.get("Running"):
+            return []
+        with self.errors(container):
+            top = self.api.top(container)
+        titles = top.get("Titles") or []
+        pid = titles.index("PID") if "PID" in titles else 1
+        cmd = titles.index("CMD") if "CMD" in titles else len(titles) - 1
+        return [f"{row[pid]} {row[cmd]}" for row in top.get("Processes") or []]
+
     def bind_identity(self, container: str, source: str) -> list[int] | None:
         """``bind_identity_of`` the container as the engine shows it now."""
         return bind_identity_of(self.inspect(container), source)

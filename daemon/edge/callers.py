@@ -41,11 +41,14 @@ _RELAYED = re.compile(rf"unix-abstract:{_RELAY}(\d+)-(\d+)-[0-9a-f]+")
 # later is refused to an agent user until it is given a rule.
 _BY_SESSION = {"GetSession", "ResolveSession", "DeleteSession", "CreateCheckpoint",
                "ListCheckpoints", "RecordToolCall", "ListToolCalls", "SetTask", "ListTasks",
-               "RequestApproval", "Restore"}
+               "RequestApproval", "Restore", "PathHistory"}
 _BY_CHECKPOINT = {"GetCheckpoint": ("checkpoint_id",), "Diff": ("from_id", "to_id"),
+                  "ReadFile": ("checkpoint_id",),
                   "Fork": ("checkpoint_id",), "Restore": ("checkpoint_id",)}
 _BY_APPROVAL = {"GetApproval", "WaitApproval", "DecideApproval", "CancelApproval"}
-_OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "CreateSession"}
+# ResolveId: open, answering only with what the caller's sessions hold (server.py)
+_OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "CreateSession",
+         "ResolveId"}
 
 
 def agent(uid: int, gid: int) -> Agent | None:
@@ -110,19 +113,19 @@ class Rules:
             return reply
         items = reply.sessions if method == "ListSessions" else reply.approvals
         mine = {s.id for s in self.world.sessions(include_deleted=True)
-                if _belongs(s.spec, caller)}
+                if belongs(s.spec, caller)}
         kept = [m for m in items if (m.id if method == "ListSessions" else m.session_id) in mine]
         del items[:]
         items.extend(kept)
         return reply
 
     def _own_session(self, caller: Agent, session_id: str) -> None:
-        if not _belongs(self.world.session(session_id).spec, caller):
+        if not belongs(self.world.session(session_id).spec, caller):
             raise PermissionDenied(f"session {session_id} is not the caller's ({caller}): an"
                                    " allowed user calls only on sessions it made")
 
 
-def _belongs(spec: str | None, caller: Agent) -> bool:
+def belongs(spec: str | None, caller: Agent) -> bool:
     """Whether a session (its spec) is the caller's: made by its uid (whatever group)."""
     owner = agent_of(spec)
     return owner is not None and owner.uid == caller.uid

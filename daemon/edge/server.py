@@ -18,7 +18,7 @@ from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 
-from .. import fleet, maintenance
+from .. import fleet, maintenance, typed_ids
 from ..gates import Gates
 from ..observe import CHECKPOINTS
 from ..progress import Progress
@@ -224,7 +224,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             result = self.world.restore(r.session_id, r.checkpoint_id,
                                         acknowledge=r.acknowledge_side_effects,
                                         dry_run=r.dry_run, expected_head=r.expected_head,
-                                        from_other_session=r.from_other_session)
+                                        from_other_session=r.from_other_session,
+                                        paths=list(r.paths))
         if not result.dry_run:
             CHECKPOINTS.labels("restore").inc()
         return pb.RestoreResponse(
@@ -233,7 +234,28 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             files_removed=paths_pb(result.files_removed),
             side_effects=[side_effect_pb(c) for c in result.side_effects],
             dry_run=result.dry_run, container=layer_changes_pb(result.container),
-            warnings=[escape(w) for w in result.warnings])
+            warnings=[escape(w) for w in result.warnings],
+            before=checkpoint_pb(result.before) if result.before else None,
+            not_checkpointed=paths_pb(result.not_checkpointed),
+            processes=[escape(p) for p in result.processes])
+
+    def PathHistory(self, r, context):
+        return pb.PathHistoryResponse(changes=[
+            pb.PathChange(checkpoint=checkpoint_pb(c.checkpoint), change=c.change,
+                          tool_calls=[tool_call_pb(t) for t in c.tool_calls], patch=c.patch)
+            for c in self.world.path_history(r.session_id, r.path, r.patch)])
+
+    def ResolveId(self, r, context):
+        caller = callers.CALLER.get()
+        visible = ((lambda sid: callers.belongs(self.world.session(sid).spec, caller))
+                   if caller is not None else (lambda _: True))
+        found, kind = typed_ids.resolve(self.world.store, r.text, r.kind, r.session_id,
+                                        visible)
+        return pb.ResolveIdResponse(id=found, kind=kind)
+
+    def ReadFile(self, r, context):
+        data, size, kind = self.world.read_file(r.checkpoint_id, r.path, r.offset, r.length)
+        return pb.ReadFileResponse(data=data, size=size, kind=kind)
 
     def Fork(self, r, context):
         with self.progress.run(r.operation_id):

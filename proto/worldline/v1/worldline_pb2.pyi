@@ -249,7 +249,7 @@ class SideEffect(_message.Message):
     def __init__(self, tool_call_id: _Optional[str] = ..., tool: _Optional[str] = ..., args_summary: _Optional[str] = ..., created_at: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., effect: _Optional[str] = ..., gate: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id", "from_other_session")
+    __slots__ = ("session_id", "checkpoint_id", "acknowledge_side_effects", "dry_run", "expected_head", "operation_id", "from_other_session", "paths")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGE_SIDE_EFFECTS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,7 @@ class RestoreRequest(_message.Message):
     EXPECTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_OTHER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     checkpoint_id: str
     acknowledge_side_effects: bool
@@ -264,10 +265,11 @@ class RestoreRequest(_message.Message):
     expected_head: str
     operation_id: str
     from_other_session: bool
-    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ..., operation_id: _Optional[str] = ..., from_other_session: _Optional[bool] = ...) -> None: ...
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., acknowledge_side_effects: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., expected_head: _Optional[str] = ..., operation_id: _Optional[str] = ..., from_other_session: _Optional[bool] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
-    __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run", "container", "warnings")
+    __slots__ = ("checkpoint", "restored_from", "files_written", "files_removed", "side_effects", "dry_run", "container", "warnings", "before", "not_checkpointed", "processes")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +278,9 @@ class RestoreResponse(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    NOT_CHECKPOINTED_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     checkpoint: Checkpoint
     restored_from: str
     files_written: _containers.RepeatedScalarFieldContainer[str]
@@ -284,7 +289,10 @@ class RestoreResponse(_message.Message):
     dry_run: bool
     container: LayerChanges
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ..., container: _Optional[_Union[LayerChanges, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    before: Checkpoint
+    not_checkpointed: _containers.RepeatedScalarFieldContainer[str]
+    processes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., restored_from: _Optional[str] = ..., files_written: _Optional[_Iterable[str]] = ..., files_removed: _Optional[_Iterable[str]] = ..., side_effects: _Optional[_Iterable[_Union[SideEffect, _Mapping]]] = ..., dry_run: _Optional[bool] = ..., container: _Optional[_Union[LayerChanges, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., before: _Optional[_Union[Checkpoint, _Mapping]] = ..., not_checkpointed: _Optional[_Iterable[str]] = ..., processes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForkRequest(_message.Message):
     __slots__ = ("checkpoint_id", "workspace", "name", "operation_id", "volumes")
@@ -913,3 +921,71 @@ class GraphThread(_message.Message):
     session_id: str
     workspace: str
     def __init__(self, thread_id: _Optional[str] = ..., session_id: _Optional[str] = ..., workspace: _Optional[str] = ...) -> None: ...
+
+class PathHistoryRequest(_message.Message):
+    __slots__ = ("session_id", "path", "patch")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    patch: bool
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., patch: _Optional[bool] = ...) -> None: ...
+
+class PathChange(_message.Message):
+    __slots__ = ("checkpoint", "change", "tool_calls", "patch")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    change: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    patch: str
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., change: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., patch: _Optional[str] = ...) -> None: ...
+
+class PathHistoryResponse(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[PathChange]
+    def __init__(self, changes: _Optional[_Iterable[_Union[PathChange, _Mapping]]] = ...) -> None: ...
+
+class ReadFileRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "path", "offset", "length")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    path: str
+    offset: int
+    length: int
+    def __init__(self, checkpoint_id: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ReadFileResponse(_message.Message):
+    __slots__ = ("data", "size", "kind")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    size: int
+    kind: str
+    def __init__(self, data: _Optional[bytes] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ResolveIdRequest(_message.Message):
+    __slots__ = ("text", "kind", "session_id")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    kind: str
+    session_id: str
+    def __init__(self, text: _Optional[str] = ..., kind: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class ResolveIdResponse(_message.Message):
+    __slots__ = ("id", "kind")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...

@@ -179,6 +179,21 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.Progress.FromString,
                 _registered_method=True)
+        self.PathHistory = channel.unary_unary(
+                '/worldline.v1.Worldline/PathHistory',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.PathHistoryRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.PathHistoryResponse.FromString,
+                _registered_method=True)
+        self.ReadFile = channel.unary_unary(
+                '/worldline.v1.Worldline/ReadFile',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.ReadFileRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.ReadFileResponse.FromString,
+                _registered_method=True)
+        self.ResolveId = channel.unary_unary(
+                '/worldline.v1.Worldline/ResolveId',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.ResolveIdRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.ResolveIdResponse.FromString,
+                _registered_method=True)
 
 
 class WorldlineServicer:
@@ -369,6 +384,27 @@ class WorldlineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PathHistory(self, request, context):
+        """The checkpoints of a session's history that changed one path, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadFile(self, request, context):
+        """A file's bytes as of a checkpoint (a slice: large files are read in several calls).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveId(self, request, context):
+        """The full id an operator typed: a unique prefix, SESSION@N, HEAD, HEAD~N.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorldlineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -516,6 +552,21 @@ def add_WorldlineServicer_to_server(servicer, server):
                     servicer.GetProgress,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.Progress.SerializeToString,
+            ),
+            'PathHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.PathHistory,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.PathHistoryRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.PathHistoryResponse.SerializeToString,
+            ),
+            'ReadFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadFile,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.ReadFileRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.ReadFileResponse.SerializeToString,
+            ),
+            'ResolveId': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveId,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.ResolveIdRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.ResolveIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1301,6 +1352,87 @@ class Worldline:
             '/worldline.v1.Worldline/GetProgress',
             worldline_dot_v1_dot_worldline__pb2.GetProgressRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.Progress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PathHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/PathHistory',
+            worldline_dot_v1_dot_worldline__pb2.PathHistoryRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.PathHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/ReadFile',
+            worldline_dot_v1_dot_worldline__pb2.ReadFileRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.ReadFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/ResolveId',
+            worldline_dot_v1_dot_worldline__pb2.ResolveIdRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.ResolveIdResponse.FromString,
             options,
             channel_credentials,
             insecure,
