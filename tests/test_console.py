@@ -189,6 +189,24 @@ def test_a_node_opens_the_world_as_of_it(page, world):
     assert page.locator("ul.files li").all_inner_texts() == ["~ parser.py"]
 
 
+def test_a_paths_history_names_each_checkpoint_and_call_that_changed_it(page, world):
+    s = world["session"]
+    page.goto(f"{world['console'].base}/c/{world['marks'][2].id}")
+    page.click("ul.files a")  # parser.py, from the files the checkpoint changed
+    # four calls wrote it, and the restore wrote it back
+    assert "5 checkpoint(s) changed parser.py" in page.locator("#path-summary").inner_text()
+    sections = page.locator("section.file")
+    assert [h.split(" in ")[0] for h in sections.locator("h3").all_inner_texts()] == [
+        "MODIFIED", "MODIFIED", "MODIFIED", "MODIFIED", "ADDED"]
+    assert "+line 0 v1" in sections.nth(0).locator("pre.patch .add").all_inner_texts()
+    assert "Bash git push origin main" in sections.nth(1).inner_text()
+    assert "+line 0 v3" in sections.nth(1).locator("pre.patch .add").all_inner_texts()
+    with world["daemon"].client() as c:
+        want = [ch.checkpoint.id for ch in c.path_history(s.id, "parser.py")]
+    links = sections.locator("h3 a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+    assert links == [f"/c/{cid}" for cid in want]
+
+
 def test_a_diff_across_two_forks(page, world):
     a, b = world["marks"][1], world["fork_cp"]
     page.goto(f"{world['console'].base}/diff?from={a.id}&to={b.id}")
@@ -253,6 +271,7 @@ def test_a_restore_from_the_console_previews_then_equals_the_clis(page, world, t
         (ws / "new.txt").write_text("new\n")
         c.record_tool_call(s.id, "Bash", {"command": "git push"})
         c.checkpoint(s.id, label="second")
+    (ws / "unsaved.txt").write_text("not checkpointed\n")
     preview = d.cli_json("restore", s.id, first.id, "--dry-run", "--yes")
     page.goto(f"{world['console'].base}/c/{first.id}")
     page.click("text=Restore restore-me to this…")
@@ -261,6 +280,7 @@ def test_a_restore_from_the_console_previews_then_equals_the_clis(page, world, t
     assert sorted(page.locator("#would-remove li").all_inner_texts()) == \
         sorted(preview["files_removed"])
     assert "git push" in page.locator("ul.side-effects").inner_text()
+    assert page.locator("#not-checkpointed li").all_inner_texts() == ["unsaved.txt"]
     assert (ws / "new.txt").exists()  # the preview changed nothing
     page.click("#restore-confirm")  # refused by the browser until acknowledged
     assert "/s/" in page.url and (ws / "new.txt").exists()
@@ -277,6 +297,8 @@ def test_a_restore_from_the_console_previews_then_equals_the_clis(page, world, t
     log = d.cli_json("log", s.id)
     assert log[-1]["kind"] == "restore" and log[-1]["restored_from"] == first.id
     assert page.locator("#new-head").inner_text() == log[-1]["id"]
+    assert log[-2]["label"] == "before restore"  # the unsaved edit, kept
+    assert page.locator("#before a").get_attribute("href") == f"/c/{log[-2]['id']}"
 
 
 def test_an_approval_decided_in_the_console_releases_the_waiting_request_and_hook(

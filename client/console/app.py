@@ -131,6 +131,15 @@ class Console:
                          diff=d, rows=shown, patches=patches, page=page, pages=pages,
                          total=len(rows))
 
+    def path(self, request: Request):
+        """A path's history: the checkpoints that changed it, newest first, each with
+        the tool calls before it and its patch."""
+        sid = request.path_params["sid"]
+        path = request.query_params.get("p", "").strip()
+        session = self.client.get_session(sid)
+        changes = self.client.path_history(sid, path, patch=True) if path else []
+        return self.page(request, "path.html", session=session, path=path, changes=changes)
+
     def restore_preview(self, request: Request):
         sid = request.path_params["sid"]
         to = request.query_params.get("to", "")
@@ -363,6 +372,7 @@ def make_app(client, keys: Keys, secure: bool = False) -> Starlette:
     routes = [
         Route("/", c.get(c.sessions)),
         Route("/s/{sid}", c.get(c.session)),
+        Route("/s/{sid}/path", c.get(c.path)),
         Route("/s/{sid}/restore", c.get(c.restore_preview)),
         Route("/s/{sid}/restore", c.post(c.restore), methods=["POST"]),
         Route("/fork", c.post(c.fork), methods=["POST"]),
