@@ -1,0 +1,140 @@
+"""The real Claude Code (the pinned version), set up with `worldline init claude-code`,
+driven headless against the scripted Anthropic server, with a real daemon: its own
+Write tool and a Bash edit are recorded and checkpointed with the conversation, a
+`git push` is refused by the gate and never runs, rewind is exact and its resume
+command resumes the very conversation."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from ..conftest import tree_state
+from .claude import WORLDLINE, claude_env, conversation, run_claude, tool_results, worldline
+
+PUSH = "git push origin HEAD:refs/heads/main"
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                          cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def project(tmp_path: Path, daemon) -> tuple[Path, Path]:
+    """A git repository with a local bare origin, and worldline's hooks in its
+    .claude/settings.json, written by `worldline init claude-code`."""
+    origin, ws = tmp_path / "origin.git", tmp_path / "ws"
+    git(tmp_path, "init", "-q", "--bare", str(origin))
+    ws.mkdir()
+    (ws / "b.txt").write_text("base\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "b.txt")
+    git(ws, "commit", "-q", "-m", "base")
+    git(ws, "remote", "add", "origin", str(origin))
+    init = subprocess.run(WORLDLINE + ["init", "claude-code", "--project", str(ws),
+                                       "--address", daemon.address, "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stderr
+    return ws, origin
+
+
+def uses(messages: list[dict]) -> list[str]:
+    """The tool-use ids of the assistant entries among a checkpoint's messages."""
+    return [block["id"] for m in messages if m.get("type") == "assistant"
+            for block in m["message"]["content"] if block.get("type") == "tool_use"]
+
+
+def results(messages: list[dict]) -> dict[str, dict]:
+    return {block["tool_use_id"]: block for m in messages if m.get("type") == "user"
+            and isinstance(m["message"]["content"], list)
+            for block in m["message"]["content"] if block.get("type") == "tool_result"}
+
+
+def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
+    ws, origin = project(tmp_path, daemon)
+    session = client.create_session(str(ws))
+    before = tree_state(ws)
+    env = claude_env(tmp_path)
+    script = [
+        {"tool_use": {"id": "toolu_write", "name": "Write",
+                      "input": {"file_path": str(ws / "a.txt"), "content": "hello\n"}}},
+        {"tool_use": {"id": "toolu_edit", "name": "Bash",
+                      "input": {"command": "printf 'more\\n' >> b.txt",
+                                "description": "append to b.txt"}}},
+        {"tool_use": {"id": "toolu_push", "name": "Bash",
+                      "input": {"command": PUSH, "description": "push"}}},
+        {"text": "all done"},
+    ]
+    # Claude Code itself would let every Bash call run (--allowedTools Bash): what
+    # stops the push is worldline's gate, nothing else.
+    run, result = run_claude("write a.txt, extend b.txt, push", script, ws, env,
+                             "--permission-mode", "acceptEdits",
+                             "--allowedTools", "Bash,Write")
+    assert result["is_error"] is False and result["result"] == "all done"
+    assert (ws / "a.txt").read_bytes() == b"hello\n"
+    assert (ws / "b.txt").read_bytes() == b"base\nmore\n"
+
+    # The push did not run: origin has no ref, Claude Code reports the call refused,
+    # and the model was told why, with the approval to ask for.
+    assert git(origin, "for-each-ref") == ""
+    assert [d["tool_use_id"] for d in result["permission_denials"]] == ["toolu_push"]
+    sent = tool_results(run)
+    assert sent["toolu_push"]["is_error"] is True
+    assert "worldline approve" in str(sent["toolu_push"]["content"])
+    assert not sent["toolu_write"].get("is_error") and not sent["toolu_edit"]["is_error"]
+
+    # Nobody approved it: the request is withdrawn, and only the two calls that ran
+    # are in the ledger.
+    approvals = client.list_approvals(session.id)
+    assert [(a.tool, a.args["command"], a.status) for a in approvals] == [
+        ("Bash", PUSH, "denied")]
+    calls = client.tool_calls(session.id)
+    assert [(c.name, c.idempotency_key) for c in calls] == [
+        ("Write", "toolu_write"), ("Bash", "toolu_edit")]
+    assert all(not c.approval_id for c in calls)
+
+    # Each checkpoint holds the conversation up to it.
+    log = {cp.label: cp for cp in client.log(session.id)}
+    write_cp = log["Write: a.txt"]
+    edit_cp = log["Bash: printf 'more\\n' >> b.txt"]
+    asked_cp = client.show(approvals[0].checkpoint_id)
+    stop_cp = log["stop"]
+    assert uses(client.show(write_cp.id).messages) == ["toolu_write"]
+    edit_messages = client.show(edit_cp.id).messages
+    assert uses(edit_messages) == ["toolu_write", "toolu_edit"]
+    assert list(results(edit_messages)) == ["toolu_write"]
+    assert uses(asked_cp.messages) == ["toolu_write", "toolu_edit"]
+    stop_messages = client.show(stop_cp.id).messages
+    assert uses(stop_messages) == ["toolu_write", "toolu_edit", "toolu_push"]
+    refused = results(stop_messages)["toolu_push"]
+    assert refused["is_error"] is True and "worldline approve" in str(refused["content"])
+    prompt = [m for m in stop_messages if m.get("type") == "user"][0]
+    assert prompt["message"]["content"] == "write a.txt, extend b.txt, push"
+    # `worldline show --json` prints the same conversation.
+    shown = worldline("show", write_cp.id, "--address", daemon.address)
+    assert uses(shown["messages"]) == ["toolu_write"]
+
+    # Rewind to the Write: the files as they were then, byte for byte, and the command
+    # that resumes the conversation there names Claude Code's session.
+    r = worldline("rewind", "--to", write_cp.id, "--address", daemon.address, cwd=ws)
+    assert (ws / "a.txt").read_bytes() == b"hello\n"
+    assert (ws / "b.txt").read_bytes() == b"base\n"
+    at = client.show(write_cp.id).resume["resume_entry"]
+    assert r["resume_command"] == (f"claude --resume {result['session_id']}"
+                                   f" --resume-session-at {at}")
+    assert [m["uuid"] for m in client.show(write_cp.id).messages
+            if m.get("type") == "assistant"][-1] == at
+
+    # Back to before the run: the workspace exactly as it was, .git included.
+    first = client.log(session.id)[0]
+    worldline("rewind", "--to", first.id, "--address", daemon.address, cwd=ws)
+    assert tree_state(ws) == before
+
+    # The resume command works: Claude Code resumes its session at the Write.
+    resumed, _ = run_claude("go on", [{"text": "resumed"}], ws, env,
+                            *r["resume_command"].split()[1:],
+                            "--permission-mode", "acceptEdits")
+    history = conversation(resumed)[-1]["messages"]
+    ids = [b.get("id") for m in history if m["role"] == "assistant"
+           for b in m["content"] if isinstance(b, dict)]
+    assert "toolu_write" in ids and "toolu_edit" not in ids and "toolu_push" not in ids
