@@ -479,6 +479,14 @@ def build_parser() -> argparse.ArgumentParser:
                           " options given)")
     ini.set_defaults(fn=None)
 
+    doc = sub.add_parser("doctor", parents=[common],
+                         help="check that an installed agent will run worldline's hooks")
+    doc.add_argument("agent", nargs="?", choices=[a for a in AGENTS if a != "generic"],
+                     help="the agent (default: every agent installed or set up here)")
+    doc.add_argument("--project", default=".", metavar="DIR",
+                     help="the project whose settings to check (default: this folder)")
+    doc.set_defaults(fn=None)
+
     d = sub.add_parser("daemon", help="run the daemon in the foreground")
     d.add_argument("--root", help="data root (default $WORLDLINE_ROOT or ~/.local/share/worldline)")
     d.add_argument("--listen", help="address to listen on (default unix://<root>/worldline.sock)")
@@ -816,6 +824,9 @@ def _main(argv: list[str] | None = None) -> int:
     as_json = getattr(args, "json", False)
     if args.command == "init":
         return _init(args, Output(as_json))
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+        return doctor_main(args.agent, args.project, getattr(args, "address", None), as_json)
     if args.command == "mcp":
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
@@ -871,23 +882,33 @@ def _init(a, out: Output) -> int:
                  dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
     except WorldlineError as exc:
         return _failed(exc, out.as_json)
+    checks = []
+    if not a.remove:  # what stands between these hooks and their running (worldline doctor)
+        from .doctor import run as doctor_run
+        checks = doctor_run(a.agent, a.project, getattr(a, "address", None))
+        d["checks"] = [c.to_dict() for c in checks]
 
     def human() -> str:
-        if not d["changed"]:
-            return f"{d['path']}: already as wanted, nothing changed"
-        events = ", ".join(d["events"])
-        if d["removed"]:
-            what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
-        else:
-            what = ("would add" if d["dry_run"] else "added") + f" worldline's hooks ({events}) to"
-        text = f"{what} {d['path']}"
-        if d["backup"]:
-            text += f"\nthe old file is kept as {d['backup']}"
-        if d["dry_run"]:
-            text += "\n" + d["diff"].rstrip("\n")
-        return text
+        from .doctor import render
+        return _init_human(d) + ("\n" + render(checks) if checks else "")
     out.emit(d, human)
     return 0
+
+
+def _init_human(d: dict) -> str:
+    if not d["changed"]:
+        return f"{d['path']}: already as wanted, nothing changed"
+    events = ", ".join(d["events"])
+    if d["removed"]:
+        what = ("would remove" if d["dry_run"] else "removed") + " worldline's hooks from"
+    else:
+        what = ("would add" if d["dry_run"] else "added") + f" worldline's hooks ({events}) to"
+    text = f"{what} {d['path']}"
+    if d["backup"]:
+        text += f"\nthe old file is kept as {d['backup']}"
+    if d["dry_run"]:
+        text += "\n" + d["diff"].rstrip("\n")
+    return text
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""`worldline doctor AGENT` against the real programs (the pinned versions on PATH):
+each check fails, with the command that fixes it, until that is done, and then holds;
+`--json` is `{"checks": [{"name", "ok", "detail", "fix"}]}`; exit 0 only when all hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..fidelity import AGENT_UID, in_child_as
+from . import CLAUDE_CODE, CODEX, GEMINI_CLI, agent_bin
+from .claude import WORLDLINE
+
+BINS = {"claude-code": agent_bin("claude-code", CLAUDE_CODE).parent,
+        "gemini": agent_bin("gemini-cli", GEMINI_CLI).parent,
+        "codex": agent_bin("codex", CODEX).parent}
+SYSTEM = [str(Path(sys.executable).parent), "/usr/bin", "/bin"]
+
+
+def env_for(tmp_path: Path, *agents: str, **extra: str) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    path = [str(BINS[a]) for a in agents] + SYSTEM
+    return {"HOME": str(home), "PATH": os.pathsep.join(path), "LANG": "C.UTF-8", **extra}
+
+
+def doctor(env: dict[str, str], *args: str) -> tuple[int, dict]:
+    out = subprocess.run(WORLDLINE + ["doctor", *args, "--json"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    return out.returncode, json.loads(out.stdout)
+
+
+def by_name(d: dict) -> dict[str, dict]:
+    for check in d["checks"]:
+        assert set(check) == {"name", "ok", "detail", "fix"}
+        assert isinstance(check["ok"], bool) and (check["fix"] == "") == check["ok"]
+    return {c["name"]: c for c in d["checks"]}
+
+
+def run_fix(fix: str, env: dict[str, str], *extra: str) -> dict:
+    """A `worldline ...` fix as the user would type it (the worldline of these tests)."""
+    words = shlex.split(fix)
+    assert words[0] == "worldline"
+    out = subprocess.run(WORLDLINE + words[1:] + [*extra, "--json"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_doctor_claude_code_each_point_fails_then_holds(daemon, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    nowhere = f"unix://{tmp_path}/no-daemon.sock"
+    code, d = doctor(env_for(tmp_path), "claude-code", "--project", str(ws),
+                     "--address", nowhere)
+    checks = by_name(d)
+    assert code == 1
+    assert list(checks) == ["claude-code client", "claude-code hooks",
+                            "claude-code hook command", "claude-code trust (headless)",
+                            "claude-code trust (interactive)", "daemon", "permissions"]
+    assert checks["claude-code client"]["fix"] == "npm install -g @anthropic-ai/claude-code"
+    assert checks["claude-code hooks"]["fix"] == f"worldline init claude-code --project {ws}"
+    assert checks["claude-code trust (headless)"]["ok"]  # print mode needs no trust
+    assert checks["claude-code trust (interactive)"]["fix"].startswith(f"cd {ws} && claude")
+    assert checks["daemon"]["fix"] == f"worldline daemon --root {tmp_path}"
+
+    # The fixes: the client on PATH, the hooks by the printed command, the trust as
+    # Claude Code's dialog records it, the daemon that runs.
+    env = env_for(tmp_path, "claude-code")
+    init = run_fix(checks["claude-code hooks"]["fix"], env, "--address", daemon.address)
+    assert by_name(init)["claude-code hooks"]["ok"]
+    (tmp_path / "home" / ".claude.json").write_text(json.dumps(
+        {"projects": {str(tmp_path): {"hasTrustDialogAccepted": True}}}))  # a parent
+    code, d = doctor(env, "claude-code", "--project", str(ws))  # the hooks' --address
+    checks = by_name(d)
+    assert code == 0 and all(c["ok"] for c in checks.values()), checks
+    assert checks["claude-code client"]["detail"].startswith(f"claude {CLAUDE_CODE} at ")
+    assert daemon.address in checks["daemon"]["detail"]
+
+    # What turns the hooks off again is found: disableAllHooks, a command that cannot run.
+    local = ws / ".claude" / "settings.local.json"
+    local.write_text(json.dumps({"disableAllHooks": True}))
+    code, d = doctor(env, "claude-code", "--project", str(ws))
+    assert code == 1 and str(local) in by_name(d)["claude-code hooks"]["fix"]
+    local.unlink()
+    run_fix(f"worldline init claude-code --project {ws}", env, "--command",
+            f"{tmp_path}/gone/worldline hook claude-code")
+    code, d = doctor(env, "claude-code", "--project", str(ws))
+    assert code == 1 and not by_name(d)["claude-code hook command"]["ok"]
+
+    # The human form: a line a check, `ok` or `fail`, and the fix under a failing one.
+    out = subprocess.run(WORLDLINE + ["doctor", "claude-code", "--project", str(ws)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1
+    assert lines[0].startswith("ok    claude-code client: claude ")
+    assert any(line.startswith("fail  claude-code hook command:") for line in lines)
+    assert any(line.startswith("      fix: worldline init claude-code") for line in lines)
+
+
+def test_doctor_gemini_trust_headless_and_interactive(daemon, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = env_for(tmp_path, "gemini")
+    run_fix(f"worldline init gemini --project {ws}", env, "--address", daemon.address)
+    code, d = doctor(env, "gemini", "--project", str(ws))
+    checks = by_name(d)
+    assert code == 1
+    assert checks["gemini client"]["detail"].startswith(f"gemini {GEMINI_CLI} at ")
+    assert checks["gemini trust (headless)"]["fix"].startswith(
+        "export GEMINI_CLI_TRUST_WORKSPACE=true")
+    assert not checks["gemini trust (interactive)"]["ok"]
+
+    code, d = doctor({**env, "GEMINI_CLI_TRUST_WORKSPACE": "true"}, "gemini",
+                     "--project", str(ws))
+    checks = by_name(d)
+    assert checks["gemini trust (headless)"]["ok"]
+    assert not checks["gemini trust (interactive)"]["ok"] and code == 1
+
+    rules = tmp_path / "home" / ".gemini" / "trustedFolders.json"
+    rules.parent.mkdir(exist_ok=True)
+    rules.write_text(json.dumps({str(ws / "child"): "TRUST_PARENT"}))  # trusts ws
+    code, d = doctor(env, "gemini", "--project", str(ws))
+    assert code == 0, d
+    rules.write_text(json.dumps({str(tmp_path): "TRUST_FOLDER",
+                                 str(ws): "DO_NOT_TRUST"}))  # the longest rule wins
+    code, d = doctor(env, "gemini", "--project", str(ws))
+    assert code == 1 and "DO_NOT_TRUST" in by_name(d)["gemini trust (interactive)"]["detail"]
+
+
+def test_doctor_codex_hook_trust(daemon, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = env_for(tmp_path, "codex")
+    run_fix(f"worldline init codex --project {ws}", env, "--address", daemon.address)
+    code, d = doctor(env, "codex", "--project", str(ws))
+    checks = by_name(d)
+    assert code == 1
+    assert checks["codex client"]["detail"].startswith(f"codex {CODEX} at ")
+    assert "--dangerously-bypass-hook-trust" in checks["codex trust (headless)"]["fix"]
+    assert "not a trusted project" in checks["codex trust (interactive)"]["detail"]
+
+    hooks = ws / ".codex" / "hooks.json"
+    state = "\n".join(f'[hooks.state."{hooks}:{event}:0:0"]\ntrusted_hash = "sha256:x"'
+                      for event in ("session_start", "pre_tool_use", "post_tool_use",
+                                    "user_prompt_submit"))
+    config = tmp_path / "home" / ".codex" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[projects."{ws}"]\ntrust_level = "trusted"\n\n{state}\n')
+    code, d = doctor(env, "codex", "--project", str(ws))
+    assert code == 1 and "Stop are not trusted" in by_name(d)["codex trust (headless)"][
+        "detail"]
+    config.write_text(config.read_text() + f'[hooks.state."{hooks}:stop:0:0"]\n'
+                                           'trusted_hash = "sha256:x"\n')
+    code, d = doctor(env, "codex", "--project", str(ws))
+    assert code == 0, d
+
+
+def test_doctor_names_the_uid_the_daemon_does_not_admit(daemon):
+    from worldline.client.doctor import daemon_checks
+    got = in_child_as(AGENT_UID, lambda: [c.to_dict() for c in daemon_checks(daemon.address)])
+    assert isinstance(got, list), got
+    checks = {c["name"]: c for c in got}
+    assert not checks["permissions"]["ok"]
+    assert f"--allow-uid {AGENT_UID}" in checks["permissions"]["fix"]
+    assert [c.to_dict()["ok"] for c in daemon_checks(daemon.address)] == [True, True]
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_the_package_version_is_the_one_the_program_reports(agent):
+    """doctor reads the version from the npm package (`gemini --version` takes seconds);
+    the programs themselves say the same (`claude --version`, `codex --version`)."""
+    from worldline.client.doctor import _reported_version, installed
+    program, version = installed(agent, str(BINS[agent]))
+    assert version == {"claude-code": CLAUDE_CODE, "codex": CODEX}[agent]
+    assert _reported_version(program) == version
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "gemini"])
+def test_init_prints_the_doctors_checks(agent, daemon, tmp_path):
+    env = env_for(tmp_path, agent)
+    out = subprocess.run(WORLDLINE + ["init", agent, "--project", str(tmp_path),
+                                      "--address", daemon.address],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"ok    {agent} hooks: " in out.stdout and "ok    daemon: " in out.stdout
