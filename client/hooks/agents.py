@@ -76,6 +76,7 @@ class Event:
         self.tool_use_id = ""
         self.prompt = ""
         self.messages: list = []       # generic: messages given inline
+        self.last_message = ""         # Claude Code's Stop: its reply, not yet in the transcript
 
 
 def parse(agent: str, text: str, environ: dict[str, str] | None = None) -> Event:
@@ -113,6 +114,8 @@ def parse(agent: str, text: str, environ: dict[str, str] | None = None) -> Event
         event.tool_response = payload.get("tool_response")
         event.tool_use_id = payload.get("tool_use_id") or ""
         event.prompt = payload.get("prompt") or ""
+        last = payload.get("last_assistant_message")
+        event.last_message = last if isinstance(last, str) else ""
     if event.kind in (PRE, POST) and not event.tool:
         raise PayloadError(f"the {agent} {name} payload names no tool")
     if not isinstance(event.tool_input, dict):

@@ -229,8 +229,19 @@ class Hook:
         messages, after = list(event.messages), cursor
         if event.transcript:
             skip = "" if cursor.path == event.transcript else self._head_entry(sid)
-            read, after = transcripts.read_new(event.agent, event.transcript, cursor, skip)
-            messages += read
+            try:
+                read, after = transcripts.read_new(event.agent, event.transcript, cursor,
+                                                   skip)
+            except transcripts.Unreadable as exc:  # the next event reads it again
+                print(f"worldline hook: {exc}; this checkpoint has none of its messages",
+                      file=sys.stderr)
+                read = []
+            messages += self._announced(read, st)
+        if event.last_message:
+            stand_in = transcripts.last_reply(messages, event.last_message)
+            if stand_in:  # recorded now; its transcript entry, when read, is not again
+                messages.append(stand_in)
+                st["announced"] = event.last_message
         resume = {"agent": event.agent, "session_id": event.session_id, **after.as_dict()}
         cp = self.client.call("CreateCheckpoint", {
             "session_id": sid, "label": label[:200],
@@ -238,6 +249,18 @@ class Hook:
             "resume_json": json.dumps(resume)})
         st["cursor"] = after.to_dict()
         return cp
+
+    @staticmethod
+    def _announced(read: list[dict], st: dict) -> list[dict]:
+        """The entries read, less the reply a Stop event already recorded from its
+        payload (the first assistant entry read, when it has that text)."""
+        text = st.pop("announced", None)
+        for i, m in enumerate(read):
+            if m.get("role") == "assistant":
+                if text is not None and transcripts.reply_text(m) == text:
+                    return read[:i] + read[i + 1:]
+                break
+        return read
 
     def _head_entry(self, sid: str) -> str:
         """The last transcript entry the session's head recorded: a conversation resumed

@@ -17,6 +17,11 @@ from .. import _json as json
 MAX_ENTRY = 1 << 20  # an entry larger than this is recorded by its id and size only
 
 
+class Unreadable(Exception):
+    """The transcript is there but cannot be read: the checkpoint records none of its
+    messages and says why, rather than an empty conversation as if it were whole."""
+
+
 class Cursor:
     FIELDS = ("path", "offset", "entries", "entry", "resume_entry")
 
@@ -75,8 +80,10 @@ def _jsonl(path: str, cursor: Cursor) -> tuple[list[dict], Cursor]:
                 cursor = Cursor(path)
             f.seek(cursor.offset)
             data = f.read()
-    except OSError:
+    except FileNotFoundError:  # not written yet (Claude Code: not before the first reply)
         return [], cursor
+    except OSError as exc:
+        raise Unreadable(f"cannot read the transcript {path}: {exc.strerror}") from None
     end = data.rfind(b"\n") + 1
     entries = []
     for line in data[:end].splitlines():
@@ -141,3 +148,25 @@ def _message(agent: str, entry: dict) -> dict:
         return {"role": _role(agent, entry), "id": _entry_id(entry),
                 "truncated": True, "bytes": len(text)}
     return {"role": _role(agent, entry), **{k: v for k, v in entry.items() if k != "role"}}
+
+
+def last_reply(messages: list[dict], text: str) -> dict | None:
+    """A stand-in for the reply an agent announced (Claude Code's Stop payload has
+    ``last_assistant_message``) but has not written to its transcript yet; None when the
+    messages already end with it."""
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            if reply_text(m) == text:
+                return None
+            break
+    return {"role": "assistant", "type": "last_assistant_message", "content": text}
+
+
+def reply_text(entry: dict) -> str:
+    """The text of an assistant entry (Claude Code: ``message.content``'s text blocks)."""
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else entry.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict)
+                   and b.get("type") == "text")

@@ -6,8 +6,12 @@ command resumes the very conversation."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
+
+from worldline.client.hooks.transcripts import reply_text
 
 from ..conftest import tree_state
 from .claude import WORLDLINE, claude_env, conversation, run_claude, tool_results, worldline
@@ -108,6 +112,11 @@ def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
     assert uses(stop_messages) == ["toolu_write", "toolu_edit", "toolu_push"]
     refused = results(stop_messages)["toolu_push"]
     assert refused["is_error"] is True and "worldline approve" in str(refused["content"])
+    # Claude Code may write its last reply to the transcript after the Stop hook has
+    # run: the hook then records it from the payload (last_assistant_message).
+    replies = [m for m in stop_messages if m["role"] == "assistant"]
+    assert reply_text(replies[-1]) == "all done"
+    assert [reply_text(m) for m in replies].count("all done") == 1
     prompt = [m for m in stop_messages if m.get("type") == "user"][0]
     assert prompt["message"]["content"] == "write a.txt, extend b.txt, push"
     # `worldline show --json` prints the same conversation.
@@ -138,3 +147,66 @@ def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
     ids = [b.get("id") for m in history if m["role"] == "assistant"
            for b in m["content"] if isinstance(b, dict)]
     assert "toolu_write" in ids and "toolu_edit" not in ids and "toolu_push" not in ids
+
+
+# -- the transcript as Claude Code 2.1.197 writes it (one of its runs above, recorded) ---
+RECORDED = Path(__file__).parent / "fixtures" / "claude-code-2.1.197.jsonl"
+
+
+def hook(daemon, tmp_path: Path, payload: dict) -> subprocess.CompletedProcess:
+    out = subprocess.run(WORLDLINE + ["hook", "claude-code", "--address", daemon.address],
+                         input=json.dumps(payload), capture_output=True, text=True,
+                         timeout=60, env={**os.environ,
+                                          "WORLDLINE_HOOK_STATE": str(tmp_path / "state")})
+    assert out.returncode == 0 and json.loads(out.stdout) == {}, out.stderr
+    return out
+
+
+def test_the_last_reply_is_recorded_once_whenever_the_transcript_has_it(daemon, client,
+                                                                       tmp_path):
+    lines = RECORDED.read_text().splitlines(keepends=True)
+    final = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "assistant"][-1]
+    final_uuid = json.loads(lines[final])["uuid"]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text("".join(lines[:final]))  # at Stop: the reply not written yet
+    session = client.create_session(str(ws))
+    base = {"session_id": "5785f4b7", "transcript_path": str(transcript), "cwd": str(ws)}
+    hook(daemon, tmp_path, {**base, "hook_event_name": "SessionStart", "source": "startup"})
+    hook(daemon, tmp_path, {**base, "hook_event_name": "Stop", "stop_hook_active": False,
+                            "last_assistant_message": "all done"})
+    stop = client.show(client.log(session.id)[-1].id)
+    assert stop.messages[-1] == {"role": "assistant", "type": "last_assistant_message",
+                                 "content": "all done"}
+    assert stop.messages[:-1] == [
+        {"role": e.get("message", {}).get("role") or e["type"], **e}
+        for e in map(json.loads, lines[:final])]
+
+    with open(transcript, "a") as f:  # Claude Code writes it after the hook
+        f.write("".join(lines[final:]))
+    hook(daemon, tmp_path, {**base, "hook_event_name": "UserPromptSubmit", "prompt": "more"})
+    after = client.show(client.log(session.id)[-1].id)
+    assert [reply_text(m) for m in after.messages if m["role"] == "assistant"].count(
+        "all done") == 1
+    assert len(after.messages) == len(lines)  # every entry once, the reply as the stand-in
+    assert after.resume["resume_entry"] == final_uuid  # resumable at the real entry
+
+
+def test_a_transcript_that_cannot_be_read_is_said_so(daemon, client, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    session = client.create_session(str(ws))
+    unreadable = tmp_path / "t.jsonl"
+    unreadable.mkdir()  # open() fails, even for root
+    base = {"session_id": "unreadable-1", "transcript_path": str(unreadable),
+            "cwd": str(ws)}
+    out = hook(daemon, tmp_path, {**base, "hook_event_name": "UserPromptSubmit",
+                                  "prompt": "hi"})
+    assert f"cannot read the transcript {unreadable}" in out.stderr
+    assert client.show(client.log(session.id)[-1].id).messages == []
+    unreadable.rmdir()
+    unreadable.write_text(RECORDED.read_text())  # readable again: nothing was skipped
+    hook(daemon, tmp_path, {**base, "hook_event_name": "Stop"})
+    assert len(client.show(client.log(session.id)[-1].id).messages) == len(
+        RECORDED.read_text().splitlines())
