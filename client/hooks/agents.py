@@ -114,8 +114,8 @@ def parse(agent: str, text: str, environ: dict[str, str] | None = None) -> Event
         event.tool_response = payload.get("tool_response")
         event.tool_use_id = payload.get("tool_use_id") or ""
         event.prompt = payload.get("prompt") or ""
-        last = payload.get("last_assistant_message")
-        event.last_message = last if isinstance(last, str) else ""
+        last = payload.get("last_assistant_message")  # verified for Claude Code only
+        event.last_message = last if agent == "claude-code" and isinstance(last, str) else ""
     if event.kind in (PRE, POST) and not event.tool:
         raise PayloadError(f"the {agent} {name} payload names no tool")
     if not isinstance(event.tool_input, dict):
