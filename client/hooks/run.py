@@ -129,6 +129,10 @@ class Hook:
             key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
             approval = self._approval_for(sid, event, args)
             st.setdefault("pending", {})[key] = approval["id"]
+            if self.config.approval == ASK and decision.get("approver") != "owner":
+                # put to the person at the agent: withdrawn if the call never runs. One
+                # left to an operator stays pending for `worldline approve` and a retry.
+                st.setdefault("asked", {})[key] = approval["id"]
         what = (f"worldline: {event.tool} {_short(_command(event))!r} is {decision['effect']}"
                 f" ({decision['rule']})")
         if approval["status"] == "approved":
@@ -183,6 +187,7 @@ class Hook:
         sid = self.session(event, st)
         key = state.pending_key(event.tool, event.tool_input, event.tool_use_id)
         approval_id = st.get("pending", {}).pop(key, "")
+        st.get("asked", {}).pop(key, None)
         if approval_id:
             approval = self.client.call("GetApproval", {"approval_id": approval_id})
             if approval["status"] == "pending":  # the person at the agent said yes
@@ -213,14 +218,17 @@ class Hook:
         self.checkpoint(event, st, f"{event.tool}: {_short(_command(event))}")
 
     def withdraw_stale(self, st: dict) -> None:
-        """Approvals asked for before tool calls that never ran (refused at the agent,
-        or interrupted) are withdrawn once the turn moves on."""
+        """Approvals put to the person at the agent before tool calls that never ran
+        (refused at the agent, or interrupted) are withdrawn once the turn moves on;
+        those left to an operator (deny, a wait that timed out) stay pending."""
+        asked = st.pop("asked", {})
         for key, approval_id in list(st.get("pending", {}).items()):
-            try:
-                self.client.call("CancelApproval", {
-                    "approval_id": approval_id, "reason": "the tool call did not run"})
-            except FailedPrecondition:
-                pass  # decided meanwhile
+            if asked.get(key) == approval_id:
+                try:
+                    self.client.call("CancelApproval", {
+                        "approval_id": approval_id, "reason": "the tool call did not run"})
+                except FailedPrecondition:
+                    pass  # decided meanwhile
             del st["pending"][key]
 
     def checkpoint(self, event: Event, st: dict, label: str) -> dict:

@@ -24,7 +24,7 @@ def git(cwd: Path, *args: str) -> str:
                           cwd=cwd, capture_output=True, text=True, check=True).stdout
 
 
-def project(tmp_path: Path, daemon) -> tuple[Path, Path]:
+def project(tmp_path: Path, daemon, *init_args: str) -> tuple[Path, Path]:
     """A git repository with a local bare origin, and worldline's hooks in its
     .claude/settings.json, written by `worldline init claude-code`."""
     origin, ws = tmp_path / "origin.git", tmp_path / "ws"
@@ -36,7 +36,8 @@ def project(tmp_path: Path, daemon) -> tuple[Path, Path]:
     git(ws, "commit", "-q", "-m", "base")
     git(ws, "remote", "add", "origin", str(origin))
     init = subprocess.run(WORLDLINE + ["init", "claude-code", "--project", str(ws),
-                                       "--address", daemon.address, "--json"],
+                                       "--address", daemon.address, *init_args,
+                                       "--json"],
                           capture_output=True, text=True, timeout=60)
     assert init.returncode == 0, init.stderr
     return ws, origin
@@ -147,6 +148,34 @@ def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
     ids = [b.get("id") for m in history if m["role"] == "assistant"
            for b in m["content"] if isinstance(b, dict)]
     assert "toolu_write" in ids and "toolu_edit" not in ids and "toolu_push" not in ids
+
+
+def test_a_push_refused_headless_goes_through_once_an_operator_approves(daemon, client,
+                                                                        tmp_path):
+    """--approval deny: the model is told the approval's id; the approval stays pending
+    after the run (it was left to an operator), and the retry after `worldline approve`
+    runs the push, recorded with that approval."""
+    ws, origin = project(tmp_path, daemon, "--approval", "deny")
+    session = client.create_session(str(ws))
+    env = claude_env(tmp_path)
+    push = {"tool_use": {"id": "toolu_push", "name": "Bash",
+                         "input": {"command": PUSH, "description": "push"}}}
+    run, result = run_claude("push", [push, {"text": "refused"}], ws, env,
+                             "--allowedTools", "Bash")
+    assert git(origin, "for-each-ref") == ""
+    [approval] = client.list_approvals(session.id)
+    assert approval.status == "pending"
+    assert f"worldline approve {approval.id}" in tool_results(run)["toolu_push"]["content"]
+
+    subprocess.run(WORLDLINE + ["approve", approval.id, "--address", daemon.address],
+                   check=True, capture_output=True, timeout=60)
+    retry = {"tool_use": {**push["tool_use"], "id": "toolu_retry"}}
+    run_claude("approved: push again", [retry, {"text": "pushed"}], ws, env,
+               "--resume", result["session_id"], "--allowedTools", "Bash")
+    assert "refs/heads/main" in git(origin, "for-each-ref")
+    pushed = [c for c in client.tool_calls(session.id) if c.idempotency_key == "toolu_retry"]
+    assert [c.approval_id for c in pushed] == [approval.id]
+    assert client.get_approval(approval.id).status == "approved"
 
 
 # -- the transcript as Claude Code 2.1.197 writes it (one of its runs above, recorded) ---
