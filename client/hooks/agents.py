@@ -36,7 +36,7 @@ START, PRE, POST, PROMPT, STOP, OTHER = "start", "pre", "post", "prompt", "stop"
 # The agent's event names, by what they mean.
 _KINDS = {
     "claude-code": {"SessionStart": START, "PreToolUse": PRE, "PostToolUse": POST,
-                    "UserPromptSubmit": PROMPT, "Stop": STOP},
+                    "UserPromptSubmit": PROMPT, "Stop": STOP, "SessionEnd": STOP},
     "codex": {"SessionStart": START, "PreToolUse": PRE, "PostToolUse": POST,
               "UserPromptSubmit": PROMPT, "Stop": STOP},
     "gemini": {"SessionStart": START, "BeforeTool": PRE, "AfterTool": POST,

@@ -35,6 +35,7 @@ from .agents import ALLOW, ASK, DENY, PASS, POST, PRE, PROMPT, START, STOP, Even
 
 GATED = "external_non_idempotent"
 MAX_RESULT = 1 << 20
+WAIT_ENTRY = 0.5  # s: the longest a hook waits for the transcript entry of its call
 
 
 class Config:
@@ -114,7 +115,8 @@ class Hook:
                 self.after_tool(event, st)
             elif event.kind in (PROMPT, STOP):
                 self.withdraw_stale(st)
-                label = "stop" if event.kind == STOP else "prompt: " + _short(event.prompt)
+                label = ("session end" if event.name == "SessionEnd" else "stop") \
+                    if event.kind == STOP else "prompt: " + _short(event.prompt)
                 self.checkpoint(event, st, label)
         return agents.answer(event)
 
@@ -238,8 +240,7 @@ class Hook:
         if event.transcript:
             skip = "" if cursor.path == event.transcript else self._head_entry(sid)
             try:
-                read, after = transcripts.read_new(event.agent, event.transcript, cursor,
-                                                   skip)
+                read, after = self._read(event, st, cursor, skip)
             except transcripts.Unreadable as exc:  # the next event reads it again
                 print(f"worldline hook: {exc}; this checkpoint has none of its messages",
                       file=sys.stderr)
@@ -257,6 +258,24 @@ class Hook:
             "resume_json": json.dumps(resume)})
         st["cursor"] = after.to_dict()
         return cp
+
+    def _read(self, event: Event, st: dict, cursor: transcripts.Cursor, skip: str
+              ) -> tuple[list[dict], transcripts.Cursor]:
+        """The transcript's new entries. Claude Code writes its transcript in batches
+        (every 100 ms): after a call, the entry that asked for it may not be written
+        yet, and the hook waits for it, at most WAIT_ENTRY."""
+        read, after = transcripts.read_new(event.agent, event.transcript, cursor, skip)
+        want = event.tool_use_id if event.agent == "claude-code" and event.kind == POST \
+            else ""
+        seen = st.get("uses", [])
+        deadline = time.monotonic() + WAIT_ENTRY
+        while want and want not in seen and want not in transcripts.tool_uses(read) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+            more, after = transcripts.read_new(event.agent, event.transcript, after)
+            read += more
+        st["uses"] = (seen + transcripts.tool_uses(read))[-64:]
+        return read, after
 
     @staticmethod
     def _announced(read: list[dict], st: dict) -> list[dict]:

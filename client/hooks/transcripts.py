@@ -170,3 +170,15 @@ def reply_text(entry: dict) -> str:
         return content
     return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict)
                    and b.get("type") == "text")
+
+
+def tool_uses(messages: list[dict]) -> list[str]:
+    """The tool-use ids of the calls that Claude Code entries ask for."""
+    out = []
+    for m in messages:
+        message = m.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                out.append(block.get("id", ""))
+    return out

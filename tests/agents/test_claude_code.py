@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from worldline.client.hooks.transcripts import reply_text
 
 from ..conftest import tree_state
@@ -55,11 +56,21 @@ def results(messages: list[dict]) -> dict[str, dict]:
             for block in m["message"]["content"] if block.get("type") == "tool_result"}
 
 
-def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
+# Claude Code itself lets every Bash call run in both modes: what stops the push is
+# worldline's gate, nothing else. As root, --dangerously-skip-permissions is refused
+# unless IS_SANDBOX=1 says the machine is a sandbox.
+MODES = {"allowed tools": ([], ["--permission-mode", "acceptEdits",
+                                "--allowedTools", "Bash,Write"]),
+         "bypass permissions": (["IS_SANDBOX"], ["--dangerously-skip-permissions"])}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_claude_code_with_the_hooks_end_to_end(mode, daemon, client, tmp_path):
     ws, origin = project(tmp_path, daemon)
     session = client.create_session(str(ws))
     before = tree_state(ws)
-    env = claude_env(tmp_path)
+    sandbox, flags = MODES[mode]
+    env = {**claude_env(tmp_path), **{name: "1" for name in sandbox}}
     script = [
         {"tool_use": {"id": "toolu_write", "name": "Write",
                       "input": {"file_path": str(ws / "a.txt"), "content": "hello\n"}}},
@@ -70,11 +81,7 @@ def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
                       "input": {"command": PUSH, "description": "push"}}},
         {"text": "all done"},
     ]
-    # Claude Code itself would let every Bash call run (--allowedTools Bash): what
-    # stops the push is worldline's gate, nothing else.
-    run, result = run_claude("write a.txt, extend b.txt, push", script, ws, env,
-                             "--permission-mode", "acceptEdits",
-                             "--allowedTools", "Bash,Write")
+    run, result = run_claude("write a.txt, extend b.txt, push", script, ws, env, *flags)
     assert result["is_error"] is False and result["result"] == "all done"
     assert (ws / "a.txt").read_bytes() == b"hello\n"
     assert (ws / "b.txt").read_bytes() == b"base\nmore\n"
@@ -103,21 +110,25 @@ def test_claude_code_with_the_hooks_end_to_end(daemon, client, tmp_path):
     write_cp = log["Write: a.txt"]
     edit_cp = log["Bash: printf 'more\\n' >> b.txt"]
     asked_cp = client.show(approvals[0].checkpoint_id)
-    stop_cp = log["stop"]
+    stop_cp, end_cp = log["stop"], log["session end"]
     assert uses(client.show(write_cp.id).messages) == ["toolu_write"]
     edit_messages = client.show(edit_cp.id).messages
     assert uses(edit_messages) == ["toolu_write", "toolu_edit"]
     assert list(results(edit_messages)) == ["toolu_write"]
     assert uses(asked_cp.messages) == ["toolu_write", "toolu_edit"]
+    # Claude Code writes its transcript in batches, and its last reply only after the
+    # Stop hook: the Stop checkpoint holds what was written (and the reply, from the
+    # payload's last_assistant_message), the session's end all of it, each entry once.
     stop_messages = client.show(stop_cp.id).messages
-    assert uses(stop_messages) == ["toolu_write", "toolu_edit", "toolu_push"]
-    refused = results(stop_messages)["toolu_push"]
+    end_messages = client.show(end_cp.id).messages
+    assert end_messages[:len(stop_messages)] == stop_messages
+    assert uses(end_messages) == ["toolu_write", "toolu_edit", "toolu_push"]
+    refused = results(end_messages)["toolu_push"]
     assert refused["is_error"] is True and "worldline approve" in str(refused["content"])
-    # Claude Code may write its last reply to the transcript after the Stop hook has
-    # run: the hook then records it from the payload (last_assistant_message).
-    replies = [m for m in stop_messages if m["role"] == "assistant"]
-    assert reply_text(replies[-1]) == "all done"
-    assert [reply_text(m) for m in replies].count("all done") == 1
+    for messages in (stop_messages, end_messages):
+        replies = [m for m in messages if m["role"] == "assistant"]
+        assert reply_text(replies[-1]) == "all done"
+        assert [reply_text(m) for m in replies].count("all done") == 1
     prompt = [m for m in stop_messages if m.get("type") == "user"][0]
     assert prompt["message"]["content"] == "write a.txt, extend b.txt, push"
     # `worldline show --json` prints the same conversation.
