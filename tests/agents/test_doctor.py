@@ -15,7 +15,8 @@ import pytest
 
 from ..fidelity import AGENT_UID, in_child_as
 from . import CLAUDE_CODE, CODEX, GEMINI_CLI, agent_bin
-from .claude import WORLDLINE
+from .claude import WORLDLINE, claude_env
+from .sandbox import run_agent
 
 BINS = {"claude-code": agent_bin("claude-code", CLAUDE_CODE).parent,
         "gemini": agent_bin("gemini-cli", GEMINI_CLI).parent,
@@ -190,3 +191,41 @@ def test_init_prints_the_doctors_checks(agent, daemon, tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"ok    {agent} hooks: " in out.stdout and "ok    daemon: " in out.stdout
+
+
+KEY = "sk-ant-api03-" + "t" * 32  # an API key Claude Code's interactive start accepts
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_interactive_claude_code_runs_the_hooks_where_doctor_says_trusted(trusted, daemon,
+                                                                         client, tmp_path):
+    """The real Claude Code on a terminal: in a folder whose trust was accepted the
+    hooks run (the prompt is checkpointed); elsewhere it shows its trust dialog and
+    runs nothing, and doctor's interactive trust check says so beforehand."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    session = client.create_session(str(ws))
+    env = {**claude_env(tmp_path), "ANTHROPIC_API_KEY": KEY, "TERM": "xterm-256color"}
+    env.pop("CI")
+    run_fix(f"worldline init claude-code --project {ws}", env, "--address", daemon.address)
+    (tmp_path / "home" / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "theme": "dark",  # past the first-run screens
+        "customApiKeyResponses": {"approved": [KEY[-20:]], "rejected": []},
+        "projects": {str(ws): {"hasTrustDialogAccepted": trusted}}}))
+    code, d = doctor({**env, "PATH": env_for(tmp_path, "claude-code")["PATH"]},
+                     "claude-code", "--project", str(ws))
+    assert by_name(d)["claude-code trust (interactive)"]["ok"] is trusted
+    assert code == (0 if trusted else 1)
+
+    marker = "fromthemodel|Workedfor" if trusted else "Itrustthisfolder|No,exit"
+    run = run_agent([sys.executable, str(Path(__file__).with_name("pty_drive.py")), "40",
+                     marker, "1.5", "--", str(agent_bin("claude-code", CLAUDE_CODE)),
+                     "say hi"], provider="anthropic", script=[{"text": "hello from the model"}],
+                    cwd=ws, env=env, timeout=90)
+    assert run.returncode == 0, run.stdout[-2000:]
+    labels = [cp.label for cp in client.log(session.id)]
+    asked = [r for r in run.requests if r["path"].startswith("/v1/messages")]
+    if trusted:
+        assert "prompt: say hi" in labels and len(asked) >= 1
+    else:
+        assert labels == ["session created"] and asked == []
