@@ -105,15 +105,22 @@ def test_doctor_claude_code_each_point_fails_then_holds(daemon, tmp_path):
     assert any(line.startswith("      fix: worldline init claude-code") for line in lines)
 
 
-def test_doctor_gemini_trust_headless_and_interactive(daemon, tmp_path):
+def set_up_untrusted(daemon, tmp_path: Path, agent: str, version: str):
+    """A project with worldline's hooks for ``agent``, its program on PATH, nothing
+    trusted yet: (workspace, env, doctor's checks), once doctor found the program."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    env = env_for(tmp_path, "gemini")
-    run_fix(f"worldline init gemini --project {ws}", env, "--address", daemon.address)
-    code, d = doctor(env, "gemini", "--project", str(ws))
+    env = env_for(tmp_path, agent)
+    run_fix(f"worldline init {agent} --project {ws}", env, "--address", daemon.address)
+    code, d = doctor(env, agent, "--project", str(ws))
     checks = by_name(d)
     assert code == 1
-    assert checks["gemini client"]["detail"].startswith(f"gemini {GEMINI_CLI} at ")
+    assert checks[f"{agent} client"]["detail"].startswith(f"{agent} {version} at ")
+    return ws, env, checks
+
+
+def test_doctor_gemini_trust_headless_and_interactive(daemon, tmp_path):
+    ws, env, checks = set_up_untrusted(daemon, tmp_path, "gemini", GEMINI_CLI)
     assert checks["gemini trust (headless)"]["fix"].startswith(
         "export GEMINI_CLI_TRUST_WORKSPACE=true")
     assert not checks["gemini trust (interactive)"]["ok"]
@@ -136,14 +143,7 @@ def test_doctor_gemini_trust_headless_and_interactive(daemon, tmp_path):
 
 
 def test_doctor_codex_hook_trust(daemon, tmp_path):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    env = env_for(tmp_path, "codex")
-    run_fix(f"worldline init codex --project {ws}", env, "--address", daemon.address)
-    code, d = doctor(env, "codex", "--project", str(ws))
-    checks = by_name(d)
-    assert code == 1
-    assert checks["codex client"]["detail"].startswith(f"codex {CODEX} at ")
+    ws, env, checks = set_up_untrusted(daemon, tmp_path, "codex", CODEX)
     assert "--dangerously-bypass-hook-trust" in checks["codex trust (headless)"]["fix"]
     assert "not a trusted project" in checks["codex trust (interactive)"]["detail"]
 
