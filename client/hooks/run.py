@@ -263,10 +263,13 @@ class Hook:
               ) -> tuple[list[dict], transcripts.Cursor]:
         """The transcript's new entries. Claude Code writes its transcript in batches
         (every 100 ms): after a call, the entry that asked for it may not be written
-        yet, and the hook waits for it, at most WAIT_ENTRY."""
+        yet, and the hook waits for it, at most WAIT_ENTRY (once the transcript shows
+        itself Claude Code's own: its entries carry the ``version`` that wrote them)."""
         read, after = transcripts.read_new(event.agent, event.transcript, cursor, skip)
+        if any(isinstance(m.get("version"), str) for m in read):
+            st["batched"] = True
         want = event.tool_use_id if event.agent == "claude-code" and event.kind == POST \
-            else ""
+            and st.get("batched") else ""
         seen = st.get("uses", [])
         deadline = time.monotonic() + WAIT_ENTRY
         while want and want not in seen and want not in transcripts.tool_uses(read) \

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +252,32 @@ def test_a_transcript_that_cannot_be_read_is_said_so(daemon, client, tmp_path):
     hook(daemon, tmp_path, {**base, "hook_event_name": "Stop"})
     assert len(client.show(client.log(session.id)[-1].id).messages) == len(
         RECORDED.read_text().splitlines())
+
+
+def test_after_a_call_the_hook_waits_for_the_entry_that_asked_for_it(daemon, client,
+                                                                     tmp_path):
+    """Claude Code writes its transcript every 100 ms: the PostToolUse hook may start
+    before the assistant entry with the call is written, and waits for it."""
+    lines = RECORDED.read_text().splitlines(keepends=True)
+    asks = [i for i, line in enumerate(lines) if '"id":"toolu_0001"' in line
+            and json.loads(line)["type"] == "assistant"][0]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text("".join(lines[:asks]))
+    session = client.create_session(str(ws))
+    base = {"session_id": "waits-1", "transcript_path": str(transcript), "cwd": str(ws)}
+    hook(daemon, tmp_path, {**base, "hook_event_name": "SessionStart", "source": "startup"})
+
+    def written_late() -> None:
+        time.sleep(0.25)
+        with open(transcript, "a") as f:
+            f.write(lines[asks])
+    writer = threading.Thread(target=written_late)
+    writer.start()
+    hook(daemon, tmp_path, {**base, "hook_event_name": "PostToolUse", "tool_name": "Write",
+                            "tool_input": {"file_path": str(ws / "a.txt"),
+                                           "content": "hello\n"},
+                            "tool_use_id": "toolu_0001", "tool_response": {"type": "create"}})
+    writer.join()
+    assert uses(client.show(client.log(session.id)[-1].id).messages) == ["toolu_0001"]
