@@ -349,7 +349,7 @@ def daemon_checks(address: str) -> list[Check]:
     path = unix_path(address)
     if path is None:
         return _tcp_checks(address)
-    start = f"worldline daemon --root {shlex.quote(os.path.dirname(path))}"
+    start = _start_command(address, path)
     gateway = path + ".json"
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(5)
@@ -361,6 +361,13 @@ def daemon_checks(address: str) -> list[Check]:
     finally:
         probe.close()
     uid = os.getuid()
+    closed = [f for f in reversed(_ancestors(os.path.dirname(path))[1:])
+              if not os.access(f, os.X_OK)]
+    if refused in (errno.EACCES, errno.EPERM) and closed:  # above the daemon's root
+        return [Check("daemon", False, f"uid {uid} cannot search {closed[0]}, above the"
+                      f" daemon's socket {path}", f"chmod o+x {shlex.quote(closed[0])}"),
+                Check("permissions", False, "not checked: the socket cannot be reached",
+                      f"chmod o+x {shlex.quote(closed[0])}")]
     if refused in (errno.EACCES, errno.EPERM):
         owner = os.stat(path).st_uid if os.path.exists(path) else -1
         return [Check("daemon", True, f"a daemon's socket is at {path} (owner uid {owner})"),
@@ -382,6 +389,15 @@ def daemon_checks(address: str) -> list[Check]:
                 Check("permissions", False, "not checked: the daemon did not answer", start)]
     return [Check("daemon", True, f"{address} answers ({n} session(s) visible)"),
             Check("permissions", True, f"uid {uid} reaches the hooks' gateway {gateway}")]
+
+
+def _start_command(address: str, path: str) -> str:
+    """The command that starts a daemon listening at ``address``."""
+    if address == default_address():
+        return "worldline daemon"
+    if os.path.basename(path) == "worldline.sock":
+        return f"worldline daemon --root {shlex.quote(os.path.dirname(path))}"
+    return f"worldline daemon --listen {shlex.quote(address)}"
 
 
 def _tcp_checks(address: str) -> list[Check]:

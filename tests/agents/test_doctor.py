@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from ..conftest import DaemonProcess
 from ..fidelity import AGENT_UID, in_child_as
 from . import CLAUDE_CODE, CODEX, GEMINI_CLI, agent_bin
 from .claude import WORLDLINE, claude_env
@@ -69,7 +72,7 @@ def test_doctor_claude_code_each_point_fails_then_holds(daemon, tmp_path):
     assert checks["claude-code hooks"]["fix"] == f"worldline init claude-code --project {ws}"
     assert checks["claude-code trust (headless)"]["ok"]  # print mode needs no trust
     assert checks["claude-code trust (interactive)"]["fix"].startswith(f"cd {ws} && claude")
-    assert checks["daemon"]["fix"] == f"worldline daemon --root {tmp_path}"
+    assert checks["daemon"]["fix"] == f"worldline daemon --listen {nowhere}"
 
     # The fixes: the client on PATH, the hooks by the printed command, the trust as
     # Claude Code's dialog records it, the daemon that runs.
@@ -163,14 +166,37 @@ def test_doctor_codex_hook_trust(daemon, tmp_path):
     assert code == 0, d
 
 
-def test_doctor_names_the_uid_the_daemon_does_not_admit(daemon):
+def test_doctor_names_the_uid_the_daemon_does_not_admit(tmp_path):
+    """As uid 1000, a daemon of root's: the permissions check fails, its fix names
+    --allow-uid 1000, and a daemon started so admits the hooks of that user."""
     from worldline.client.doctor import daemon_checks
-    got = in_child_as(AGENT_UID, lambda: [c.to_dict() for c in daemon_checks(daemon.address)])
-    assert isinstance(got, list), got
-    checks = {c["name"]: c for c in got}
-    assert not checks["permissions"]["ok"]
-    assert f"--allow-uid {AGENT_UID}" in checks["permissions"]["fix"]
-    assert [c.to_dict()["ok"] for c in daemon_checks(daemon.address)] == [True, True]
+    hidden = in_child_as(AGENT_UID, lambda: [c.to_dict() for c in daemon_checks(
+        f"unix://{tmp_path}/root/worldline.sock")])  # below pytest's 0700 folders
+    assert not hidden[0]["ok"] and hidden[0]["fix"].startswith("chmod o+x /tmp/")
+    base = Path(tempfile.mkdtemp(prefix="wl-doctor-"))
+    os.chmod(base, 0o711)
+
+    def as_agent(address: str) -> dict:
+        got = in_child_as(AGENT_UID, lambda: [c.to_dict() for c in daemon_checks(address)])
+        assert isinstance(got, list), got
+        return {c["name"]: c for c in got}
+
+    closed = DaemonProcess(base / "closed").start()
+    try:
+        checks = as_agent(closed.address)
+        assert [c.to_dict()["ok"] for c in daemon_checks(closed.address)] == [True, True]
+    finally:
+        closed.stop()
+    assert checks["daemon"]["ok"] and not checks["permissions"]["ok"]
+    fix = checks["permissions"]["fix"]
+    assert f"--allow-uid {AGENT_UID}" in fix
+    admitting = DaemonProcess(base / "open", extra=["--allow-uid", str(AGENT_UID)]).start()
+    try:
+        checks = as_agent(admitting.address)
+    finally:
+        admitting.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    assert checks["daemon"]["ok"] and checks["permissions"]["ok"], checks
 
 
 @pytest.mark.parametrize("agent", ["claude-code", "codex"])
