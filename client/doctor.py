@@ -14,9 +14,11 @@ What each agent needs (docs/agents.md has the evidence, from each client's own s
   trust turned off (``security.folderTrust.enabled: false`` in the user's settings).
 - Codex: a project's ``.codex`` layer loads when the project is trusted
   (``[projects."DIR"] trust_level = "trusted"`` in ``$CODEX_HOME/config.toml``), and
-  each hook runs once trusted (``[hooks.state."FILE:event:i:j"] trusted_hash``), which
-  Codex asks for interactively; ``codex exec`` skips untrusted hooks unless run with
-  ``--dangerously-bypass-hook-trust``.
+  each hook runs once trusted (``[hooks.state."FILE:event:i:j"] trusted_hash``, the
+  hash of its command), which Codex asks for interactively; ``codex exec`` skips
+  untrusted hooks unless run with ``--dangerously-bypass-hook-trust``. Doctor asks
+  Codex itself (``codex app-server``, ``hooks/list``: each hook's trust status), and
+  reads config.toml where that cannot be asked.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import threading
 
 from .config import default_address, normalize_address, unix_path
 from .errors import WorldlineError
@@ -325,21 +328,65 @@ def _codex_trust(s: Settings, env) -> list[Check]:
             problems.append(f"{s.project} is not a trusted project in {config_path}")
     if not s.commands:
         problems.append("no worldline hooks to trust")
-    state = (config.get("hooks") or {}).get("state") or {}
-    events = {e: re.sub(r"(?<!^)(?=[A-Z])", "_", e).lower() for e in s.commands}
-    untrusted = [event for event, hooks in s.commands.items() for i, j, _ in hooks
-                 if not (state.get(f"{s.path}:{events[event]}:{i}:{j}") or {}).get(
-                     "trusted_hash")]
+    found = installed("codex", env.get("PATH"))
+    listed = _codex_hooks(found[0], s.project, env) if found else None
+    if listed is not None:  # Codex's own word: each hook's key, hash and trust status
+        ours = {h.get("key", ""): h.get("trustStatus", "") for h in listed
+                if MARK in str(h.get("command", ""))}
+        untrusted = [f"{key.rsplit(':', 3)[1]} ({status})" for key, status in ours.items()
+                     if status not in ("trusted", "managed")]
+        if s.commands and not ours and not problems:
+            problems.append(f"Codex loads none of worldline's hooks from {s.path}")
+    else:  # no app-server to ask: an entry in hooks.state for each of ours
+        state = (config.get("hooks") or {}).get("state") or {}
+        events = {e: re.sub(r"(?<!^)(?=[A-Z])", "_", e).lower() for e in s.commands}
+        untrusted = [events[event] for event, hooks in s.commands.items()
+                     for i, j, _ in hooks if not (state.get(
+                         f"{s.path}:{events[event]}:{i}:{j}") or {}).get("trusted_hash")]
     if untrusted:
-        problems.append(f"worldline's hooks for {', '.join(untrusted)} are not trusted"
-                        f" in {config_path}")
+        problems.append(f"worldline's hooks are not trusted: {', '.join(untrusted)}")
     ok = not problems
-    detail = "; ".join(problems) or (f"the project and worldline's hooks are trusted in"
-                                     f" {config_path}")
+    detail = "; ".join(problems) or "the project and worldline's hooks are trusted"
     fix = f"cd {shlex.quote(s.project)} && codex   (trust the folder and \"Trust all\" hooks)"
     return [Check("codex trust (headless)", ok, detail, fix + ", or run codex exec with"
                   " --dangerously-bypass-hook-trust"),
             Check("codex trust (interactive)", ok, detail, fix)]
+
+
+def _codex_hooks(program: str, project: str, env) -> list[dict] | None:
+    """The hooks Codex loads for ``project``, as its app server lists them (``hooks/list``:
+    key, command, currentHash, trustStatus); None when it cannot be asked."""
+    lines = [{"id": 1, "method": "initialize", "params": {
+                 "clientInfo": {"name": "worldline-doctor", "version": "1"}}},
+             {"method": "initialized"},
+             {"id": 2, "method": "hooks/list", "params": {"cwds": [project]}}]
+    try:
+        proc = subprocess.Popen([program, "app-server"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                cwd=project, env=dict(env))
+    except OSError:
+        return None
+    timer = threading.Timer(20, proc.kill)
+    timer.start()
+    try:
+        proc.stdin.write("".join(json.dumps({"jsonrpc": "2.0", **m}) + "\n"
+                                 for m in lines).encode())
+        proc.stdin.flush()
+        for line in proc.stdout:
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict) and answer.get("id") == 2:
+                data = (answer.get("result") or {}).get("data") or []
+                return [h for entry in data for h in entry.get("hooks") or []]
+        return None
+    except OSError:
+        return None
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
 
 
 # -- the daemon --------------------------------------------------------------------------

@@ -146,22 +146,38 @@ def test_doctor_gemini_trust_headless_and_interactive(daemon, tmp_path):
 
 
 def test_doctor_codex_hook_trust(daemon, tmp_path):
+    """Codex's own app server says which hooks it trusts: none in an untrusted project,
+    a hook whose stored hash is not its command's is "modified", and the hashes it
+    reports, stored in config.toml (what its "Trust all" does), trust them."""
+    from worldline.client.doctor import _codex_hooks
     ws, env, checks = set_up_untrusted(daemon, tmp_path, "codex", CODEX)
     assert "--dangerously-bypass-hook-trust" in checks["codex trust (headless)"]["fix"]
     assert "not a trusted project" in checks["codex trust (interactive)"]["detail"]
 
-    hooks = ws / ".codex" / "hooks.json"
-    state = "\n".join(f'[hooks.state."{hooks}:{event}:0:0"]\ntrusted_hash = "sha256:x"'
-                      for event in ("session_start", "pre_tool_use", "post_tool_use",
-                                    "user_prompt_submit"))
     config = tmp_path / "home" / ".codex" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(f'[projects."{ws}"]\ntrust_level = "trusted"\n\n{state}\n')
+    config.parent.mkdir(parents=True, exist_ok=True)
+    project = f'[projects."{ws}"]\ntrust_level = "trusted"\n'
+    config.write_text(project)
+    listed = _codex_hooks(str(BINS["codex"] / "codex"), str(ws), env)
+    assert sorted(h["key"].split(":")[1] for h in listed) == [
+        "post_tool_use", "pre_tool_use", "session_start", "stop", "user_prompt_submit"]
+    assert {h["trustStatus"] for h in listed} == {"untrusted"}
+    [pre] = [h for h in listed if ":pre_tool_use:" in h["key"]]
+    assert pre["key"] == f"{ws}/.codex/hooks.json:pre_tool_use:0:0"
+
+    def trust(hooks: list[dict], digest=lambda h: h["currentHash"]) -> None:
+        config.write_text(project + "".join(
+            f'[hooks.state."{h["key"]}"]\ntrusted_hash = "{digest(h)}"\n' for h in hooks))
+
+    trust(listed, digest=lambda h: "sha256:" + "0" * 64)  # another command's hash
     code, d = doctor(env, "codex", "--project", str(ws))
-    assert code == 1 and "Stop are not trusted" in by_name(d)["codex trust (headless)"][
+    assert code == 1 and "pre_tool_use (modified)" in by_name(d)["codex trust (headless)"][
         "detail"]
-    config.write_text(config.read_text() + f'[hooks.state."{hooks}:stop:0:0"]\n'
-                                           'trusted_hash = "sha256:x"\n')
+    trust([h for h in listed if ":stop:" not in h["key"]])
+    code, d = doctor(env, "codex", "--project", str(ws))
+    assert code == 1 and by_name(d)["codex trust (headless)"]["detail"] == (
+        "worldline's hooks are not trusted: stop (untrusted)")
+    trust(listed)
     code, d = doctor(env, "codex", "--project", str(ws))
     assert code == 0, d
 
