@@ -692,6 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
                           " options given)")
     ini.set_defaults(fn=None)
 
+    doc = sub.add_parser("doctor", parents=[common],
+                         help="check that an installed agent will run worldline's hooks")
+    doc.add_argument("agent", nargs="?", choices=[a for a in AGENTS if a != "generic"],
+                     help="the agent (default: every agent installed or set up here)")
+    doc.add_argument("--project", default=".", metavar="DIR",
+                     help="the project whose settings to check (default: this folder)")
+    doc.set_defaults(fn=None)
+
     d = sub.add_parser("daemon", help="run the daemon in the foreground")
     d.add_argument("--root", help="data root (default $WORLDLINE_ROOT or ~/.local/share/worldline)")
     d.add_argument("--listen", help="address to listen on (default unix://<root>/worldline.sock)")
@@ -1081,6 +1089,9 @@ def _main(argv: list[str] | None = None) -> int:
             return _failed(exc, as_json)
         except KeyboardInterrupt:
             return 0
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+        return doctor_main(args.agent, args.project, getattr(args, "address", None), as_json)
     if args.command == "mcp":
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
@@ -1163,8 +1174,16 @@ def _init(a, out: Output) -> int:
                "wait": "held for an operator's decision"}[approval]
         return f"\n{found}: gated calls are {how}" + (f" ({note})" if note else "")
 
+    checks = []
+    if not a.remove:  # what stands between these hooks and their running (worldline doctor)
+        from .doctor import run as doctor_run
+        checks = doctor_run(a.agent, a.project, getattr(a, "address", None))
+        d["checks"] = [c.to_dict() for c in checks]
+
     def human() -> str:
-        return _init_human(d) + client() + _trust_human(d.get("trust"))
+        from .doctor import render
+        return (_init_human(d) + client() + _trust_human(d.get("trust"))
+                + ("\n" + render(checks) if checks else ""))
     out.emit(d, human)
     if d.get("trust") and not d["trust"]["trusted"] and out.as_json:
         print("warning: Gemini CLI will not run these hooks: " + d["trust"]["why"],

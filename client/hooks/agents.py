@@ -38,7 +38,7 @@ START, PRE, POST, PROMPT, STOP, OTHER = "start", "pre", "post", "prompt", "stop"
 # The agent's event names, by what they mean.
 _KINDS = {
     "claude-code": {"SessionStart": START, "PreToolUse": PRE, "PostToolUse": POST,
-                    "UserPromptSubmit": PROMPT, "Stop": STOP},
+                    "UserPromptSubmit": PROMPT, "Stop": STOP, "SessionEnd": STOP},
     "codex": {"SessionStart": START, "PreToolUse": PRE, "PostToolUse": POST,
               "UserPromptSubmit": PROMPT, "Stop": STOP},
     "gemini": {"SessionStart": START, "BeforeTool": PRE, "AfterTool": POST,
@@ -78,6 +78,7 @@ class Event:
         self.tool_use_id = ""
         self.prompt = ""
         self.messages: list = []       # generic: messages given inline
+        self.last_message = ""         # Claude Code's Stop: its reply, not yet in the transcript
 
 
 def parse(agent: str, text: str, environ: dict[str, str] | None = None) -> Event:
@@ -115,6 +116,8 @@ def parse(agent: str, text: str, environ: dict[str, str] | None = None) -> Event
         event.tool_response = payload.get("tool_response")
         event.tool_use_id = payload.get("tool_use_id") or ""
         event.prompt = payload.get("prompt") or ""
+        last = payload.get("last_assistant_message")  # verified for Claude Code only
+        event.last_message = last if agent == "claude-code" and isinstance(last, str) else ""
     if event.kind in (PRE, POST) and not event.tool:
         raise PayloadError(f"the {agent} {name} payload names no tool")
     if not isinstance(event.tool_input, dict):

@@ -47,6 +47,7 @@ GATED = "external_non_idempotent"
 BYPASSED = "bypassed"  # a tool call's gate: it ran though the gate did not let it
 TRANSCRIBED = ("claude-code", "codex", "gemini")  # agents whose events name a transcript
 MAX_RESULT = 1 << 20
+WAIT_ENTRY = 0.5  # s: the longest a hook waits for the transcript entry of its call
 
 
 class Config:
@@ -150,7 +151,8 @@ class Hook:
             elif event.kind in (PROMPT, STOP):
                 self.close_open(event, st)
                 self.withdraw_stale(st)
-                label = "stop" if event.kind == STOP else "prompt: " + _short(event.prompt)
+                label = ("session end" if event.name == "SessionEnd" else "stop") \
+                    if event.kind == STOP else "prompt: " + _short(event.prompt)
                 self.checkpoint(event, st, label)
         return agents.answer(event)
 
@@ -327,7 +329,7 @@ class Hook:
         operator approves it."""
         asked = st.pop("asked", {})
         for key, approval_id in list(st.get("pending", {}).items()):
-            if key in asked:
+            if asked.get(key) == approval_id:
                 try:
                     self.client.call("CancelApproval", {
                         "approval_id": approval_id, "reason": "the tool call did not run"})
@@ -344,15 +346,17 @@ class Hook:
         messages, after, warnings = list(event.messages), cursor, []
         if event.transcript:
             skip = "" if cursor.path == event.transcript else self._head_entry(sid)
-            read, after, unread = transcripts.read_new(
-                event.agent, event.transcript, cursor, skip,
-                final=event.kind in (PROMPT, STOP),  # the turn is over: nothing changes
-                missing_ok=event.kind == PROMPT and not cursor.entries)
-            messages += read
+            read, after, unread = self._read(event, st, cursor, skip)
+            messages += self._announced(read, st)
             warnings += unread
         elif event.agent in TRANSCRIBED:
             warnings += [f"{event.agent} named no transcript (transcript_path) in its"
-                        f" {event.name} event: this checkpoint holds no conversation"]
+                         f" {event.name} event: this checkpoint holds no conversation"]
+        if event.last_message:
+            stand_in = transcripts.last_reply(messages, event.last_message)
+            if stand_in:  # recorded now; its transcript entry, when read, is not again
+                messages.append(stand_in)
+                st["announced"] = event.last_message
         for warning in warnings:
             print(f"worldline hook: warning: {warning}", file=sys.stderr)
         resume = {"agent": event.agent, "session_id": event.session_id, **after.as_dict()}
@@ -364,6 +368,44 @@ class Hook:
         cp = self.client.call("CreateCheckpoint", request)
         st["cursor"] = after.to_dict()
         return cp
+
+    def _read(self, event: Event, st: dict, cursor: transcripts.Cursor, skip: str
+              ) -> tuple[list[dict], transcripts.Cursor, list[str]]:
+        """The transcript's new entries. Claude Code writes its transcript in batches
+        (every 100 ms): after a call, the entry that asked for it may not be written
+        yet, and the hook waits for it, at most WAIT_ENTRY (once the transcript shows
+        itself Claude Code's own: its entries carry the ``version`` that wrote them)."""
+        final = event.kind in (PROMPT, STOP)  # the turn is over: nothing changes
+        read, after, warnings = transcripts.read_new(
+            event.agent, event.transcript, cursor, skip, final=final,
+            missing_ok=event.kind == PROMPT and not cursor.entries)
+        if any(isinstance(m.get("version"), str) for m in read):
+            st["batched"] = True
+        want = event.tool_use_id if event.agent == "claude-code" and event.kind == POST \
+            and st.get("batched") else ""
+        seen = st.get("uses", [])
+        deadline = time.monotonic() + WAIT_ENTRY
+        while want and want not in seen and want not in transcripts.tool_uses(read) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+            more, after, unread = transcripts.read_new(event.agent, event.transcript, after,
+                                                       final=final)
+            read += more
+            warnings += unread
+        st["uses"] = (seen + transcripts.tool_uses(read))[-64:]
+        return read, after, warnings
+
+    @staticmethod
+    def _announced(read: list[dict], st: dict) -> list[dict]:
+        """The entries read, less the reply a Stop event already recorded from its
+        payload (the first assistant entry read, when it has that text)."""
+        text = st.pop("announced", None)
+        for i, m in enumerate(read):
+            if m.get("role") == "assistant":
+                if text is not None and transcripts.reply_text(m) == text:
+                    return read[:i] + read[i + 1:]
+                break
+        return read
 
     def _head_entry(self, sid: str) -> str:
         """The last transcript entry the session's head recorded: a conversation resumed

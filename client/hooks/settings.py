@@ -33,7 +33,8 @@ FILES = {
     "cursor": (".cursor/hooks.json", "~/.cursor/hooks.json"),
 }
 EVENTS = {
-    "claude-code": ("SessionStart", "PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop"),
+    "claude-code": ("SessionStart", "PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop",
+                    "SessionEnd"),
     "codex": ("SessionStart", "PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop"),
     "gemini": ("SessionStart", "BeforeTool", "AfterTool", "BeforeAgent", "AfterAgent"),
     "cursor": ("sessionStart", "beforeShellExecution", "beforeMCPExecution",

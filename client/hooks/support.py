@@ -108,6 +108,8 @@ SUPPORT: dict[str, list[Support]] = {
 # Code)"; `gemini --version` "0.61.0".
 PROGRAMS = {"claude-code": "claude", "codex": "codex", "gemini": "gemini",
             "cursor": "cursor-agent"}
+PACKAGES = {"claude-code": "@anthropic-ai/claude-code", "codex": "@openai/codex",
+            "gemini": "@google/gemini-cli"}
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -142,9 +144,10 @@ def honours(agent: str, version: str, decision: str) -> bool:
 
 def detect(agent: str, environ: dict[str, str] | None = None) -> tuple[str, str]:
     """The installed client: (its program's path, its version); ("", "") when it is not
-    found, (path, "") when its version cannot be read."""
+    found, (path, "") when its version cannot be read. The version is its npm package's
+    (``gemini --version`` alone takes seconds: Node loads the whole CLI to print it),
+    else what ``--version`` reports."""
     import shutil
-    import subprocess
     program = PROGRAMS.get(agent)
     if not program:
         return "", ""
@@ -152,13 +155,36 @@ def detect(agent: str, environ: dict[str, str] | None = None) -> tuple[str, str]
     path = shutil.which(program, path=env.get("PATH"))
     if not path:
         return "", ""
+    return path, package_version(agent, path) or reported_version(path, env)
+
+
+def package_version(agent: str, program: str) -> str:
+    """The version in the npm package ``program`` (its entry point) belongs to; ""."""
+    import json
+    folder = os.path.dirname(os.path.realpath(program))
+    for _ in range(4):
+        try:
+            with open(os.path.join(folder, "package.json"), encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("name") == PACKAGES.get(agent) and isinstance(
+                doc.get("version"), str) and parse_version(doc["version"]):
+            return doc["version"]
+        folder = os.path.dirname(folder)
+    return ""
+
+
+def reported_version(program: str, environ: dict[str, str] | None = None) -> str:
+    """The version ``program --version`` prints; "" when it names none."""
+    import subprocess
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                             timeout=30, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return path, ""
+        out = subprocess.run([program, "--version"], capture_output=True, text=True,
+                             timeout=30, env=environ, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ""
     version = parse_version(out.stdout) if out.returncode == 0 else None
-    return path, ".".join(map(str, version)) if version else ""
+    return ".".join(map(str, version)) if version else ""
 
 
 def approval_mode(agent: str, version: str, wanted: str = "") -> tuple[str, str]:

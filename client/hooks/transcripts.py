@@ -313,3 +313,37 @@ def _message(agent: str, entry: dict) -> dict:
         return {"role": _role(agent, entry), "id": _entry_id(entry),
                 "truncated": True, "bytes": len(text)}
     return {"role": _role(agent, entry), **{k: v for k, v in entry.items() if k != "role"}}
+
+
+def last_reply(messages: list[dict], text: str) -> dict | None:
+    """A stand-in for the reply an agent announced (Claude Code's Stop payload has
+    ``last_assistant_message``) but has not written to its transcript yet; None when the
+    messages already end with it."""
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            if reply_text(m) == text:
+                return None
+            break
+    return {"role": "assistant", "type": "last_assistant_message", "content": text}
+
+
+def reply_text(entry: dict) -> str:
+    """The text of an assistant entry (Claude Code: ``message.content``'s text blocks)."""
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else entry.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict)
+                   and b.get("type") == "text")
+
+
+def tool_uses(messages: list[dict]) -> list[str]:
+    """The tool-use ids of the calls that Claude Code entries ask for."""
+    out = []
+    for m in messages:
+        message = m.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                out.append(block.get("id", ""))
+    return out
