@@ -176,6 +176,7 @@ class TreeWriter:
     def _set_meta_in_place(self, dfd: int, name: str, want: Entry, path: str) -> bool:
         """Give an unchanged file its metadata without rewriting it; False when it must be
         written again instead (it is no longer a plain file, or has other links)."""
+        crash_point("restore.meta_in_place", path)
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except OSError:
