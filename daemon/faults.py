@@ -51,7 +51,15 @@ POINTS = (
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all
     "restore.before_rename",       # a file written aside, not yet renamed into place
-    "restore.meta_in_place",       # an unchanged file about to get its metadata in place
+    # Between what a write of a tree (restore, fork, take-over) checked and what it
+    # writes; each says the path at stake (apply.py):
+    "restore.meta_in_place",       # an unchanged file about to be opened for its metadata
+    "restore.before_folder",       # a folder the plan saw about to be opened and checked
+    "restore.folder_made",         # a new folder made in the staging folder, not yet in place
+    "restore.special_made",        # a symlink/FIFO/device made and owned in staging, not placed
+    "restore.before_remove",       # an entry the plan saw about to be checked and removed
+    "restore.before_link",         # a hard-link group's first name about to be opened
+    "restore.before_retouch",      # a folder that gained links about to be opened for its time
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "gc.chosen",                   # gc chose what retention prunes, nothing pruned yet

@@ -1087,12 +1087,16 @@ class World:
             owners.check_folder(agent, os.path.dirname(path), "the folder above")
             owners.check_entries(self.trees, None, source.tree, agent,
                                  doing="nothing was forked")
+        checked = _existing_identity(path)
         crash_point("fork.checked")
         try:  # made and opened through no symlink; every write below checks it is still it
             fd, created = make_folder(path)
         except OSError as exc:
             raise symlink_refused(WORKSPACE, path, exc) from None
         roots = {WORKSPACE: identity_of(fd)}
+        if not created and roots[WORKSPACE] != checked:  # another folder put there since
+            raise FailedPrecondition(f"{path} changed while the fork was made (a folder was"
+                                     " put there): nothing was forked")
         container = None
         try:
             if source.container is not None:
@@ -1457,6 +1461,15 @@ def folder_identity(kind: str, path: str) -> list[int]:
         raise NotFound(f"{_what(kind)} {path} does not exist") from None
     except OSError as exc:
         raise symlink_refused(kind, path, exc) from None
+
+
+def _existing_identity(path: str) -> list[int] | None:
+    """(st_dev, st_ino) of the folder at ``path`` reached through no symlink; None if
+    there is none (or it cannot be reached so)."""
+    try:
+        return identity_of(open_folder(path))
+    except OSError:
+        return None
 
 
 def _shows_another(want: list[int] | None, seen: list[int] | None) -> bool:
