@@ -38,6 +38,7 @@ from worldline.client.paths import escape
 from . import ids, owners, progress
 from .capture import mappings, sparse
 from .capture.admission import FairGate
+from .capture.apply import CHANGED
 from .capture.containers import (
     DEFAULT_MOUNT,
     LABEL_CHECKPOINT,
@@ -746,10 +747,12 @@ class World:
             crash_point("restore.before_commit")
             tasks = tasks_from_json(self.blobs.read_bytes(target.tasks_digest))
             written = sum(len(p.changes.added) + len(p.changes.modified) for p in plans)
-            events = [AuditEvent("restore", session_id, cp.id,
-                                 {"target": target.id, "written": written,
-                                  "removed": sum(len(p.changes.deleted) for p in plans)},
-                                 ids.now())]
+            detail = {"target": target.id, "written": written,
+                      "removed": sum(len(p.changes.deleted) for p in plans)}
+            left = [w[:-len(CHANGED) - 2] for w in warnings if w.endswith(CHANGED)]
+            if left:  # changed under the restore (an agent racing it): left as they were
+                detail["left_alone"] = left[:100]
+            events = [AuditEvent("restore", session_id, cp.id, detail, ids.now())]
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
@@ -1146,7 +1149,7 @@ class World:
                 self.views.unmount(path)
                 shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             if created:
-                remove_folder(path)
+                remove_folder(path, roots[WORKSPACE])
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
@@ -1503,15 +1506,38 @@ def _root_identity(layer: Layer) -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-def remove_folder(path: str) -> None:
+def remove_folder(path: str, identity: list[int] | None = None) -> None:
     """Remove the folder ``path`` (one a failed fork or take-over made), from its parent
-    reached through no symlink (one there now: nothing is removed)."""
+    reached through no symlink (one there now: nothing is removed). ``identity``: the
+    (st_dev, st_ino) it was made with; another folder there now (swapped in by an agent
+    that writes the parent) is left alone, and what is removed is emptied through the
+    descriptor checked."""
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError:
         return
+    name = os.path.basename(path)
     try:
-        shutil.rmtree(os.path.basename(path), ignore_errors=True, dir_fd=parent)
+        if identity is None:
+            shutil.rmtree(name, ignore_errors=True, dir_fd=parent)
+            return
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError:
+            return
+        try:
+            if identity_of(os.dup(fd)) != list(identity):
+                log.warning("%s is no longer the folder made there: left as it is", path)
+                return
+            for child in os.listdir(fd):
+                shutil.rmtree(child, ignore_errors=True, dir_fd=fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(child, dir_fd=fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent)
     finally:
         os.close(parent)
 

@@ -9,6 +9,7 @@ The random racer of test_hostile.py stays as a second line."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -22,7 +23,7 @@ import grpc
 import pytest
 
 from .conftest import DaemonProcess
-from .fidelity import AGENT_UID, differences, fingerprint
+from .fidelity import AGENT_UID, NOBODY, differences, fingerprint
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 
@@ -262,6 +263,8 @@ def test_finding_1_a_metadata_only_restore_never_chowns_a_root_file(place, world
     assert not isinstance(result, str), result
     assert any(w.startswith("a.txt: changed") for w in result.warnings), result.warnings
     assert (place.ws / "a.txt").lstat().st_uid == 0  # left as it is, root's
+    (event,) = [e for e in c.audit(s.id, kind="restore")][-1:]
+    assert event.detail["left_alone"] == ["a.txt"]  # and the audit log says so
 
 
 def _judge(place: Place, result, swapped: bool, kind: str, path: str) -> None:
@@ -304,3 +307,60 @@ def test_a_fork_held_at_each_point_while_the_agent_swaps(place, world, point, ki
         done["swapped"] = place.swap(kind, fork / path if path else fork)
     result, path = held(place, point, lambda: c.fork(target.id, str(fork)), swap)
     _judge(place, result, False, kind, path)
+
+
+# As nobody, through descriptors root opened: the layer's folders on the host are the
+# engine's (0710 and 0700), which the agent's processes in the container never cross.
+_AS_NOBODY = r"""
+import os, sys
+src, dst = (os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY) for p in sys.argv[1:3])
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+os.rename(os.path.basename(sys.argv[1]), os.path.basename(sys.argv[2]), src_dir_fd=src,
+          dst_dir_fd=dst)
+"""
+
+
+@pytest.mark.docker
+def test_a_container_layers_metadata_only_window_as_nobody(place):
+    """The same window in a container's writable layer, whose agent is ``nobody``: a
+    file of nobody's gets only its time back; held there, nobody renames root's 0600
+    file of the same folder onto it. Root's file keeps its owner and mode."""
+    from .test_containers import IMAGE, docker
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
+        pytest.fail(f"the base image {IMAGE} is missing: run `make docker`")
+    ws = place.home / "box"
+    ws.mkdir(exist_ok=True)
+    with place.daemon.client() as c:
+        s = c.create_session(str(ws), image=IMAGE)
+        try:
+            docker("exec", s.container, "sh", "-ec",
+                   "mkdir /data && chown 65534:65534 /data && echo secret > /data/root.key"
+                   " && chmod 600 /data/root.key")
+            docker("exec", "-u", f"{NOBODY}:{NOBODY}", s.container, "sh", "-ec",
+                   "echo mine > /data/a.txt")
+            cp = s.checkpoint()
+            docker("exec", "-u", f"{NOBODY}:{NOBODY}", s.container, "touch", "-d",
+                   "2001-01-01", "/data/a.txt")
+            top = json.loads(docker("inspect", s.container))[0]["GraphDriver"]["Data"][
+                "UpperDir"]
+            key = os.open(os.path.join(top, "data", "root.key"), os.O_RDONLY)
+
+            def swap(path: str) -> None:
+                assert path == "data/a.txt"
+                done = subprocess.run(
+                    ["/usr/bin/python3", "-c", _AS_NOBODY, os.path.join(top, "data/root.key"),
+                     os.path.join(top, path)], capture_output=True, text=True, timeout=30)
+                assert done.returncode == 0, done.stderr
+            result, _ = held(place, "restore.meta_in_place", lambda: c.restore(s.id, cp.id),
+                             swap)
+            st = os.fstat(key)
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
+            assert os.pread(key, 100, 0) == b"secret\n"
+            os.close(key)
+            assert not isinstance(result, str), result
+            assert any(w.startswith("container: data/a.txt: changed")
+                       for w in result.warnings), result.warnings
+        finally:
+            docker("rm", "-f", s.container, check=False)
