@@ -128,18 +128,18 @@ class Place:
         }[kind]
         return as_agent("sh", "-c", script).returncode == 0
 
-    def check_root_files(self) -> None:
-        """Every root file handed to the agent is as root made it: owner, mode, content;
-        the folders too; nothing below the agent's home is setuid or setgid."""
-        ours = set()
-        for fd in self.kept:
+    def check_root_files(self, since: int = 0) -> None:
+        """Every root file handed to the agent (since the ``since``-th) is as root made
+        it: owner, mode, content; the folders too; nothing below the agent's home is
+        setuid or setgid, nor root's but what root handed it."""
+        ours = {(st.st_dev, st.st_ino) for st in map(os.fstat, self.kept)}
+        for fd in self.kept[since:]:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o755)
             else:
                 assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
                 assert os.pread(fd, 100, 0) == SECRET
-            ours.add((st.st_dev, st.st_ino))
         for p in _below(self.home):
             st = p.lstat()
             if not stat.S_ISLNK(st.st_mode):
@@ -252,6 +252,7 @@ def test_finding_1_a_metadata_only_restore_never_chowns_a_root_file(place, world
     c, s, target = world  # the operator restores the agent's folder
     place.reset(TARGET)
     assert as_agent("touch", "-d", "2001-01-01", str(place.ws / "a.txt")).returncode == 0
+    since = len(place.kept)
     secret = place.root_file()
 
     def swap(path: str) -> None:
@@ -259,7 +260,7 @@ def test_finding_1_a_metadata_only_restore_never_chowns_a_root_file(place, world
         assert as_agent("mv", "-f", str(secret), str(place.ws / path)).returncode == 0
     result, _ = held(place, "restore.meta_in_place", lambda: c.restore(s.id, target.id),
                      swap)
-    place.check_root_files()
+    place.check_root_files(since)
     assert not isinstance(result, str), result
     assert any(w.startswith("a.txt: changed") for w in result.warnings), result.warnings
     assert (place.ws / "a.txt").lstat().st_uid == 0  # left as it is, root's
@@ -267,8 +268,8 @@ def test_finding_1_a_metadata_only_restore_never_chowns_a_root_file(place, world
     assert event.detail["left_alone"] == ["a.txt"]  # and the audit log says so
 
 
-def _judge(place: Place, result, swapped: bool, kind: str, path: str) -> None:
-    place.check_root_files()
+def _judge(place: Place, since: int, result, swapped: bool, kind: str, path: str) -> None:
+    place.check_root_files(since)
     assert place.daemon.proc.poll() is None, "the daemon died"
     if isinstance(result, str):
         assert result in ALLOWED, result  # a clear status, never INTERNAL or UNKNOWN
@@ -287,12 +288,13 @@ def _judge(place: Place, result, swapped: bool, kind: str, path: str) -> None:
 def test_a_restore_held_at_each_point_while_the_agent_swaps(place, world, point, kind):
     c, s, target = world
     place.reset(DRIFTED)
+    since = len(place.kept)
     done: dict = {}
 
     def swap(path: str) -> None:
         done["swapped"] = place.swap(kind, place.ws / path)
     result, path = held(place, point, lambda: c.restore(s.id, target.id), swap)
-    _judge(place, result, done["swapped"], kind, path)
+    _judge(place, since, result, done["swapped"], kind, path)
 
 
 @pytest.mark.parametrize("kind", SWAPS)
@@ -301,12 +303,13 @@ def test_a_fork_held_at_each_point_while_the_agent_swaps(place, world, point, ki
     c, s, target = world
     place.n += 1
     fork = place.home / f"fork{place.n}"
+    since = len(place.kept)
     done: dict = {}
 
     def swap(path: str) -> None:
         done["swapped"] = place.swap(kind, fork / path if path else fork)
     result, path = held(place, point, lambda: c.fork(target.id, str(fork)), swap)
-    _judge(place, result, False, kind, path)
+    _judge(place, since, result, False, kind, path)
 
 
 # As nobody, through descriptors root opened: the layer's folders on the host are the
