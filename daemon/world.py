@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -1530,10 +1531,12 @@ def remove_folder(path: str, identity: list[int] | None = None) -> None:
             if identity_of(os.dup(fd)) != list(identity):
                 log.warning("%s is no longer the folder made there: left as it is", path)
                 return
-            for child in os.listdir(fd):
-                shutil.rmtree(child, ignore_errors=True, dir_fd=fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(child, dir_fd=fd)
+            for child in os.listdir(fd):  # (rmtree opens what it is given: a FIFO
+                with contextlib.suppress(OSError):  # would block it)
+                    if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                        shutil.rmtree(child, ignore_errors=True, dir_fd=fd)
+                    else:
+                        os.unlink(child, dir_fd=fd)
         finally:
             os.close(fd)
         with contextlib.suppress(OSError):
