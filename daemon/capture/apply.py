@@ -96,7 +96,6 @@ class TreeWriter:
         self.written: dict[str, int] = {}  # files written (or given metadata): their inode
         self.tops: dict[int, int] = {}  # by st_dev: the first folder written on it
         self.stages: dict[int, tuple[int, str, int, int]] = {}  # by st_dev: staging folders
-        self.left: list[str] = []  # paths left alone: changed under the restore
 
     def write(self, root_fd: int, current: Capture, target: str) -> list[str]:
         self.pending = current.trees
@@ -158,8 +157,8 @@ class TreeWriter:
         return have.is_folder or st.st_mtime_ns == have.mtime
 
     def _changed(self, path: str) -> None:
-        """The layer changed under the write at ``path``: it is left alone, and said."""
-        self.left.append(path)
+        """The layer changed under the write at ``path``: it is left alone, and said
+        (World.restore's audit event names these paths)."""
         self.meta.warnings.append(f"{path}: {CHANGED}")
 
     def _had(self, path: str) -> Entry | None:
