@@ -4,8 +4,13 @@
 (default the first) the daemon passes ``crash_point(name)`` kill it with SIGKILL, as
 a power cut or the OOM killer would; ``name@SECONDS[:N]`` pauses there instead, to
 hold a race open; ``name!ERRNO[:N]`` raises OSError(ERRNO) there, as the system call
-that follows it would (``metadata.fsync!EIO``: a disk that fails a write-back). Unset
-(always, outside tests), a crash point costs one dict lookup.
+that follows it would (``metadata.fsync!EIO``: a disk that fails a write-back);
+``name~`` holds the daemon there whenever the test asks: on reaching it with
+``$WORLDLINE_PAUSE_DIR/<name>.hold`` present, it takes that file away, makes
+``<name>.reached`` and waits for ``<name>.go`` (at most ``WORLDLINE_PAUSE_TIMEOUT``
+seconds, 30 unless told, so a broken test never hangs the daemon), so a test acts as
+the agent would at that exact step of an operation, as many times as it likes with one
+daemon. Unset (always, outside tests), a crash point costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import time
 _armed: dict[str, int] = {}
 _pause: dict[str, float] = {}
 _errors: dict[str, int] = {}
+_held: set[str] = set()  # name~: held until the test's go
 for spec in filter(None, os.environ.get("WORLDLINE_FAULTS", "").split(",")):
     name, _, count = spec.partition(":")
     name, _, error = name.strip().partition("!")
     name, _, seconds = name.partition("@")
-    _armed[name] = int(count or 1)
+    if name.endswith("~"):
+        name = name[:-1]
+        _held.add(name)
+    _armed[name] = int(count or 1)  # name~: every time, while the test asks
     if seconds:
         _pause[name] = float(seconds)
     if error:
@@ -42,6 +51,15 @@ POINTS = (
     "restore.after_journal",       # journal written, nothing applied
     "restore.between_files",       # some files of a layer written, not all
     "restore.before_rename",       # a file written aside, not yet renamed into place
+    # Between what a write of a tree (restore, fork, take-over) checked and what it
+    # writes; each says the path at stake (apply.py):
+    "restore.meta_in_place",       # an unchanged file about to be opened for its metadata
+    "restore.before_folder",       # a folder the plan saw about to be opened and checked
+    "restore.folder_made",         # a new folder made in the staging folder, not yet in place
+    "restore.special_made",        # a symlink/FIFO/device made and owned in staging, not placed
+    "restore.before_remove",       # an entry the plan saw about to be checked and removed
+    "restore.before_link",         # a hard-link group's first name about to be opened
+    "restore.before_retouch",      # a folder that gained links about to be opened for its time
     "restore.between_layers",      # the workspace applied, the container not
     "restore.before_commit",       # every layer applied, the checkpoint not appended
     "gc.chosen",                   # gc chose what retention prunes, nothing pruned yet
@@ -62,8 +80,13 @@ POINTS = (
 )
 
 
-def crash_point(name: str) -> None:
+def crash_point(name: str, detail: str = "") -> None:
+    """``detail``: what is at stake there (a layer's path), written into a held point's
+    ``.reached`` file for the test."""
     if not _armed or name not in _armed:
+        return
+    if name in _held:
+        _hold(name, detail)
         return
     with _lock:
         _armed[name] -= 1
@@ -74,3 +97,26 @@ def crash_point(name: str) -> None:
         raise OSError(_errors[name], os.strerror(_errors[name]))
     elif fire:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hold(name: str, detail: str) -> None:
+    """Held here if the test asks (``<name>.hold``): say so, wait for its go."""
+    folder = os.environ.get("WORLDLINE_PAUSE_DIR", "/tmp")
+    try:
+        os.unlink(os.path.join(folder, f"{name}.hold"))
+    except FileNotFoundError:
+        return
+    go = os.path.join(folder, f"{name}.go")
+    reached = os.path.join(folder, f"{name}.reached")
+    with open(reached + ".tmp", "w") as f:
+        f.write(detail)
+    os.replace(reached + ".tmp", reached)  # whole, with its detail
+    end = time.monotonic() + float(os.environ.get("WORLDLINE_PAUSE_TIMEOUT", "30"))
+    while not os.path.exists(go) and time.monotonic() < end:
+        time.sleep(0.002)
+    for done in (os.path.join(folder, f"{name}.reached"), go):  # go last: the test
+        # waits for it to be gone before it asks again
+        try:
+            os.unlink(done)
+        except FileNotFoundError:
+            pass

@@ -101,8 +101,10 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
     # folder at the path is the one it recorded (by identity), and the take-over goes
     # on from it, keeping whatever was written in it since (the next checkpoint has it).
     placed = interrupted and _is_placed(path, spec.get("placed"))
-    if interrupted:  # what a take-over that died left (its name is ours; never followed)
-        remove_folder(staging)
+    if interrupted:  # what a take-over that died left (its name is ours; never followed),
+        # if it is still the folder it made (an agent writing the parent may have put
+        # another there: then the staging below is refused)
+        remove_folder(staging, spec.get("staging") or [-1, -1])
     real = world._check_workspace(path, must_be_empty=not placed, moving=session_id)
     crash_point("takeover.checked")
     head = world.store.get_checkpoint(session.head)
@@ -142,10 +144,15 @@ def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
     # Made, written and renamed through no symlink: the folders above the workspace may
     # be the agent's, and swapped for symlinks while this runs.
     try:
-        fd, _ = make_folder(staging)
+        fd, created = make_folder(staging)
     except OSError as exc:
         raise symlink_refused(WORKSPACE, path, exc) from None
     staged = identity_of(fd)
+    if not created:  # put there since it was cleared: not ours to write into
+        raise FailedPrecondition(f"{staging} is in the way of the take-over (not made by"
+                                 " it): nothing was written; remove it and try again")
+    spec = {**spec, "staging": staged}  # an interrupted take-over removes only this one
+    world.store.update_session(session.id, spec=json.dumps(spec, sort_keys=True))
     layer = world._layer(WORKSPACE, staging, staged, track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
     crash_point("takeover.mid")

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -38,6 +39,7 @@ from worldline.client.paths import escape
 from . import history, ids, owners, progress
 from .capture import mappings, sparse
 from .capture.admission import FairGate
+from .capture.apply import CHANGED
 from .capture.containers import (
     DEFAULT_MOUNT,
     LABEL_CHECKPOINT,
@@ -832,10 +834,14 @@ class World:
             tasks = (None if paths
                      else tasks_from_json(self.blobs.read_bytes(target.tasks_digest)))
             written = sum(len(p.changes.added) + len(p.changes.modified) for p in plans)
-            events = [AuditEvent("restore", session_id, cp.id,
-                                 {"target": target.id, "written": written,
-                                  "removed": sum(len(p.changes.deleted) for p in plans)}
-                                 | ({"paths": paths} if paths else {}), ids.now())]
+            detail = {"target": target.id, "written": written,
+                      "removed": sum(len(p.changes.deleted) for p in plans)}
+            if paths:
+                detail["paths"] = paths
+            left = [w[:-len(CHANGED) - 2] for w in warnings if w.endswith(CHANGED)]
+            if left:  # changed under the restore (an agent racing it): left as they were
+                detail["left_alone"] = left[:100]
+            events = [AuditEvent("restore", session_id, cp.id, detail, ids.now())]
             if effects:
                 events.append(AuditEvent("side_effects.acknowledge", session_id, cp.id,
                                          {"tool_calls": [c.id for c in effects]}, ids.now()))
@@ -1256,12 +1262,16 @@ class World:
             owners.check_folder(agent, os.path.dirname(path), "the folder above")
             owners.check_entries(self.trees, None, source.tree, agent,
                                  doing="nothing was forked")
+        checked = _existing_identity(path)
         crash_point("fork.checked")
         try:  # made and opened through no symlink; every write below checks it is still it
             fd, created = make_folder(path)
         except OSError as exc:
             raise symlink_refused(WORKSPACE, path, exc) from None
         roots = {WORKSPACE: identity_of(fd)}
+        if not created and roots[WORKSPACE] != checked:  # another folder put there since
+            raise FailedPrecondition(f"{path} changed while the fork was made (a folder was"
+                                     " put there): nothing was forked")
         container = None
         try:
             if source.container is not None:
@@ -1311,7 +1321,7 @@ class World:
                 self.views.unmount(path)
                 shutil.rmtree(os.path.join(self.views.forks, sid), ignore_errors=True)
             if created:
-                remove_folder(path)
+                remove_folder(path, roots[WORKSPACE])
             raise
         effects = self.side_effects_since(parent.head, source.id)
         return ForkResult(self.store.get_session(sid), effects)
@@ -1674,6 +1684,15 @@ def folder_identity(kind: str, path: str) -> list[int]:
         raise symlink_refused(kind, path, exc) from None
 
 
+def _existing_identity(path: str) -> list[int] | None:
+    """(st_dev, st_ino) of the folder at ``path`` reached through no symlink; None if
+    there is none (or it cannot be reached so)."""
+    try:
+        return identity_of(open_folder(path))
+    except OSError:
+        return None
+
+
 def _shows_another(want: list[int] | None, seen: list[int] | None) -> bool:
     """Whether a container's bind of the workspace (``seen``: bind_identity_of) shows
     another folder than the one recorded for the session (``want``); not when either
@@ -1705,15 +1724,40 @@ def _root_identity(layer: Layer) -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-def remove_folder(path: str) -> None:
+def remove_folder(path: str, identity: list[int] | None = None) -> None:
     """Remove the folder ``path`` (one a failed fork or take-over made), from its parent
-    reached through no symlink (one there now: nothing is removed)."""
+    reached through no symlink (one there now: nothing is removed). ``identity``: the
+    (st_dev, st_ino) it was made with; another folder there now (swapped in by an agent
+    that writes the parent) is left alone, and what is removed is emptied through the
+    descriptor checked."""
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError:
         return
+    name = os.path.basename(path)
     try:
-        shutil.rmtree(os.path.basename(path), ignore_errors=True, dir_fd=parent)
+        if identity is None:
+            shutil.rmtree(name, ignore_errors=True, dir_fd=parent)
+            return
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError:
+            return
+        try:
+            if identity_of(os.dup(fd)) != list(identity):
+                log.warning("%s is no longer the folder made there: left as it is", path)
+                return
+            for child in os.listdir(fd):  # (rmtree opens what it is given: a FIFO
+                with contextlib.suppress(OSError):  # would block it)
+                    if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                        shutil.rmtree(child, ignore_errors=True, dir_fd=fd)
+                    else:
+                        os.unlink(child, dir_fd=fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent)
     finally:
         os.close(parent)
 

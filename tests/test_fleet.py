@@ -375,6 +375,26 @@ def test_a_take_over_killed_after_its_rename_is_finished_from_the_folder_in_plac
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".worldline-takeover-")]
 
 
+def test_a_folder_put_at_a_take_overs_staging_path_is_never_written(fleet, agent_tree,
+                                                                   tmp_path, canary):
+    """The take-over writes the workspace in a staging folder beside it, by a name known
+    in advance: a folder put there first (by whoever writes the parent: here root's,
+    with a root-only file) is not the take-over's to write into, chown and rename into
+    place. Refused, and left as it is (issue 57; it was reused before)."""
+    s, _ = _left_by_a(fleet, agent_tree, 3)
+    staging = tmp_path / f".worldline-takeover-{s.id}"
+    staging.mkdir(mode=0o700)
+    (staging / "root.key").write_text("root's own\n")
+    os.chmod(staging / "root.key", 0o600)
+    there = fingerprint(staging)
+    b = fleet.host("b")
+    with b.client() as cb:
+        with pytest.raises(FailedPrecondition):
+            cb.move_session(s.id, take_over=True, workspace=str(tmp_path / "taken"))
+    assert differences(there, fingerprint(staging)) == []
+    assert os.stat(staging).st_uid == 0 and not (tmp_path / "taken").exists()
+
+
 @pytest.mark.docker
 def test_a_container_take_over_killed_midway_binds_the_workspace_when_resumed(
         fleet, agent_tree, tmp_path, containers, canary):

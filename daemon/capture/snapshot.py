@@ -103,6 +103,9 @@ class Capture:
     # files mapped shared and writable as it read them: their stat cache entries go
     mapped: frozenset[str] = frozenset()
     entries: int = 0  # names in the layer (every folder's), within --max-entries
+    # a look that stores nothing (a restore's plan): the inode of each entry it stat'ed,
+    # which the restore's writes check each entry against (apply.py)
+    inodes: dict[str, int] = field(default_factory=dict)
 
 
 class Snapshotter(Protocol):
@@ -146,6 +149,7 @@ class _Scan:
         self.rescan_caches: Callable[[], tuple[dict, dict]] | None = None
         self.entries = 0  # names in the layer's tree (``TreeReader.count``)
         self.max_entries = budget.limits.max_entries if budget is not None else sys.maxsize
+        self.inodes: dict[str, int] = {}  # Capture.inodes (only when not persisted)
 
 
 def read_small(fd: int, size_hint: int, limit: int | None = None) -> bytes:
@@ -215,7 +219,7 @@ class WorkspaceSnapshotter:
             self.blobs.put_many(scan.deferred)
         return Capture(scan.root, scan.size, scan.trees, scan.warnings, scan.seen, persist,
                        full, scan.memos, scan.reused, scan.links, frozenset(mapped),
-                       scan.entries)
+                       scan.entries, scan.inodes)
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
                  base: str | None, full: bool, budget: Budget | None,
@@ -370,6 +374,8 @@ class WorkspaceSnapshotter:
             path = join_path(rel, name)
             fields = SIG.unpack(sig)
             mode = fields[4]
+            if not scan.persist:
+                scan.inodes[path] = fields[3]
             if st_.S_ISDIR(mode):
                 if isinstance(extra, int):
                     digest, sub_size, kind, sub_clean, sub_extra, sub_names = built[extra]
@@ -425,10 +431,14 @@ class WorkspaceSnapshotter:
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 mode = st.st_mode
+                if not scan.persist:
+                    scan.inodes[path] = st.st_ino
                 if st_.S_ISDIR(mode):
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
                         st = os.fstat(sub)  # the folder opened, not the name stat'ed
+                        if not scan.persist:
+                            scan.inodes[path] = st.st_ino
                         if child.get(_RESCAN) or old is None or not old.is_folder:
                             digest, size, kind, extra, below = self._scan_tree(
                                 sub, path, scan, self._rescan_caches(scan))
@@ -573,6 +583,8 @@ class WorkspaceSnapshotter:
         finally:
             os.close(fd)
         entry = entry_of(kind, after, ref, size, xattrs)
+        if not scan.persist:
+            scan.inodes[path] = after.st_ino  # the file read, not the name listed
         if after.st_nlink > 1:
             scan.links[path] = after.st_ino
         if (signature(before) == signature(after) and not is_racy(after)
@@ -655,7 +667,7 @@ class WorkspaceSnapshotter:
         try:
             for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
                 for de in entries:
-                    if de.name.startswith(TEMP_PREFIX):
+                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name):
                         _remove(fd, de.name)
                         removed.append(join_path(rel, de.name))
         except RecursionError as exc:
@@ -786,6 +798,18 @@ def _remove(dfd: int, name: str) -> None:
         shutil.rmtree(name, dir_fd=dfd)
     else:
         os.unlink(name, dir_fd=dfd)
+
+
+def _ours_to_remove(dfd: int, name: str) -> bool:
+    """Whether a temporary name is a write's leftover to remove: a file, or a staging
+    folder (the daemon's own, 0700: the agent can neither make one nor move one of
+    another folder's in); never a folder of anyone else's given a temporary's name."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return not st_.S_ISDIR(st.st_mode) or (
+        st.st_uid == os.geteuid() and not st_.S_IMODE(st.st_mode) & 0o077)
 
 
 def _make_tree_writable(dfd: int, name: str) -> None:
