@@ -42,6 +42,7 @@ from .edge.callers import Rules
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
 from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
+from .edge.limits import GRPC_WORKERS, EdgeLimits
 from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
@@ -102,8 +103,9 @@ class Daemon:
                  allow_uids: set[int] | None = None, gc_grace: float = 600.0,
                  metrics_listen: str | None = None, limits: Limits | None = None,
                  storage: StorageConfig | None = None, *,
-                 approvals_by_owner: bool = False) -> None:
+                 approvals_by_owner: bool = False, edge: EdgeLimits | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.edge = edge or EdgeLimits()
         self.approvals_by_owner = approvals_by_owner
         self.storage = storage or StorageConfig()
         self.leases: Leases | None = None
@@ -197,12 +199,22 @@ class Daemon:
         # what an --allow-uid caller may call
         rules = Rules(self.world, self.gates, self.approvals_by_owner)
         interceptors = [TokenInterceptor(self.token)] if self.token else []
+        idle_ms = int(self.edge.idle_seconds * 1000)
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=interceptors + [MetricsInterceptor(), ErrorInterceptor(rules)],
+            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="rpc"),
+            interceptors=interceptors + [MetricsInterceptor(),
+                                         ErrorInterceptor(rules, self.edge.calls())],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0),
+                     # a connection's calls at once (a client's threads share one)
+                     ("grpc.max_concurrent_streams", GRPC_WORKERS),
+                     # a connection with no call for --idle-seconds is closed (GOAWAY:
+                     # a channel connects again at its next call), and a peer that
+                     # stops answering pings is let go
+                     ("grpc.max_connection_idle_ms", idle_ms),
+                     ("grpc.keepalive_time_ms", max(idle_ms, 10_000)),
+                     ("grpc.keepalive_timeout_ms", 20_000)])
         servicer = WorldlineServicer(self.world, self.gates, self.gc_grace)
         pb_grpc.add_WorldlineServicer_to_server(servicer, server)
         pb_grpc.add_GraphsServicer_to_server(
@@ -229,13 +241,14 @@ class Daemon:
                 os.umask(old_umask)
             os.chmod(socket_path, 0o600)
             if self.allow_uids:
-                self.relay = PeerRelay(socket_path + ".shared", socket_path, self.allow_uids)
+                self.relay = PeerRelay(socket_path + ".shared", socket_path, self.allow_uids,
+                                       self.edge.connections())
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
         if socket_path is not None:
             self.gateway = Gateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids,
-                                   rules)
+                                   rules, self.edge)
         if self.metrics_listen:
             self._serve_metrics()
         self._watch_health()
@@ -464,7 +477,7 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         allow_uids: set[int] | None = None, gc_grace: float = 600.0,
         metrics_listen: str | None = None, log_format: str = "text",
         limits: Limits | None = None, storage: StorageConfig | None = None, *,
-        approvals_by_owner: bool = False) -> int:
+        approvals_by_owner: bool = False, edge: EdgeLimits | None = None) -> int:
     _configure_logging(log_format == "json")
     # A fatal signal (a crash in a C extension, SIGABRT from a supervisor or a test that
     # gave up waiting) prints every thread's Python stack to stderr, for the operator.
@@ -474,7 +487,7 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
                     tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage,
-                    approvals_by_owner=approvals_by_owner)
+                    approvals_by_owner=approvals_by_owner, edge=edge)
     # A stop signal wakes the main thread through a pipe it reads, written by the
     # interpreter's C-level handler (set_wakeup_fd) on whichever thread the kernel
     # delivered the signal to. Not by a Python handler: those run on the main thread

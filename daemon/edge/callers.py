@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import Message
 from worldline.client.errors import PermissionDenied
 
-from ..owners import Agent, agent_of
+from ..owners import Agent, made_by
 
 if TYPE_CHECKING:
     from ..world import World
@@ -84,9 +84,11 @@ class Rules:
             self._own_session(caller, request.session_id)
         for field in _BY_CHECKPOINT.get(method, ()):
             checkpoint = self.world.store.get_checkpoint(getattr(request, field))
-            self._own_session(caller, checkpoint.session_id)
+            self._own_session(caller, checkpoint.session_id,
+                              f"checkpoint {getattr(request, field)}")
         if method in _BY_APPROVAL:
-            self._own_session(caller, self.gates.get_approval(request.approval_id).session_id)
+            self._own_session(caller, self.gates.get_approval(request.approval_id).session_id,
+                              f"approval {request.approval_id}")
         if method == "DecideApproval" and request.approve and self.approvals_by_owner:
             raise PermissionDenied(
                 f"approvals are the daemon owner's to give (--approvals-by owner), not an"
@@ -116,13 +118,13 @@ class Rules:
         items.extend(kept)
         return reply
 
-    def _own_session(self, caller: Agent, session_id: str) -> None:
+    def _own_session(self, caller: Agent, session_id: str, named: str = "") -> None:
+        """``named``: what the caller gave, when it is not the session (a checkpoint, an
+        approval): the refusal names that alone, never the session it belongs to."""
         if not _belongs(self.world.session(session_id).spec, caller):
-            raise PermissionDenied(f"session {session_id} is not the caller's ({caller}): an"
-                                   " allowed user calls only on sessions it made")
+            raise PermissionDenied(f"{named or f'session {session_id}'} is not the caller's"
+                                   f" ({caller}): an allowed user calls only on sessions it"
+                                   " made")
 
 
-def _belongs(spec: str | None, caller: Agent) -> bool:
-    """Whether a session (its spec) is the caller's: made by its uid (whatever group)."""
-    owner = agent_of(spec)
-    return owner is not None and owner.uid == caller.uid
+_belongs = made_by
