@@ -14,6 +14,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -95,6 +96,16 @@ def _lock(path: str, what: str) -> int:
     return fd
 
 
+def _raise_open_files() -> None:
+    """The soft limit of open descriptors as high as the hard one allows (up to 65,536):
+    the gateway's and the relay's connections take one or two each (limits.py), on
+    top of the stores' and the change tracker's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 class Daemon:
     def __init__(self, root: str, listen: str, policy_path: str | None = None,
                  track: bool = True, max_watches: int = 1 << 20,
@@ -155,6 +166,9 @@ class Daemon:
         self.credentials = grpc.ssl_server_credentials([(key, cert)])
 
     def start(self) -> None:
+        if self.edge.idle_seconds <= 0:
+            raise StartupError("--idle-seconds must be more than 0")
+        _raise_open_files()
         os.umask(0o077)  # everything the daemon writes under its root is owner-only
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.chmod(self.root, 0o700)

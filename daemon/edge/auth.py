@@ -20,10 +20,11 @@ import selectors
 import socket
 import struct
 import threading
+import time
 
 import grpc
 
-from .callers import relay_address
+from .callers import out_of_files, relay_address
 from .limits import Quota
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,11 @@ class PeerRelay:
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._stop.is_set() or not out_of_files(exc):
+                    return
+                time.sleep(0.05)  # no descriptor left: once one is closed, on
+                continue
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                     struct.calcsize("3i"))
             pid, uid, gid = struct.unpack("3i", creds)

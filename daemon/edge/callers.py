@@ -19,6 +19,7 @@ name a caller so. ``CALLER`` holds the agent for the call under way (None: owner
 from __future__ import annotations
 
 import contextvars
+import errno
 import os
 import re
 import secrets
@@ -51,6 +52,12 @@ _OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "Creat
 def agent(uid: int, gid: int) -> Agent | None:
     """The caller a peer's credentials make: None for root and the daemon's own uid."""
     return None if uid in (0, os.geteuid()) else Agent(uid, gid)
+
+
+def out_of_files(exc: OSError) -> bool:
+    """Whether an accept failed for want of descriptors or memory (it may succeed once
+    some are closed), rather than because its socket was closed."""
+    return exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def relay_address(uid: int, gid: int) -> str:

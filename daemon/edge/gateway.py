@@ -118,8 +118,11 @@ class Gateway:
         while not self._closed:
             try:
                 conn, _ = self.sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closed or not callers.out_of_files(exc):
+                    return
+                time.sleep(0.05)  # no descriptor left: once one is closed, on
+                continue
             uid, gid = _peer_ids(conn)
             if self.allowed is not None and uid not in self.allowed:
                 conn.close()
