@@ -221,8 +221,9 @@ class Daemon:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                      ("grpc.max_send_message_length", MAX_MESSAGE),
                      ("grpc.so_reuseport", 0),
-                     # a connection's calls at once (a client's threads share one)
-                     ("grpc.max_concurrent_streams", GRPC_WORKERS),
+                     # a connection's calls at once (a client's threads share one;
+                     # past the workers they wait, each within its stream's window)
+                     ("grpc.max_concurrent_streams", 2 * GRPC_WORKERS),
                      # a connection with no call for --idle-seconds is closed (GOAWAY:
                      # a channel connects again at its next call), and a peer that
                      # stops answering pings is let go

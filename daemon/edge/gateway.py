@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import struct
 import threading
@@ -65,7 +66,10 @@ REQUESTS = {m.name: getattr(pb, m.input_type.name) for m in SERVICE.methods}
 SUFFIX = ".json"
 CHUNK = 1 << 16  # read at a time, and counted against the buffers' budget first
 _PARSING = threading.Lock()  # one JSON request decoded at a time: the GIL runs one
-# anyway, and a line's objects may take 20 times its bytes while they live
+# anyway, and a line's objects take a few times its bytes while they live
+MAX_ITEMS = 100_000  # lists, objects and their items in one JSON request
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, as JSON lexes it
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
 
 
 class _Full(Exception):
@@ -210,11 +214,12 @@ class Gateway:
         """One request line to its answer; never raises."""
         try:
             with _PARSING:  # its objects gone before the next line's are made
+                shape = _shape_error(line)
+                if shape is not None:
+                    raise ValueError(shape)
                 envelope = json.loads(line)
                 if not isinstance(envelope, dict):
                     raise ValueError("not a JSON object")
-                if _deeper_than(envelope, MAX_DEPTH):
-                    raise ValueError(f"nested deeper than {MAX_DEPTH}")
                 method, request = parse_request(envelope.get("method", ""),
                                                 envelope.get("request"))
                 name = envelope.get("method")
@@ -313,16 +318,28 @@ def _line(answer: dict) -> bytes:
     return json.dumps(answer, ensure_ascii=False).encode() + b"\n"
 
 
-def _deeper_than(value: object, limit: int) -> bool:
-    """Whether a decoded JSON value nests lists and objects deeper than ``limit``."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        inner = item.values() if isinstance(item, dict) else item
-        if depth > limit:
-            return True
-        stack.extend((x, depth + 1) for x in inner if isinstance(x, dict | list))
-    return False
+def _shape_error(line: bytes) -> str | None:
+    """Why a request line is not one the gateway decodes, by its shape alone: lists and
+    objects nested deeper than ``MAX_DEPTH``, or more than ``MAX_ITEMS`` of them and
+    their items. Checked before a byte is decoded, it keeps a line's objects within a
+    few times its size (a line of ``[],`` would make a list object of each three
+    bytes: 20 times). Counted first in the whole line, which is quick; only a line
+    that fails that is counted again without its strings (JSON's own lexing), so
+    brackets and commas inside strings count for nothing."""
+    if _shape_of(line) is None:
+        return None
+    return _shape_of(_STRING.sub(b"", line))
+
+
+def _shape_of(text: bytes) -> str | None:
+    if text.count(b",") + text.count(b"[") + text.count(b"{") > MAX_ITEMS:
+        return f"more than {MAX_ITEMS} lists, objects and items"
+    depth = 0
+    for c in text.translate(None, _NOT_BRACKET):
+        depth += 1 if c in b"[{" else -1
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH}"
+    return None
 
 
 class _Reader:
