@@ -43,7 +43,7 @@ from .edge.callers import Rules
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
 from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
-from .edge.limits import GRPC_WORKERS, EdgeLimits
+from .edge.limits import GRPC_WORKERS, MAX_STREAMS, RELAY_WORKERS, EdgeLimits
 from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
@@ -96,6 +96,20 @@ def _lock(path: str, what: str) -> int:
     return fd
 
 
+def _listen_private(server: grpc.Server, path: str) -> None:
+    """``server`` on a Unix socket at ``path`` that only the daemon's uid may reach."""
+    if os.path.lexists(path):
+        os.unlink(path)  # stale: we hold the lock, so no daemon serves it
+    old_umask = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on unix://{path}: {exc}") from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+
+
 def _raise_open_files() -> None:
     """The soft limit of open descriptors as high as the hard one allows (up to 65,536):
     the gateway's and the relay's connections take one or two each (limits.py), on
@@ -131,6 +145,7 @@ class Daemon:
         self.allow_uids = allow_uids or set()
         self.token: str | None = None
         self.relay: PeerRelay | None = None
+        self.relayed: grpc.Server | None = None  # the relay's peers' server
         self.gateway: Gateway | None = None
         self.overlay_forks = overlay_forks
         self.listen = listen
@@ -212,32 +227,12 @@ class Daemon:
 
         # what an --allow-uid caller may call
         rules = Rules(self.world, self.gates, self.approvals_by_owner)
-        interceptors = [TokenInterceptor(self.token)] if self.token else []
-        idle_ms = int(self.edge.idle_seconds * 1000)
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="rpc"),
-            interceptors=interceptors + [MetricsInterceptor(),
-                                         ErrorInterceptor(rules, self.edge.calls())],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE),
-                     ("grpc.max_send_message_length", MAX_MESSAGE),
-                     ("grpc.so_reuseport", 0),
-                     # a connection's calls at once (a client's threads share one;
-                     # past the workers they wait, each within its stream's window)
-                     ("grpc.max_concurrent_streams", 2 * GRPC_WORKERS),
-                     # a connection with no call for --idle-seconds is closed (GOAWAY:
-                     # a channel connects again at its next call), and a peer that
-                     # stops answering pings is let go
-                     ("grpc.max_connection_idle_ms", idle_ms),
-                     ("grpc.keepalive_time_ms", max(idle_ms, 10_000)),
-                     ("grpc.keepalive_timeout_ms", 20_000)])
         servicer = WorldlineServicer(self.world, self.gates, self.gc_grace)
-        pb_grpc.add_WorldlineServicer_to_server(servicer, server)
-        pb_grpc.add_GraphsServicer_to_server(
-            GraphsServicer(Graphs(self.world, self.graph_store)), server)
+        graphs = GraphsServicer(Graphs(self.world, self.graph_store))
         self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE, GRAPHS_SERVICE, reflection.SERVICE_NAME,
-                                             health.SERVICE_NAME), server)
+        tokens = [TokenInterceptor(self.token)] if self.token else []
+        server = self._grpc_server(servicer, graphs, tokens + [
+            MetricsInterceptor(), ErrorInterceptor(rules)], GRPC_WORKERS, MAX_MESSAGE)
         self.socket_path = socket_path
         if socket_path is None:
             try:
@@ -245,18 +240,17 @@ class Daemon:
             except RuntimeError as exc:
                 raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
         else:
-            if os.path.lexists(socket_path):
-                os.unlink(socket_path)  # stale: we hold the lock, so no daemon serves it
-            old_umask = os.umask(0o177)
-            try:
-                server.add_insecure_port(self.listen)
-            except RuntimeError as exc:
-                raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
-            finally:
-                os.umask(old_umask)
-            os.chmod(socket_path, 0o600)
+            _listen_private(server, socket_path)
             if self.allow_uids:
-                self.relay = PeerRelay(socket_path + ".shared", socket_path, self.allow_uids,
+                # The relay's peers are served apart, by workers and a message size of
+                # their own (limits.py): the owner's calls never wait for theirs.
+                relayed = socket_path + ".agents"
+                self.relayed = self._grpc_server(servicer, graphs, [
+                    MetricsInterceptor(), ErrorInterceptor(rules, self.edge.calls())],
+                    RELAY_WORKERS, self.edge.max_line)
+                _listen_private(self.relayed, relayed)
+                self.relayed.start()
+                self.relay = PeerRelay(socket_path + ".shared", relayed, self.allow_uids,
                                        self.edge.connections())
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
@@ -290,6 +284,34 @@ class Daemon:
         # at 20,000, the daemon's memory the same (235 MB).
         gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
         watch_gc()  # worldline_gc_pause_seconds
+
+    def _grpc_server(self, servicer: WorldlineServicer, graphs: GraphsServicer,
+                     interceptors: list, workers: int, receive: int) -> grpc.Server:
+        """A gRPC server of every service, with ``workers`` threads, taking messages of
+        up to ``receive`` bytes."""
+        idle_ms = int(self.edge.idle_seconds * 1000)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", receive),
+                     ("grpc.max_send_message_length", MAX_MESSAGE),
+                     ("grpc.so_reuseport", 0),
+                     # a connection's calls at once (a client's threads share one;
+                     # past the workers they wait, each within its stream's window;
+                     # a client's first burst past it, before it knows, is UNAVAILABLE)
+                     ("grpc.max_concurrent_streams", MAX_STREAMS),
+                     # a connection with no call for --idle-seconds is closed (GOAWAY:
+                     # a channel connects again at its next call), and a peer that
+                     # stops answering pings is let go
+                     ("grpc.max_connection_idle_ms", idle_ms),
+                     ("grpc.keepalive_time_ms", max(idle_ms, 10_000)),
+                     ("grpc.keepalive_timeout_ms", 20_000)])
+        pb_grpc.add_WorldlineServicer_to_server(servicer, server)
+        pb_grpc.add_GraphsServicer_to_server(graphs, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE, GRAPHS_SERVICE, reflection.SERVICE_NAME,
+                                             health.SERVICE_NAME), server)
+        return server
 
     def _serve_metrics(self) -> None:
         from prometheus_client import start_http_server
@@ -445,6 +467,8 @@ class Daemon:
             self.gateway.close()
         self.server.stop(grace).wait()
         self.server = None
+        if self.relayed is not None:
+            self.relayed.stop(grace).wait()
         if self.monitor is not None:
             self.monitor.close()
         if self._housekeeping is not None:

@@ -256,6 +256,33 @@ def test_an_agents_waiting_calls_leave_the_owner_grpc_workers(place):
     assert out.get("ResourceExhausted", 0) >= 40 - 8 and out.get("ok", 0) <= 8, out
 
 
+def _large_messages(address: str, ws: str) -> dict:
+    """The agent's side of the test below: a checkpoint of 9 MiB of messages over gRPC
+    through the relay, and over frames at the usual address."""
+    out = {}
+    messages = [{"role": "user", "content": "x" * (9 << 20)}]
+    with Client(address, transport="frames") as frames, \
+            Client(address + ".shared", transport="grpc") as grpc_client:
+        sid = frames.create_session(ws).id
+        for name, c in (("grpc", grpc_client), ("frames", frames)):
+            try:
+                c.checkpoint(sid, messages=messages)
+                out[name] = "ok"
+            except Exception as exc:  # noqa: BLE001 -- compared by name
+                out[name] = type(exc).__name__
+    return out
+
+
+def test_an_agents_grpc_messages_are_bounded_apart_from_the_owners(place):
+    """The relay's peers are served by a gRPC server of their own, whose messages are
+    at most --gateway-max-line (8 MiB): uid 1000's checkpoint of 9 MiB of messages over
+    gRPC is RESOURCE_EXHAUSTED, read no further than its length; the same checkpoint as
+    frames (64 MiB, within the gateway's buffers) is stored."""
+    d, ws, _ = place
+    got = in_fresh_child_as(AGENT_UID, _large_messages, d.address, str(ws))
+    assert got == {"grpc": "ResourceExhausted", "frames": "ok"}, got
+
+
 # -- idle connections --------------------------------------------------------------------
 
 @pytest.mark.parametrize("place", [("--idle-seconds", "1")], indirect=True)

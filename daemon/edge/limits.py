@@ -15,10 +15,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-# The gRPC server's worker threads (main.py): an allowed user's calls never hold the
-# last ``GRPC_OWNER_WORKERS`` of them.
+# The gRPC server's worker threads (main.py), and those of the server apart that the
+# relay's peers reach (the allowed users'): the owner's calls never wait for theirs.
 GRPC_WORKERS = 32
-GRPC_OWNER_WORKERS = 8
+RELAY_WORKERS = 16
+MAX_STREAMS = 100  # a gRPC connection's calls at once (grpc.max_concurrent_streams)
 MAX_DEPTH = 32  # nesting of a JSON request: a real one is 3 deep (envelope, request, map)
 
 
@@ -32,7 +33,7 @@ class EdgeLimits:
     idle_seconds: float = 60.0  # a connection that sends nothing for this long is closed
     max_line: int = 8 << 20  # one JSON request line, in bytes
     buffer_bytes: int = 256 << 20  # the gateway's requests, buffered, all connections
-    calls_per_uid: int = 8  # an allowed user's gRPC calls under way at once
+    calls_per_uid: int = 8  # an allowed user's gRPC calls under way at once (relayed)
 
     def connections(self) -> Quota:
         return Quota("connections", self.max_connections, self.connections_per_uid,
@@ -44,7 +45,8 @@ class EdgeLimits:
                      self.buffer_bytes - self.buffer_bytes // 2)
 
     def calls(self) -> Quota:
-        return Quota("gRPC calls", GRPC_WORKERS, self.calls_per_uid, GRPC_OWNER_WORKERS)
+        """The relay's server's workers: each allowed user's share of them."""
+        return Quota("gRPC calls", RELAY_WORKERS, self.calls_per_uid, 0)
 
 
 class Quota:
