@@ -526,3 +526,44 @@ def _call_once(address: str) -> str:
     with Client(address, transport="frames", timeout=10) as c:
         c.list_sessions()
     return "ok"
+
+
+def test_through_mcp_an_approval_covers_its_own_arguments_once(daemon, workspace):
+    """The same gate through `worldline mcp` (stdio, a real MCP client): an approval the
+    user gave through elicitation for deploy {"env": "prod"} records that call once,
+    and never deploy {"env": "staging"}. (0.7.38 recorded the staging call with it.)
+    As the daemon's owner: the MCP server runs as whoever starts it, and its calls meet
+    the daemon's one gate (daemon/gates.py) that the tests above probe as uid 1000."""
+    import anyio
+    import mcp.types as types
+
+    from .test_mcp import mcp_session
+
+    async def elicit(context, params):
+        return types.ElicitResult(action="accept", content={"approve": True, "reason": "ok"})
+
+    async def scenario() -> dict:
+        async with mcp_session(daemon, elicitation_callback=elicit) as session:
+            await session.initialize()
+
+            async def call(tool_name, /, **args):
+                result = await session.call_tool(tool_name, args)
+                if result.is_error:  # "...: CODE: message"
+                    text = result.content[0].text
+                    return next((c for c in wire.CODES if f"{c}:" in text), text)
+                return result.structured_content
+
+            s = await call("create_session", workspace=str(workspace))
+            a = await call("request_approval", session_id=s["id"], tool="deploy",
+                           args={"env": "prod"})
+            out = {"approved": a["status"]}
+            for what, env in (("other args", "staging"), ("its call", "prod"),
+                              ("again", "prod")):
+                got = await call("record_tool_call", session_id=s["id"], name="deploy",
+                                 args={"env": env}, approval_id=a["id"])
+                out[what] = got if isinstance(got, str) else "ok"
+            return out
+
+    got = anyio.run(scenario)
+    assert got == {"approved": "approved", "other args": "FAILED_PRECONDITION",
+                   "its call": "ok", "again": "FAILED_PRECONDITION"}, got
