@@ -68,6 +68,7 @@ CONSOLIDATE_REST = 10.0  # no call for this long: a fleet host rewrites its buck
 CONSOLIDATE_EVERY = 10.0  # seconds between looks for them while it rests
 FLUSH_RETRY = 10.0  # seconds before a host tries again to move its staged blobs
 STOP_MOVE_SECONDS = 5.0  # a stopping host waits this long, at most, to move them
+RELAYED_SUFFIX = ".agents"  # the relay's peers' gRPC server, the daemon's uid's alone
 GC_YOUNG = 20_000  # allocations between young collections of the cycle collector (start)
 
 
@@ -244,7 +245,7 @@ class Daemon:
             if self.allow_uids:
                 # The relay's peers are served apart, by workers and a message size of
                 # their own (limits.py): the owner's calls never wait for theirs.
-                relayed = socket_path + ".agents"
+                relayed = socket_path + RELAYED_SUFFIX
                 self.relayed = self._grpc_server(servicer, graphs, [
                     MetricsInterceptor(), ErrorInterceptor(rules, self.edge.calls())],
                     RELAY_WORKERS, self.edge.max_line)
@@ -493,10 +494,11 @@ class Daemon:
         if self.relay is not None:
             self.relay.close()
         if self.socket_path is not None:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+            for path in (self.socket_path, self.socket_path + RELAYED_SUFFIX):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         for fd in self._locks:
             os.close(fd)
         log.info("worldline daemon stopped")
