@@ -454,7 +454,7 @@ def test_an_agents_errors_name_nothing_of_the_owners(place):
              "fork into theirs": "FAILED_PRECONDITION",
              "show theirs": "PERMISSION_DENIED", "diff theirs": "PERMISSION_DENIED",
              "their approval": "PERMISSION_DENIED", "decide theirs": "PERMISSION_DENIED",
-             "record with theirs": "FAILED_PRECONDITION"}
+             "record with theirs": "PERMISSION_DENIED"}
     for what, code in codes.items():
         answer = got[what]
         assert "error" in answer, (what, answer)

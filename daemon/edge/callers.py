@@ -93,7 +93,7 @@ class Rules:
             checkpoint = self.world.store.get_checkpoint(getattr(request, field))
             self._own_session(caller, checkpoint.session_id,
                               f"checkpoint {getattr(request, field)}")
-        if method in _BY_APPROVAL:
+        if method in _BY_APPROVAL or (method == "RecordToolCall" and request.approval_id):
             self._own_session(caller, self.gates.get_approval(request.approval_id).session_id,
                               f"approval {request.approval_id}")
         if method == "DecideApproval" and request.approve and self.approvals_by_owner:
