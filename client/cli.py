@@ -759,6 +759,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--min-free-bytes", type=_size, default="1G", metavar="SIZE",
                    help="free space the data root keeps: checkpoints stop short of it"
                         " (default 1G)")
+    d.add_argument("--max-connections", type=_count, default="1024", metavar="N",
+                   help="the gateway's connections open at once (default 1024)")
+    d.add_argument("--owner-connections", type=_count, default="64", metavar="N",
+                   help="of those, the ones no allowed user may take (default 64)")
+    d.add_argument("--connections-per-uid", type=_count, default="64", metavar="N",
+                   help="an allowed user's connections, on the gateway and on the relay"
+                        " (default 64)")
+    d.add_argument("--calls-per-uid", type=_count, default="8", metavar="N",
+                   help="an allowed user's gRPC calls under way at once (default 8)")
+    d.add_argument("--idle-seconds", type=float, default=60.0, metavar="SECONDS",
+                   help="a connection that sends nothing for this long is closed"
+                        " (default 60)")
+    d.add_argument("--gateway-max-line", type=_size, default="8M", metavar="SIZE",
+                   help="the largest JSON request line (default 8M)")
+    d.add_argument("--gateway-buffer-bytes", type=_size, default="256M", metavar="SIZE",
+                   help="requests the gateway holds at once, all connections together; an"
+                        " allowed user's at most half (default 256M)")
     d.set_defaults(fn=None)
 
     comp = sub.add_parser("completion", help="print a shell completion script")
@@ -1097,6 +1114,7 @@ def _main(argv: list[str] | None = None) -> int:
         return serve(getattr(args, "address", None), args.transport)
     if args.command == "daemon":
         from worldline.daemon.capture.limits import Limits
+        from worldline.daemon.edge.limits import EdgeLimits
         from worldline.daemon.main import run
         from worldline.daemon.storage.config import StorageConfig
         limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
@@ -1111,7 +1129,11 @@ def _main(argv: list[str] | None = None) -> int:
                    not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                    set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
                    limits, storage, approvals_by_owner=args.approvals_by == "owner",
-                   notify=args.notify, console=args.console)
+                   notify=args.notify, console=args.console,
+                   edge=EdgeLimits(args.max_connections, args.owner_connections,
+                                   args.connections_per_uid, args.idle_seconds,
+                                   args.gateway_max_line, args.gateway_buffer_bytes,
+                                   args.calls_per_uid))
     out = Output(as_json)
     try:
         from ._client import Client

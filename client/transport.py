@@ -30,6 +30,10 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["Worldline"]
 _RESPONSES = {m.name: getattr(pb, m.output_type.name) for m in _SERVICE.methods}
 _NO_GATEWAY = (FileNotFoundError, ConnectionRefusedError, NotADirectoryError)
 _NOSIGNAL = socket.MSG_NOSIGNAL  # a daemon gone is an error, not a SIGPIPE for the caller
+# A pooled connection idle this long is closed rather than used: the daemon closes one
+# that sent nothing for --idle-seconds (60 by default), and a call sent as it does so
+# could not tell that it was never read.
+POOL_IDLE = 10.0
 
 
 class GrpcTransport:
@@ -67,7 +71,7 @@ class FrameTransport:
         self.path = unix_path(address) + GATEWAY_SUFFIX
         self._fallback = fallback
         self._grpc: GrpcTransport | None = None
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[socket.socket, float]] = []  # and when each was given back
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
@@ -130,8 +134,11 @@ class FrameTransport:
                 raise Unavailable("this client is closed")
             if self._pid != os.getpid():  # a forked child: the parent's connections
                 self._idle, self._pid = [], os.getpid()
+            stale = time.monotonic() - POOL_IDLE
+            while self._idle and self._idle[0][1] < stale:  # oldest first
+                self._idle.pop(0)[0].close()
             if self._idle and not fresh:
-                return self._idle.pop(), True
+                return self._idle.pop()[0], True
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             while True:
@@ -155,7 +162,7 @@ class FrameTransport:
     def _give(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed and self._pid == os.getpid():
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
                 return
         sock.close()
 
@@ -170,7 +177,7 @@ class FrameTransport:
             self._closed = True
             idle, self._idle = self._idle, []
             grpc_transport, self._grpc = self._grpc, None
-        for sock in idle:
+        for sock, _ in idle:
             sock.close()
         if grpc_transport is not None:
             grpc_transport.close()

@@ -83,6 +83,12 @@ class Gates:
         if idempotency_key:
             for call in calls_on_path(self.store, session.head):
                 if call.idempotency_key == idempotency_key:
+                    if call.name != name or _canonical(call.args_json) != _canonical(args):
+                        # not a replay: a call of its own, that a replay would hide
+                        raise FailedPrecondition(
+                            f"idempotency key {idempotency_key!r} was recorded for another"
+                            f" call ({call.name}, other arguments): give this call a key of"
+                            " its own")
                     self.store.append_audit([AuditEvent(
                         "tool_call.replay", session_id, call.id,
                         {"idempotency_key": idempotency_key}, ids.now())])
@@ -96,7 +102,7 @@ class Gates:
                 asked_for = asked.id
             approval_id = ""
         elif decision.requires_approval or approval_id:
-            self._check_approved(session_id, name, approval_id)
+            self._check_approved(session_id, name, approval_id, args)
         call = ToolCall(ids.new_id(), session_id, name,
                         json.dumps(args, ensure_ascii=False, sort_keys=True),
                         result_json or None, effect, idempotency_key or None, session.head,
@@ -124,7 +130,8 @@ class Gates:
         return with_gates(self.store, self.store.list_tool_calls(
             session_id=session.id, checkpoint_ids=checkpoint_ids))
 
-    def _check_approved(self, session_id: str, tool: str, approval_id: str) -> None:
+    def _check_approved(self, session_id: str, tool: str, approval_id: str,
+                        args: dict) -> None:
         if not approval_id:
             raise FailedPrecondition(
                 f"tool {tool!r} requires an approved approval: request one with"
@@ -132,6 +139,9 @@ class Gates:
         approval = self.get_approval(check_id("approval", approval_id))
         if approval.session_id != session_id or approval.tool != tool:
             raise FailedPrecondition(f"approval {approval_id} is not for {tool!r} in this session")
+        if _canonical(approval.args_json) != _canonical(args):  # what was approved, only
+            raise FailedPrecondition(f"approval {approval_id} is for {tool!r} with other"
+                                     " arguments than these")
         if approval.status != "approved":
             raise FailedPrecondition(f"approval {approval_id} is {approval.status}, not approved")
         # It is used up when the call is recorded: the store refuses a second call citing
@@ -268,6 +278,12 @@ class Gates:
         with self._decided:
             self._decided.notify_all()
         return expired
+
+
+def _canonical(args: dict | str) -> str:
+    """Arguments (a dict, or their JSON as stored) in one form, to compare."""
+    return json.dumps(json.loads(args or "{}") if isinstance(args, str) else args,
+                      sort_keys=True)
 
 
 def _fmt(t: dt.datetime) -> str:

@@ -14,6 +14,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -42,6 +43,7 @@ from .edge.callers import Rules
 from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
 from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
+from .edge.limits import GRPC_WORKERS, MAX_STREAMS, RELAY_WORKERS, EdgeLimits
 from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
@@ -67,6 +69,7 @@ CONSOLIDATE_REST = 10.0  # no call for this long: a fleet host rewrites its buck
 CONSOLIDATE_EVERY = 10.0  # seconds between looks for them while it rests
 FLUSH_RETRY = 10.0  # seconds before a host tries again to move its staged blobs
 STOP_MOVE_SECONDS = 5.0  # a stopping host waits this long, at most, to move them
+RELAYED_SUFFIX = ".agents"  # the relay's peers' gRPC server, the daemon's uid's alone
 GC_YOUNG = 20_000  # allocations between young collections of the cycle collector (start)
 
 
@@ -95,6 +98,30 @@ def _lock(path: str, what: str) -> int:
     return fd
 
 
+def _listen_private(server: grpc.Server, path: str) -> None:
+    """``server`` on a Unix socket at ``path`` that only the daemon's uid may reach."""
+    if os.path.lexists(path):
+        os.unlink(path)  # stale: we hold the lock, so no daemon serves it
+    old_umask = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on unix://{path}: {exc}") from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+
+
+def _raise_open_files() -> None:
+    """The soft limit of open descriptors as high as the hard one allows (up to 65,536):
+    the gateway's and the relay's connections take one or two each (limits.py), on
+    top of the stores' and the change tracker's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 class Daemon:
     def __init__(self, root: str, listen: str, policy_path: str | None = None,
                  track: bool = True, max_watches: int = 1 << 20,
@@ -104,8 +131,9 @@ class Daemon:
                  metrics_listen: str | None = None, limits: Limits | None = None,
                  storage: StorageConfig | None = None, *,
                  approvals_by_owner: bool = False, notify: str | None = None,
-                 console: str | None = None) -> None:
+                 console: str | None = None, edge: EdgeLimits | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.edge = edge or EdgeLimits()
         self.notify, self.notifier = notify, None
         self.console, self.console_proc = console, None
         self.approvals_by_owner = approvals_by_owner
@@ -122,6 +150,7 @@ class Daemon:
         self.allow_uids = allow_uids or set()
         self.token: str | None = None
         self.relay: PeerRelay | None = None
+        self.relayed: grpc.Server | None = None  # the relay's peers' server
         self.gateway: Gateway | None = None
         self.overlay_forks = overlay_forks
         self.listen = listen
@@ -157,6 +186,9 @@ class Daemon:
         self.credentials = grpc.ssl_server_credentials([(key, cert)])
 
     def start(self) -> None:
+        if self.edge.idle_seconds <= 0:
+            raise StartupError("--idle-seconds must be more than 0")
+        _raise_open_files()
         os.umask(0o077)  # everything the daemon writes under its root is owner-only
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.chmod(self.root, 0o700)
@@ -200,21 +232,12 @@ class Daemon:
 
         # what an --allow-uid caller may call
         rules = Rules(self.world, self.gates, self.approvals_by_owner)
-        interceptors = [TokenInterceptor(self.token)] if self.token else []
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=interceptors + [MetricsInterceptor(), ErrorInterceptor(rules)],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE),
-                     ("grpc.max_send_message_length", MAX_MESSAGE),
-                     ("grpc.so_reuseport", 0)])
         servicer = WorldlineServicer(self.world, self.gates, self.gc_grace)
-        pb_grpc.add_WorldlineServicer_to_server(servicer, server)
-        pb_grpc.add_GraphsServicer_to_server(
-            GraphsServicer(Graphs(self.world, self.graph_store)), server)
+        graphs = GraphsServicer(Graphs(self.world, self.graph_store))
         self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE, GRAPHS_SERVICE, reflection.SERVICE_NAME,
-                                             health.SERVICE_NAME), server)
+        tokens = [TokenInterceptor(self.token)] if self.token else []
+        server = self._grpc_server(servicer, graphs, tokens + [
+            MetricsInterceptor(), ErrorInterceptor(rules)], GRPC_WORKERS, MAX_MESSAGE)
         self.socket_path = socket_path
         if socket_path is None:
             try:
@@ -222,24 +245,24 @@ class Daemon:
             except RuntimeError as exc:
                 raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
         else:
-            if os.path.lexists(socket_path):
-                os.unlink(socket_path)  # stale: we hold the lock, so no daemon serves it
-            old_umask = os.umask(0o177)
-            try:
-                server.add_insecure_port(self.listen)
-            except RuntimeError as exc:
-                raise StartupError(f"cannot listen on {self.listen}: {exc}") from None
-            finally:
-                os.umask(old_umask)
-            os.chmod(socket_path, 0o600)
+            _listen_private(server, socket_path)
             if self.allow_uids:
-                self.relay = PeerRelay(socket_path + ".shared", socket_path, self.allow_uids)
+                # The relay's peers are served apart, by workers and a message size of
+                # their own (limits.py): the owner's calls never wait for theirs.
+                relayed = socket_path + RELAYED_SUFFIX
+                self.relayed = self._grpc_server(servicer, graphs, [
+                    MetricsInterceptor(), ErrorInterceptor(rules, self.edge.calls())],
+                    RELAY_WORKERS, self.edge.max_line)
+                _listen_private(self.relayed, relayed)
+                self.relayed.start()
+                self.relay = PeerRelay(socket_path + ".shared", relayed, self.allow_uids,
+                                       self.edge.connections())
                 os.chmod(os.path.dirname(socket_path), 0o711)  # others may reach .shared
         server.start()
         self.server = server
         if socket_path is not None:
             self.gateway = Gateway(socket_path + GATEWAY_SUFFIX, servicer, self.allow_uids,
-                                   rules)
+                                   rules, self.edge)
         if self.metrics_listen:
             self._serve_metrics()
         if self.notify:
@@ -274,6 +297,34 @@ class Daemon:
         # at 20,000, the daemon's memory the same (235 MB).
         gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
         watch_gc()  # worldline_gc_pause_seconds
+
+    def _grpc_server(self, servicer: WorldlineServicer, graphs: GraphsServicer,
+                     interceptors: list, workers: int, receive: int) -> grpc.Server:
+        """A gRPC server of every service, with ``workers`` threads, taking messages of
+        up to ``receive`` bytes."""
+        idle_ms = int(self.edge.idle_seconds * 1000)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", receive),
+                     ("grpc.max_send_message_length", MAX_MESSAGE),
+                     ("grpc.so_reuseport", 0),
+                     # a connection's calls at once (a client's threads share one;
+                     # past the workers they wait, each within its stream's window;
+                     # a client's first burst past it, before it knows, is UNAVAILABLE)
+                     ("grpc.max_concurrent_streams", MAX_STREAMS),
+                     # a connection with no call for --idle-seconds is closed (GOAWAY:
+                     # a channel connects again at its next call), and a peer that
+                     # stops answering pings is let go
+                     ("grpc.max_connection_idle_ms", idle_ms),
+                     ("grpc.keepalive_time_ms", max(idle_ms, 10_000)),
+                     ("grpc.keepalive_timeout_ms", 20_000)])
+        pb_grpc.add_WorldlineServicer_to_server(servicer, server)
+        pb_grpc.add_GraphsServicer_to_server(graphs, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE, GRAPHS_SERVICE, reflection.SERVICE_NAME,
+                                             health.SERVICE_NAME), server)
+        return server
 
     def _serve_metrics(self) -> None:
         from prometheus_client import start_http_server
@@ -455,6 +506,8 @@ class Daemon:
             self.gateway.close()
         self.server.stop(grace).wait()
         self.server = None
+        if self.relayed is not None:
+            self.relayed.stop(grace).wait()
         if self.monitor is not None:
             self.monitor.close()
         if self._housekeeping is not None:
@@ -479,10 +532,11 @@ class Daemon:
         if self.relay is not None:
             self.relay.close()
         if self.socket_path is not None:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+            for path in (self.socket_path, self.socket_path + RELAYED_SUFFIX):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         for fd in self._locks:
             os.close(fd)
         log.info("worldline daemon stopped")
@@ -503,7 +557,7 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         metrics_listen: str | None = None, log_format: str = "text",
         limits: Limits | None = None, storage: StorageConfig | None = None, *,
         approvals_by_owner: bool = False, notify: str | None = None,
-        console: str | None = None) -> int:
+        console: str | None = None, edge: EdgeLimits | None = None) -> int:
     _configure_logging(log_format == "json")
     # A fatal signal (a crash in a C extension, SIGABRT from a supervisor or a test that
     # gave up waiting) prints every thread's Python stack to stderr, for the operator.
@@ -513,7 +567,8 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
     policy_path = policy_path or os.environ.get("WORLDLINE_POLICY") or None
     daemon = Daemon(root, listen, policy_path, track, max_watches, overlay_forks, tls_cert,
                     tls_key, token_file, allow_uids, gc_grace, metrics_listen, limits, storage,
-                    approvals_by_owner=approvals_by_owner, notify=notify, console=console)
+                    approvals_by_owner=approvals_by_owner, notify=notify, console=console,
+                    edge=edge)
     # A stop signal wakes the main thread through a pipe it reads, written by the
     # interpreter's C-level handler (set_wakeup_fd) on whichever thread the kernel
     # delivered the signal to. Not by a Python handler: those run on the main thread

@@ -60,6 +60,12 @@ def agent_of(spec: str | None) -> Agent | None:
     return Agent(int(found[0]), int(found[1])) if found else None
 
 
+def made_by(spec: str | None, agent: Agent) -> bool:
+    """Whether a session (its spec) is ``agent``'s: made by its uid (whatever group)."""
+    owner = agent_of(spec)
+    return owner is not None and owner.uid == agent.uid
+
+
 def with_agent(spec: str, agent: Agent | None) -> str:
     """``spec`` (JSON) saying the session is ``agent``'s (unchanged for None)."""
     if agent is None:

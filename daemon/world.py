@@ -417,10 +417,12 @@ class World:
     def _bases(cp: Checkpoint) -> list[str | None]:
         return [cp.tree, cp.container]
 
-    def _check_workspace(self, path: str, *, must_be_empty: bool, moving: str = "") -> str:
+    def _check_workspace(self, path: str, *, must_be_empty: bool, moving: str = "",
+                         agent: Agent | None = None) -> str:
         """The real path of ``path``, a folder a session may have; ``moving``: the session
         that is to move there (its own workspace, the folder of a take-over it left
-        unfinished, is no overlap)."""
+        unfinished, is no overlap). ``agent``: an allowed user asks, who is told that
+        the folder is not available, never whose it is or where the daemon's are."""
         if not path or not os.path.isabs(path):
             raise InvalidArgument(f"workspace {path!r} must be an absolute path")
         if os.path.lexists(path) and not os.path.isdir(path):
@@ -432,28 +434,35 @@ class World:
             raise InvalidArgument("the file system root cannot be a workspace")
         inside_forks = real.startswith(self.fork_root + os.sep)
         if not inside_forks and (_contains(real, self.root) or _contains(self.root, real)):
+            if agent is not None:
+                raise InvalidArgument(_not_available(path, agent))
             raise InvalidArgument(f"workspace {real} overlaps the data root {self.root}")
-        self._check_overlap(real, moving)
+        self._check_overlap(real, moving, agent, path)
         if must_be_empty and os.path.isdir(real) and os.listdir(real):
             raise FailedPrecondition(f"workspace {real} is not empty")
         if not must_be_empty and not os.path.isdir(real):
             raise NotFound(f"workspace {real} does not exist")
         return real
 
-    def _check_overlap(self, real: str, moving: str = "") -> None:
+    def _check_overlap(self, real: str, moving: str = "", agent: Agent | None = None,
+                       given: str = "") -> None:
         """One folder belongs to one session: a workspace may not equal, contain or lie
         inside another session's workspace (one inotify watch has one owner, and two
         sessions restoring one folder would destroy each other's work), nor the engine's
-        data root."""
+        data root. An allowed user (``agent``) is told of its own sessions only."""
         for other in self.store.list_sessions():
             if other.deleted_at or other.host not in ("", self.host) or other.id == moving:
                 continue  # its workspace was released, or is another host's folder
             if _contains(other.workspace, real) or _contains(real, other.workspace):
+                if agent is not None and not owners.made_by(other.spec, agent):
+                    raise FailedPrecondition(_not_available(given or real, agent))
                 raise FailedPrecondition(
                     f"workspace {real} overlaps the workspace {other.workspace} of session"
                     f" {other.id}")
         engine_root = self.engine.data_root() if self.engine is not None else None
         if engine_root and (_contains(real, engine_root) or _contains(engine_root, real)):
+            if agent is not None:
+                raise InvalidArgument(_not_available(given or real, agent))
             raise InvalidArgument(f"workspace {real} overlaps the Docker engine's data root"
                                   f" {engine_root}")
 
@@ -463,7 +472,7 @@ class World:
                        agent: Agent | None = None) -> Session:
         """``agent``: the allowed user (owners.py) whose session it is, over a folder of
         its own; None: the daemon owner's."""
-        path = self._check_workspace(workspace, must_be_empty=False)
+        path = self._check_workspace(workspace, must_be_empty=False, agent=agent)
         crash_point("session.checked")
         # The folder as its path names it now, through no symlink: every capture and
         # restore checks it is still that folder, the first capture below included.
@@ -1257,7 +1266,7 @@ class World:
                     " empty volumes)")
         sid = ids.new_id()
         path = self._check_workspace(workspace or os.path.join(self.fork_root, sid),
-                                     must_be_empty=True)
+                                     must_be_empty=True, agent=agent)
         if agent is not None:
             owners.check_folder(agent, os.path.dirname(path), "the folder above")
             owners.check_entries(self.trees, None, source.tree, agent,
@@ -1786,6 +1795,12 @@ def open_layer_root(kind: str, path: str, identity: list | None) -> int:
                 " moved or replaced, or a folder above it was swapped for a symlink):"
                 " nothing was read or written")
     return fd
+
+
+def _not_available(path: str, agent: Agent) -> str:
+    """What an allowed user is told of a folder that is another's (a session's it cannot
+    see, the daemon's data): that it is not available, naming nothing of anyone else."""
+    return f"workspace {path} is not available to an allowed user ({agent})"
 
 
 def _contains(outer: str, inner: str) -> bool:

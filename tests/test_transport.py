@@ -267,17 +267,19 @@ def _line_call(sock: socket.socket, line: bytes) -> bytes:
     return got
 
 
-def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
-    """Each connection has a thread: past ``MAX_CONNECTIONS`` a new one is closed at
-    once (and served again once one ends); a JSON line over ``MAX_LINE`` is answered
-    and ends its connection; a timeout that is not a number of seconds is refused.
-    In-process, with the limits made small: a line of 64 MiB and a thousand
-    connections are what they stand for."""
+def test_the_gateway_caps_its_connections_and_its_lines(tmp_path):
+    """Each connection has a thread: past ``--max-connections`` a new one is answered
+    RESOURCE_EXHAUSTED and closed at once (and served again once one ends); a JSON line
+    over ``--gateway-max-line`` is answered RESOURCE_EXHAUSTED and the connection goes
+    on; a timeout that is not a number of seconds is refused. In-process, with the
+    limits made small: a line of 8 MiB and a thousand connections are what they stand
+    for."""
     from worldline.daemon.edge import gateway
+    from worldline.daemon.edge.limits import EdgeLimits
 
-    monkeypatch.setattr(gateway, "MAX_CONNECTIONS", 2)
-    monkeypatch.setattr(gateway, "MAX_LINE", 100)
-    gw = gateway.Gateway(str(tmp_path / "g.sock.json"), servicer=None)
+    gw = gateway.Gateway(str(tmp_path / "g.sock.json"), servicer=None,
+                         limits=EdgeLimits(max_connections=2, owner_connections=1,
+                                           max_line=100))
     unknown = b'{"method": "NoSuchCall", "request": {}}\n'
     try:
         held = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
@@ -289,17 +291,19 @@ def test_the_gateway_caps_its_connections_and_its_lines(tmp_path, monkeypatch):
         for timeout in (b'"soon"', b"-1", b"true"):  # refused before any servicer runs
             line = b'{"method": "ListSessions", "timeout": ' + timeout + b"}\n"
             assert b"INVALID_ARGUMENT" in _line_call(held[1], line)
-        assert _line_call(held[2], unknown) == b""  # over the limit: closed unanswered
+        refused = held[2].recv(1 << 16)  # over the limit: answered at once, closed
+        assert b"RESOURCE_EXHAUSTED" in refused
+        assert _line_call(held[2], unknown) == b""
         held[0].close()
         deadline = time.monotonic() + 10
-        while gw._connections > 1 and time.monotonic() < deadline:
+        while gw.connections.held(None) > 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(10)
             s.connect(gw.path)
             long_line = b'{"method": "' + b"x" * 200 + b'"}\n'
             assert b"RESOURCE_EXHAUSTED" in _line_call(s, long_line)
-            assert _line_call(s, unknown) == b""  # and the connection ended
+            assert b"UNIMPLEMENTED" in _line_call(s, unknown)  # and the connection goes on
         for s in held[1:]:
             s.close()
     finally:

@@ -4,7 +4,8 @@
   connect. With ``--allow-uid``, other users may connect too: the daemon then also
   listens on ``<socket>.shared`` (0666) through a relay that reads each connecting
   peer's credentials (SO_PEERCRED) and closes the connection of any uid not
-  allowed, before a byte of it reaches gRPC.
+  allowed, before a byte of it reaches gRPC, and of an allowed user past its share
+  of connections (limits.py).
 - On TCP: TLS and a bearer token are both required (the daemon refuses to start
   without them); every call must carry ``authorization: Bearer <token>``, checked in
   constant time, or it is UNAUTHENTICATED. Health checks need no token.
@@ -19,10 +20,12 @@ import selectors
 import socket
 import struct
 import threading
+import time
 
 import grpc
 
-from .callers import relay_address
+from .callers import out_of_files, relay_address
+from .limits import Quota
 
 log = logging.getLogger(__name__)
 OPEN_METHODS = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
@@ -70,9 +73,11 @@ class PeerRelay:
     """Relays connections from a shared socket to the daemon's private one, admitting
     only peers whose uid is allowed (the daemon's own uid always is)."""
 
-    def __init__(self, public: str, private: str, allowed_uids: set[int]) -> None:
+    def __init__(self, public: str, private: str, allowed_uids: set[int],
+                 connections: Quota | None = None) -> None:
         self.public, self.private = public, private
         self.allowed = allowed_uids | {os.geteuid()}
+        self.connections = connections or Quota("connections", 1 << 30, 1 << 30, 0)
         if os.path.lexists(public):
             os.unlink(public)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -87,13 +92,20 @@ class PeerRelay:
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._stop.is_set() or not out_of_files(exc):
+                    return
+                time.sleep(0.05)  # no descriptor left: once one is closed, on
+                continue
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                     struct.calcsize("3i"))
             pid, uid, gid = struct.unpack("3i", creds)
             if uid not in self.allowed:
                 log.warning("refused a connection from uid %d (pid %d): not allowed", uid, pid)
+                conn.close()
+                continue
+            key = None if uid in (0, os.geteuid()) else uid
+            if not self.connections.take(key, 1):  # a thread each: its share of them
                 conn.close()
                 continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -105,8 +117,16 @@ class PeerRelay:
             except OSError:
                 conn.close()
                 upstream.close()
+                self.connections.give(key, 1)
                 continue
-            threading.Thread(target=_pump_pair, args=(conn, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(conn, upstream, key),
+                             daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket, key: int | None) -> None:
+        try:
+            _pump_pair(a, b)
+        finally:
+            self.connections.give(key, 1)
 
     def close(self) -> None:
         self._stop.set()

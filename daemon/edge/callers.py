@@ -19,6 +19,7 @@ name a caller so. ``CALLER`` holds the agent for the call under way (None: owner
 from __future__ import annotations
 
 import contextvars
+import errno
 import os
 import re
 import secrets
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import Message
 from worldline.client.errors import PermissionDenied
 
-from ..owners import Agent, agent_of
+from ..owners import Agent, made_by
 
 if TYPE_CHECKING:
     from ..world import World
@@ -54,6 +55,12 @@ _OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "Creat
 def agent(uid: int, gid: int) -> Agent | None:
     """The caller a peer's credentials make: None for root and the daemon's own uid."""
     return None if uid in (0, os.geteuid()) else Agent(uid, gid)
+
+
+def out_of_files(exc: OSError) -> bool:
+    """Whether an accept failed for want of descriptors or memory (it may succeed once
+    some are closed), rather than because its socket was closed."""
+    return exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def relay_address(uid: int, gid: int) -> str:
@@ -87,9 +94,11 @@ class Rules:
             self._own_session(caller, request.session_id)
         for field in _BY_CHECKPOINT.get(method, ()):
             checkpoint = self.world.store.get_checkpoint(getattr(request, field))
-            self._own_session(caller, checkpoint.session_id)
-        if method in _BY_APPROVAL:
-            self._own_session(caller, self.gates.get_approval(request.approval_id).session_id)
+            self._own_session(caller, checkpoint.session_id,
+                              f"checkpoint {getattr(request, field)}")
+        if method in _BY_APPROVAL or (method == "RecordToolCall" and request.approval_id):
+            self._own_session(caller, self.gates.get_approval(request.approval_id).session_id,
+                              f"approval {request.approval_id}")
         if method == "DecideApproval" and request.approve and self.approvals_by_owner:
             raise PermissionDenied(
                 f"approvals are the daemon owner's to give (--approvals-by owner), not an"
@@ -119,13 +128,13 @@ class Rules:
         items.extend(kept)
         return reply
 
-    def _own_session(self, caller: Agent, session_id: str) -> None:
+    def _own_session(self, caller: Agent, session_id: str, named: str = "") -> None:
+        """``named``: what the caller gave, when it is not the session (a checkpoint, an
+        approval): the refusal names that alone, never the session it belongs to."""
         if not belongs(self.world.session(session_id).spec, caller):
-            raise PermissionDenied(f"session {session_id} is not the caller's ({caller}): an"
-                                   " allowed user calls only on sessions it made")
+            raise PermissionDenied(f"{named or f'session {session_id}'} is not the caller's"
+                                   f" ({caller}): an allowed user calls only on sessions it"
+                                   " made")
 
 
-def belongs(spec: str | None, caller: Agent) -> bool:
-    """Whether a session (its spec) is the caller's: made by its uid (whatever group)."""
-    owner = agent_of(spec)
-    return owner is not None and owner.uid == caller.uid
+belongs = made_by  # whether a session (its spec) is the caller's, whatever its group

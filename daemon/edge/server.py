@@ -27,6 +27,7 @@ from ..storage.durable import out_of_space
 from ..world import World
 from . import callers
 from .callers import Rules
+from .limits import Quota
 
 WORLDLINE = pb.DESCRIPTOR.services_by_name["Worldline"].full_name
 HEALTH = "grpc.health.v1.Health"
@@ -51,10 +52,13 @@ def status_of(exc: Exception, method: str) -> tuple[str, str]:
 
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Every failure becomes a status; with ``rules``, the caller (callers.py) is known
-    for the call, and an agent user's calls are checked and their replies filtered."""
+    for the call, and an agent user's calls are checked and their replies filtered;
+    with ``calls``, an agent user's calls under way at once are its share of the
+    server's workers (limits.py), RESOURCE_EXHAUSTED past it."""
 
-    def __init__(self, rules: Rules | None = None) -> None:
+    def __init__(self, rules: Rules | None = None, calls: Quota | None = None) -> None:
         self.rules = rules
+        self.calls = calls
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -62,10 +66,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return handler
         inner, method = handler.unary_unary, handler_call_details.method
         service, _, name = method.lstrip("/").partition("/")
-        rules = self.rules
+        rules, calls = self.rules, self.calls
 
         def guarded(request, context):
-            token = callers.CALLER.set(callers.agent_of_peer(context.peer()))
+            caller = callers.agent_of_peer(context.peer())
+            key = None if caller is None else caller.uid
+            if calls is not None and not calls.take(key, 1):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, calls.refusal(key))
+            token = callers.CALLER.set(caller)
             try:
                 if rules is not None and service != HEALTH:  # LangGraph's: no rule, owner's
                     rules.check(name if service == WORLDLINE else method, request)
@@ -75,6 +83,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 code, message = status_of(exc, method)
             finally:
                 callers.CALLER.reset(token)
+                if calls is not None:
+                    calls.give(key, 1)
             context.abort(grpc.StatusCode[code], message)
 
         return grpc.unary_unary_rpc_method_handler(
