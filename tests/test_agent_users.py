@@ -485,6 +485,8 @@ def test_the_hooks_ask_mode_refuses_where_the_owner_alone_approves(place):
         return in_child_as(AGENT_UID, work)
 
     assert "err" in hook("start")
+    agent.say("user", "push it")  # the transcript the hooks read
+    os.chown(agent.transcript, AGENT_UID, AGENT_UID)
     with d.client() as owner:
         sid = next(s.id for s in owner.list_sessions() if s.workspace == str(ws))
         got = hook("pre_push")
