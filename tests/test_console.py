@@ -219,6 +219,25 @@ def test_a_diff_across_two_forks(page, world):
     shot(page, "diff")
 
 
+def test_a_diff_shows_a_change_of_mode_and_a_binary_file(page, world, tmp_path):
+    ws = tmp_path / "meta"
+    ws.mkdir()
+    (ws / "run.sh").write_text("echo hi\n")
+    (ws / "blob.bin").write_bytes(b"\0\1\2" * 100)
+    with world["daemon"].client() as c:
+        s = c.create_session(str(ws))
+        a = c.checkpoint(s.id)
+        (ws / "run.sh").chmod(0o755)
+        (ws / "blob.bin").write_bytes(b"\0\3\2" * 100)
+        b = c.checkpoint(s.id)
+    page.goto(f"{world['console'].base}/diff?from={a.id}&to={b.id}")
+    run = page.locator("section.file", has_text="run.sh")
+    assert run.locator("pre.patch .meta").all_inner_texts()[1:] == [
+        "old mode 644", "new mode 755"]
+    blob = page.locator("section.file", has_text="blob.bin")
+    assert "binary file: its bytes differ" in blob.inner_text()
+
+
 def test_agent_text_is_shown_as_text_and_never_runs(page, world):
     base = world["console"].base
     hostile = world["hostile"]

@@ -122,38 +122,33 @@ class FilePatch:
 
 
 def split_patch(patch: str) -> dict[str, FilePatch]:
-    """The daemon's patch (one unified diff a file, in path order) cut per file."""
+    """The daemon's patch cut per file. It holds, in path order, for each changed path:
+    ``metadata of PATH:`` and its lines (mode, owner, xattrs) when those changed, then a
+    unified diff (``--- a/PATH`` / ``+++ b/PATH``) or ``Binary files a/PATH and b/PATH
+    differ``."""
     out: dict[str, FilePatch] = {}
-    current: list[str] = []
-
-    def flush() -> None:
-        if not current:
-            return
-        head = current[0]
-        if head.startswith("Binary files a/"):
-            path = head[len("Binary files a/"):].rsplit(" and b/", 1)[0]
-            out[path] = FilePatch(path, head, True, 0, 0)
-            return
-        old = current[0][4:].rstrip("\n")
-        new = current[1][4:].rstrip("\n") if len(current) > 1 else old
-        path = (new if new != "/dev/null" else old)[2:]
-        body = current[2:]
-        out[path] = FilePatch(path, "".join(current), False,
-                              sum(1 for x in body if x.startswith("+")),
-                              sum(1 for x in body if x.startswith("-")))
-
+    current: FilePatch | None = None
     lines = patch.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        starts = line.startswith("Binary files a/") or (
-            line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))
-        if starts:
-            flush()
-            current = []
-        current.append(line)
-        i += 1
-    flush()
+    for i, line in enumerate(lines):
+        path = None
+        if line.startswith("metadata of ") and line.rstrip("\n").endswith(":"):
+            path, binary = line[len("metadata of "):].rstrip("\n")[:-1], False
+        elif line.startswith("Binary files a/") and line.rstrip("\n").endswith(" differ"):
+            path, binary = line[len("Binary files a/"):].rsplit(" and b/", 1)[0], True
+        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            old, new = line[4:].rstrip("\n"), lines[i + 1][4:].rstrip("\n")
+            path, binary = (new if new != "/dev/null" else old)[2:], False
+        if path is not None and (current is None or current.path != path):
+            current = out.setdefault(path, FilePatch(path, "", False, 0, 0))
+        if current is None:
+            continue
+        if path is not None:
+            current.binary = current.binary or binary
+        elif line.startswith("+") and not line.startswith("+++ "):
+            current.added += 1
+        elif line.startswith("-") and not line.startswith("--- "):
+            current.removed += 1
+        current.text += line
     return out
 
 
