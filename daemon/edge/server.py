@@ -215,8 +215,9 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
             cps = store.list_checkpoints(r.session_id)
             return pb.ListCheckpointsResponse(checkpoints=[checkpoint_pb(c) for c in cps],
                                               total=len(cps))
-        if r.before_seq < 0:
-            raise InvalidArgument("before_seq is a checkpoint's seq (0: no bound)")
+        if r.before_seq < 0 or r.limit < 0:
+            raise InvalidArgument("limit is how many checkpoints (0: all) and before_seq a"
+                                  " checkpoint's seq (0: no bound); neither is negative")
         cps = store.list_checkpoints(r.session_id, limit=r.limit or None,
                                      before_seq=r.before_seq or None)
         return pb.ListCheckpointsResponse(checkpoints=[checkpoint_pb(c) for c in cps],
