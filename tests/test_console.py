@@ -171,6 +171,13 @@ def test_the_timeline_draws_tool_calls_restores_and_forks(page, world):
     assert page.locator("svg.timeline path.edge-restore").count() == 1
     fork_link = page.locator("svg.timeline a.fork")
     assert fork_link.count() == 1 and "other-approach" in fork_link.text_content()
+    assert page.locator("svg.timeline path.edge-fork").count() == 1
+    fork_link.click()  # the fork's own timeline draws where it came from
+    page.wait_for_url(f"**/s/{world['fork'].id}")
+    origin = page.locator("svg.timeline a.fork")
+    assert origin.text_content() == f"from #1 of {s.id[:10]}…"
+    assert page.locator("svg.timeline path.edge-fork").count() == 1
+    page.goto(f"{world['console'].base}/s/{s.id}")
     shot(page, "timeline")
     page.keyboard.press("j")
     page.keyboard.press("j")
