@@ -87,7 +87,6 @@ class Notifier:
         """Follow the log from now on (what came before the start is not sent)."""
         last = self.store.list_audit(limit=1)
         self._seq = last[-1].seq if last else 0
-        self._since = last[-1].created_at if last else None
         for target, name in ((self._watch, "notify-watch"), (self._send, "notify-send")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -103,14 +102,17 @@ class Notifier:
     def _watch(self) -> None:
         while not self.stopping.wait(self.poll):
             try:
-                events = self.store.list_audit(since=self._since)
+                # by seq, not by time: an event's time is taken before its transaction
+                # (and on a fleet by its host's clock), so a later seq may carry an
+                # earlier time, and a read by time would miss it
+                events = self.store.list_audit(after_seq=self._seq)
             except Exception:  # noqa: BLE001 -- a store away for a moment: next poll
                 log.warning("notify: the audit log could not be read", exc_info=True)
                 continue
             fresh = [e for e in events if e.seq > self._seq]
             if not fresh:
                 continue
-            self._seq, self._since = fresh[-1].seq, fresh[-1].created_at
+            self._seq = fresh[-1].seq
             wanted = [message(e) for e in fresh if e.kind in EVENTS]
             if wanted:
                 with self.ready:

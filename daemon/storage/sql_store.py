@@ -434,11 +434,14 @@ class SqlStore:
                         digest_in(prev), digest_in(digest)))
             prev = digest
 
-    def list_audit(self, session_id=None, kind=None, limit=0, since=None):
+    def list_audit(self, session_id=None, kind=None, limit=0, since=None, after_seq=None):
         sql, args = "SELECT * FROM audit WHERE 1=1", []
         if since is not None:  # ids.now's fixed-width form sorts as the times do
             sql += " AND created_at >= ?"
             args.append(since)
+        if after_seq is not None:
+            sql += " AND seq > ?"
+            args.append(after_seq)
         if session_id is not None:
             sql += " AND session_id = ?"
             args.append(session_id)
