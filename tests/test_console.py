@@ -427,15 +427,19 @@ def test_a_long_timeline_is_paged_newest_first(page, world, tmp_path):
 
 
 def test_the_daemon_serves_the_console_for_its_operators(tmp_path):
+    url_file = tmp_path / "root" / "console.url"
+    url_file.parent.mkdir()
+    url_file.write_text("left from before\n")
+    url_file.chmod(0o644)
     d = DaemonProcess(tmp_path / "root", extra=["--console", "127.0.0.1:0"]).start()
     try:
-        url_file = tmp_path / "root" / "console.url"
         deadline = time.monotonic() + 10
-        while not url_file.exists() and time.monotonic() < deadline:
+        while "token" not in url_file.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert url_file.stat().st_mode & 0o777 == 0o600
         url = urllib.parse.urlsplit(url_file.read_text().strip())
         token = urllib.parse.parse_qs(url.query)["token"][0]
+        assert token not in d.log.read_text()  # the log names the file, not the token
         request = urllib.request.Request(f"{url.scheme}://{url.netloc}/",
                                          headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(request, timeout=30) as r:
