@@ -385,8 +385,9 @@ class Hook:
             and st.get("batched") else ""
         seen = st.get("uses", [])
         deadline = time.monotonic() + WAIT_ENTRY
-        while want and want not in seen and want not in transcripts.tool_uses(read) \
-                and time.monotonic() < deadline:
+        while want and not warnings and want not in seen \
+                and want not in transcripts.tool_uses(read) and time.monotonic() < deadline:
+            # (a transcript that cannot be read is said once, and not waited on)
             time.sleep(0.02)
             more, after, unread = transcripts.read_new(event.agent, event.transcript, after,
                                                        final=final)
