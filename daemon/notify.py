@@ -11,8 +11,9 @@ checkpoint back: the log is read after the commit, and at most ``QUEUE`` events 
 oldest are dropped past that, said in the log).
 
 The body: ``event`` (approval_requested, approval_decided, needs_attention,
-gate_bypassed), ``session_id``, ``text`` (one line, which Slack-compatible webhooks
-show), ``subject_id``, ``detail`` (the audit event's), ``created_at``, ``seq``.
+gate_bypassed), ``session_id``, ``text`` (one line, ``&``, ``<``, ``>`` escaped, which
+Slack-compatible webhooks show), ``subject_id``, ``detail`` (the audit event's),
+``created_at``, ``seq``.
 On a fleet every host reads the one log: give ``--notify`` to one host.
 """
 
@@ -64,9 +65,18 @@ def message(event: AuditEvent) -> dict:
         text = (f"worldline: session {sid} needs attention"
                 f"{': ' + d['reason'] if d.get('reason') else ''}"
                 " (`worldline session show " + sid + "`)")
-    return {"event": EVENTS[kind], "session_id": event.session_id, "text": text,
+    return {"event": EVENTS[kind], "session_id": event.session_id, "text": _line(text),
             "kind": kind, "subject_id": subject, "detail": d,
             "created_at": event.created_at, "seq": event.seq}
+
+
+def _line(text: str) -> str:
+    """The text as one line, ``&``, ``<`` and ``>`` escaped as Slack-compatible receivers
+    read them: a tool's name or a denial's reason is the agent's to write, and there
+    ``<!channel>`` would be a mention and ``<https://...|worldline approve ...>`` a link
+    to anywhere."""
+    return (" ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;")
+            .replace(">", "&gt;"))
 
 
 class Notifier:

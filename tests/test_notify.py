@@ -167,3 +167,17 @@ def test_an_event_whose_time_is_earlier_than_the_last_ones_is_still_posted(tmp_p
     finally:
         notifier.stop()
         store.close()
+
+
+def test_the_agents_words_in_the_text_are_neither_mentions_nor_links_nor_lines():
+    """A tool's name and a denial's reason are the agent's: in `text`, which Slack-compatible
+    receivers show, `<!channel>` and `<URL|label>` are escaped, and a newline is a space."""
+    from worldline.daemon.notify import message
+    from worldline.daemon.records import AuditEvent
+
+    m = message(AuditEvent("approval.denied", "s1", "a1",
+                           {"reason": "no <!channel>\n<https://evil.example|approve> & go"},
+                           created_at="2026-11-29T07:00:00.000000Z", seq=3))
+    assert "<" not in m["text"] and ">" not in m["text"] and "\n" not in m["text"]
+    assert "&lt;!channel&gt;" in m["text"] and " &amp; go" in m["text"]
+    assert m["detail"]["reason"].startswith("no <!channel>")  # the detail as recorded
