@@ -448,6 +448,9 @@ class SqlStore:
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
-        events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
-        return events[-limit:] if limit else events
+        if limit:  # the newest, read alone (--notify's start asks for the last one)
+            rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))[::-1]
+        else:
+            rows = self._all(sql + " ORDER BY seq", tuple(args))
+        return [_event(r) for r in rows]
 
