@@ -165,6 +165,24 @@ def test_the_tokens_redirect_stays_on_the_console_and_keeps_the_query(world):
         assert (r.status, r.getheader("Location")) == (303, location), target
 
 
+def test_another_user_of_the_machine_with_the_token_is_refused(world):
+    """A browser sends 127.0.0.1's cookie to any port of it, an agent's server's too: a
+    connection whose socket is another user's is refused, token or cookie."""
+    from .fidelity import in_child_as
+    console = world["console"]
+    assert console.get("/")[0] == 200  # root's, as the console's user's
+
+    def get() -> int:
+        request = urllib.request.Request(console.base + "/",
+                                         headers={"Authorization": f"Bearer {console.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+    assert in_child_as(AGENT_UID, get) == 403
+
+
 def test_a_csp_report_is_read_only_up_to_its_bound(world):
     """/csp-report takes no token: a report past 64 KiB is refused, not read whole."""
     console = world["console"]

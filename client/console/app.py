@@ -35,7 +35,7 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import WorldlineError
 from . import views
-from .security import COOKIE, HEADERS, Keys, bearer
+from .security import COOKIE, HEADERS, Keys, bearer, same_user
 
 HERE = Path(__file__).resolve().parent  # the real folder (an editable install links files)
 DIFF_PAGE = 50          # files on one page of a diff
@@ -354,6 +354,9 @@ class _Guard(BaseHTTPMiddleware):
 
     async def _check(self, request: Request, call_next):
         keys = self.keys
+        if not same_user(request.scope.get("client"), request.scope.get("server")):
+            return PlainTextResponse("refused: a connection from another user of this"
+                                     " machine", status_code=403)
         if request.url.path == "/csp-report" and request.method == "POST":
             return await call_next(request)
         if request.method not in ("GET", "HEAD", "POST"):
