@@ -10,8 +10,8 @@
   ``Origin``, comes from the console's own origin; else 403.
 - **Other users of this machine.** A browser sends a cookie of 127.0.0.1 to every port
   of it: to a server an agent runs there too, which could then use the console with it.
-  So a connection from loopback is served only when the socket at its other end is the
-  console's own user's, or root's (``/proc/net/tcp``, as ``ss -e`` reads it).
+  So a connection from this machine is served only when the socket at its other end is
+  the console's own user's, or root's (``/proc/net/tcp``, as ``ss -e`` reads it).
 - **Content.** File names, file contents, messages and tool arguments are the agent's:
   Jinja2 escapes everything, and the Content Security Policy forbids inline script,
   inline style, any origin but the console's own and framing; violations are reported
@@ -98,8 +98,12 @@ def peer_uid(client: tuple | None, server: tuple | None) -> int | None:
 
 
 def same_user(client: tuple | None, server: tuple | None) -> bool:
-    """Whether a connection may be served: from beyond this machine (over TLS, by the
-    token) or from a socket of the console's user or root."""
-    if not client or not loopback(client[0]):
+    """Whether a connection may be served: from a socket of this machine, only the
+    console's user's or root's (to loopback or to any address of it); else from beyond
+    this machine (over TLS, by the token)."""
+    if not client:
         return True
-    return peer_uid(client, server) in (os.geteuid(), 0)
+    uid = peer_uid(client, server)
+    if uid is not None:
+        return uid in (os.geteuid(), 0)
+    return not loopback(client[0])  # loopback, and not found: refused
