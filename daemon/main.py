@@ -486,8 +486,12 @@ class Daemon:
         path = os.path.join(self.root, "console.url")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # (one left from before keeps its mode else)
             f.write(url + "\n")
-        log.warning("console: %s (also in %s)", url, path)
+        # The URL holds the token of a console with the daemon's own rights: the log
+        # (read by more people than root, often) names the file that holds it, alone.
+        log.warning("console: %s (its URL, with the token, in %s)",
+                    url.split("?", 1)[0], path)
 
     def stop(self, grace: float = 10.0) -> None:
         if self.server is None:

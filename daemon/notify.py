@@ -11,8 +11,9 @@ checkpoint back: the log is read after the commit, and at most ``QUEUE`` events 
 oldest are dropped past that, said in the log).
 
 The body: ``event`` (approval_requested, approval_decided, needs_attention,
-gate_bypassed), ``session_id``, ``text`` (one line, which Slack-compatible webhooks
-show), ``subject_id``, ``detail`` (the audit event's), ``created_at``, ``seq``.
+gate_bypassed), ``session_id``, ``text`` (one line, ``&``, ``<``, ``>`` escaped, which
+Slack-compatible webhooks show), ``subject_id``, ``detail`` (the audit event's),
+``created_at``, ``seq``.
 On a fleet every host reads the one log: give ``--notify`` to one host.
 """
 
@@ -64,9 +65,18 @@ def message(event: AuditEvent) -> dict:
         text = (f"worldline: session {sid} needs attention"
                 f"{': ' + d['reason'] if d.get('reason') else ''}"
                 " (`worldline session show " + sid + "`)")
-    return {"event": EVENTS[kind], "session_id": event.session_id, "text": text,
+    return {"event": EVENTS[kind], "session_id": event.session_id, "text": _line(text),
             "kind": kind, "subject_id": subject, "detail": d,
             "created_at": event.created_at, "seq": event.seq}
+
+
+def _line(text: str) -> str:
+    """The text as one line, ``&``, ``<`` and ``>`` escaped as Slack-compatible receivers
+    read them: a tool's name or a denial's reason is the agent's to write, and there
+    ``<!channel>`` would be a mention and ``<https://...|worldline approve ...>`` a link
+    to anywhere."""
+    return (" ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;")
+            .replace(">", "&gt;"))
 
 
 class Notifier:
@@ -87,7 +97,6 @@ class Notifier:
         """Follow the log from now on (what came before the start is not sent)."""
         last = self.store.list_audit(limit=1)
         self._seq = last[-1].seq if last else 0
-        self._since = last[-1].created_at if last else None
         for target, name in ((self._watch, "notify-watch"), (self._send, "notify-send")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -103,14 +112,17 @@ class Notifier:
     def _watch(self) -> None:
         while not self.stopping.wait(self.poll):
             try:
-                events = self.store.list_audit(since=self._since)
+                # by seq, not by time: an event's time is taken before its transaction
+                # (and on a fleet by its host's clock), so a later seq may carry an
+                # earlier time, and a read by time would miss it
+                events = self.store.list_audit(after_seq=self._seq)
             except Exception:  # noqa: BLE001 -- a store away for a moment: next poll
                 log.warning("notify: the audit log could not be read", exc_info=True)
                 continue
             fresh = [e for e in events if e.seq > self._seq]
             if not fresh:
                 continue
-            self._seq, self._since = fresh[-1].seq, fresh[-1].created_at
+            self._seq = fresh[-1].seq
             wanted = [message(e) for e in fresh if e.kind in EVENTS]
             if wanted:
                 with self.ready:

@@ -147,6 +147,62 @@ def test_without_the_token_nothing_is_shown(world):
         assert "script-src 'self'" in csp and "unsafe-inline" not in csp
 
 
+def test_the_tokens_redirect_stays_on_the_console_and_keeps_the_query(world):
+    """The first use of the token redirects to the same page of this console: a path
+    that starts `//` is no other site's, and the query's values come back encoded."""
+    import http.client
+    console = world["console"]
+    host, port = urllib.parse.urlsplit(console.base).netloc.split(":")
+    for target, location in [
+            (f"//evil.example/x?token={console.token}", "/evil.example/x"),
+            (f"/%2F%2Fevil.example?token={console.token}", "/evil.example"),
+            (f"/diff?a=1%262%3D3&token={console.token}&b=%25", "/diff?a=1%262%3D3&b=%25")]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("GET", target)
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        assert (r.status, r.getheader("Location")) == (303, location), target
+
+
+def test_another_user_of_the_machine_with_the_token_is_refused(world):
+    """A browser sends 127.0.0.1's cookie to any port of it, an agent's server's too: a
+    connection whose socket is another user's is refused, token or cookie."""
+    from .fidelity import in_child_as
+    console = world["console"]
+    assert console.get("/")[0] == 200  # root's, as the console's user's
+
+    def get() -> int:
+        request = urllib.request.Request(console.base + "/",
+                                         headers={"Authorization": f"Bearer {console.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+    assert in_child_as(AGENT_UID, get) == 403
+
+
+def test_a_csp_report_is_read_only_up_to_its_bound(world):
+    """/csp-report takes no token: a report past 64 KiB is refused, not read whole."""
+    console = world["console"]
+
+    def post(body: bytes) -> int:
+        request = urllib.request.Request(console.base + "/csp-report", data=body,
+                                         method="POST",
+                                         headers={"Content-Type": "application/csp-report"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, ConnectionError) as exc:  # answered before it all
+            assert isinstance(getattr(exc, "reason", exc), ConnectionError), exc
+            return 413  # was sent: the 413 came first and the connection closed
+    assert post(b'{"csp-report": {}}') == 204
+    assert post(b"x" * (1 << 20)) == 413
+
+
 def test_the_sessions_page_lists_and_filters(page, world):
     names = page.locator("#sessions tbody tr").all_inner_texts()
     assert any("fix-the-parser" in n for n in names) and any("other-approach" in n
@@ -415,15 +471,19 @@ def test_a_long_timeline_is_paged_newest_first(page, world, tmp_path):
 
 
 def test_the_daemon_serves_the_console_for_its_operators(tmp_path):
+    url_file = tmp_path / "root" / "console.url"
+    url_file.parent.mkdir()
+    url_file.write_text("left from before\n")
+    url_file.chmod(0o644)
     d = DaemonProcess(tmp_path / "root", extra=["--console", "127.0.0.1:0"]).start()
     try:
-        url_file = tmp_path / "root" / "console.url"
         deadline = time.monotonic() + 10
-        while not url_file.exists() and time.monotonic() < deadline:
+        while "token" not in url_file.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert url_file.stat().st_mode & 0o777 == 0o600
         url = urllib.parse.urlsplit(url_file.read_text().strip())
         token = urllib.parse.parse_qs(url.query)["token"][0]
+        assert token not in d.log.read_text()  # the log names the file, not the token
         request = urllib.request.Request(f"{url.scheme}://{url.netloc}/",
                                          headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(request, timeout=30) as r:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from worldline.client import _json
-from worldline.client.hooks import agents, transcripts
+from worldline.client.hooks import agents, run, transcripts
 
 from .conftest import WORLDLINE
 from .fidelity import in_child_as
@@ -634,3 +634,22 @@ def test_the_gateway_admits_only_allowed_uids(tmp_path_factory):
         assert oct(mode) == oct(0o600)
     finally:
         private.stop()
+
+
+def test_a_transcript_gone_while_the_hook_waits_for_its_entry_is_one_warning(
+        daemon, client, workspace, tmp_path):
+    """Claude Code's hook waits for its call's transcript entry; a transcript it cannot
+    read is said once on the checkpoint, and the hook does not wait on it."""
+    agent = Agent("claude-code", daemon, workspace, tmp_path)
+    agent.run("start")
+    entry = agent.say("user", "edit it")
+    entry["version"] = "2.1.197"  # Claude Code's own entries name their version
+    agent.transcript.write_text(json.dumps(entry) + "\n")
+    agent.run("prompt")
+    agent.transcript.unlink()
+    started = time.monotonic()
+    _, res = agent.run("post_edit")
+    assert time.monotonic() - started < run.WAIT_ENTRY + 2.0
+    last = [cp for cp in client.log(session_of(client, workspace).id)
+            if cp.kind == "checkpoint"][-1]
+    assert len(last.warnings) == 1 and str(agent.transcript) in last.warnings[0]

@@ -142,3 +142,42 @@ def test_a_notify_url_that_is_not_http_is_refused_at_start(tmp_path):
     d = DaemonProcess(tmp_path / "root", extra=["--notify", "file:///etc/passwd"])
     with pytest.raises(RuntimeError, match="--notify"):
         d.start()
+
+
+def test_an_event_whose_time_is_earlier_than_the_last_ones_is_still_posted(tmp_path,
+                                                                          receiver):
+    """An event's time is taken before its transaction (on a fleet, by its host's clock):
+    the log may hold a later seq with an earlier time. The watcher follows the seq."""
+    from worldline.daemon.notify import Notifier
+    from worldline.daemon.records import AuditEvent
+    from worldline.daemon.storage.sqlite_store import SqliteStore
+
+    store = SqliteStore(str(tmp_path / "meta.db"))
+    notifier = Notifier(store, receiver.url, poll=0.05)
+    notifier.start()
+    try:
+        store.append_audit([AuditEvent("approval.request", "s1", "a1", {"tool": "deploy"},
+                                       created_at="2026-11-29T07:00:02.000000Z")])
+        receiver.wait_for("approval_requested")
+        store.append_audit([AuditEvent("gate_bypassed", "s2", "t2", {},
+                                       created_at="2026-11-29T07:00:01.000000Z")])
+        m = receiver.wait_for("gate_bypassed", timeout=5.0)
+        assert m["subject_id"] == "t2"
+        assert [x["subject_id"] for x in receiver.got] == ["a1", "t2"]
+    finally:
+        notifier.stop()
+        store.close()
+
+
+def test_the_agents_words_in_the_text_are_neither_mentions_nor_links_nor_lines():
+    """A tool's name and a denial's reason are the agent's: in `text`, which Slack-compatible
+    receivers show, `<!channel>` and `<URL|label>` are escaped, and a newline is a space."""
+    from worldline.daemon.notify import message
+    from worldline.daemon.records import AuditEvent
+
+    m = message(AuditEvent("approval.denied", "s1", "a1",
+                           {"reason": "no <!channel>\n<https://evil.example|approve> & go"},
+                           created_at="2026-11-29T07:00:00.000000Z", seq=3))
+    assert "<" not in m["text"] and ">" not in m["text"] and "\n" not in m["text"]
+    assert "&lt;!channel&gt;" in m["text"] and " &amp; go" in m["text"]
+    assert m["detail"]["reason"].startswith("no <!channel>")  # the detail as recorded

@@ -332,6 +332,18 @@ def test_the_audit_log_since_a_time(store):
     assert store.list_audit(kind="x", since=ids.time_at(3001.0)) == []
 
 
+def test_the_audit_log_after_a_seq_and_its_newest(store):
+    """``after_seq`` follows the log by its order, whatever the events' times (--notify
+    reads it so); ``limit`` keeps the newest, oldest first."""
+    times = [ids.time_at(t) for t in (2000.0, 1000.0, 3000.0)]
+    store.append_audit([AuditEvent("x", None, str(i), {}, at) for i, at in enumerate(times)])
+    first = store.list_audit(kind="x")[0].seq
+    assert [e.subject_id for e in store.list_audit(after_seq=first)] == ["1", "2"]
+    assert [e.subject_id for e in store.list_audit(kind="x", limit=2)] == ["1", "2"]
+    assert [e.subject_id for e in store.list_audit(limit=1)] == ["2"]
+    assert store.list_audit(after_seq=first + 2) == []
+
+
 def test_calls_on_path_keep_to_their_timeline(store):
     from worldline.daemon.storage.store import calls_on_path
     s, first = new_session(store)

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -34,11 +35,12 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import WorldlineError
 from . import views
-from .security import COOKIE, HEADERS, Keys, bearer
+from .security import COOKIE, HEADERS, Keys, bearer, same_user
 
 HERE = Path(__file__).resolve().parent  # the real folder (an editable install links files)
 DIFF_PAGE = 50          # files on one page of a diff
 SSE_POLL = 0.5          # seconds between two looks at the pending approvals
+CSP_REPORT = 1 << 16    # bytes of one CSP report read, at most (the route takes no token)
 _STATUS = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "PERMISSION_DENIED": 403,
            "FAILED_PRECONDITION": 409, "ALREADY_EXISTS": 409, "ABORTED": 409,
            "UNAUTHENTICATED": 401, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
@@ -287,9 +289,16 @@ class Console:
                                  headers={"Cache-Control": "no-store"})
 
     async def csp_report(self, request: Request):
-        body = await request.body()
-        if len(body) < 65536:
-            self.keys.csp_reports += 1
+        """Counted, never kept; anyone may post one, so no more than CSP_REPORT bytes
+        are read (a larger one is refused before it fills the console's memory)."""
+        if _int(request.headers.get("content-length"), 0) > CSP_REPORT:
+            return Response(status_code=413)
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > CSP_REPORT:
+                return Response(status_code=413)
+        self.keys.csp_reports += 1
         return Response(status_code=204)
 
     # -- plumbing ------------------------------------------------------------------------
@@ -345,6 +354,9 @@ class _Guard(BaseHTTPMiddleware):
 
     async def _check(self, request: Request, call_next):
         keys = self.keys
+        if not same_user(request.scope.get("client"), request.scope.get("server")):
+            return PlainTextResponse("refused: a connection from another user of this"
+                                     " machine", status_code=403)
         if request.url.path == "/csp-report" and request.method == "POST":
             return await call_next(request)
         if request.method not in ("GET", "HEAD", "POST"):
@@ -356,9 +368,12 @@ class _Guard(BaseHTTPMiddleware):
                 bearer(request.headers.get("authorization"))):
             return await call_next(request)
         if request.method == "GET" and keys.token_ok(request.query_params.get("token")):
-            rest = "&".join(f"{k}={v}" for k, v in request.query_params.multi_items()
-                            if k != "token")
-            response = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""),
+            # The same page of this console: its path, never `//host` (another site),
+            # and the query encoded again as it came (its values are decoded here).
+            rest = urlencode([(k, v) for k, v in request.query_params.multi_items()
+                              if k != "token"])
+            path = quote("/" + request.url.path.lstrip("/"))
+            response = RedirectResponse(path + (f"?{rest}" if rest else ""),
                                         status_code=303)
             response.set_cookie(COOKIE, keys.cookie, httponly=True, samesite="strict",
                                 secure=self.secure, path="/")

@@ -385,8 +385,9 @@ class Hook:
             and st.get("batched") else ""
         seen = st.get("uses", [])
         deadline = time.monotonic() + WAIT_ENTRY
-        while want and want not in seen and want not in transcripts.tool_uses(read) \
-                and time.monotonic() < deadline:
+        while want and not warnings and want not in seen \
+                and want not in transcripts.tool_uses(read) and time.monotonic() < deadline:
+            # (a transcript that cannot be read is said once, and not waited on)
             time.sleep(0.02)
             more, after, unread = transcripts.read_new(event.agent, event.transcript, after,
                                                        final=final)
@@ -398,13 +399,18 @@ class Hook:
     @staticmethod
     def _announced(read: list[dict], st: dict) -> list[dict]:
         """The entries read, less the reply a Stop event already recorded from its
-        payload (the first assistant entry read, when it has that text)."""
+        payload (the first assistant entry read with text, when it has that text: an
+        entry of the same reply before it holds its thinking or a tool use alone)."""
         text = st.pop("announced", None)
+        if text is None:
+            return read
         for i, m in enumerate(read):
             if m.get("role") == "assistant":
-                if text is not None and transcripts.reply_text(m) == text:
+                said = transcripts.reply_text(m)
+                if said == text:
                     return read[:i] + read[i + 1:]
-                break
+                if said:
+                    break
         return read
 
     def _head_entry(self, sid: str) -> str:

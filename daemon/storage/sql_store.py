@@ -434,17 +434,23 @@ class SqlStore:
                         digest_in(prev), digest_in(digest)))
             prev = digest
 
-    def list_audit(self, session_id=None, kind=None, limit=0, since=None):
+    def list_audit(self, session_id=None, kind=None, limit=0, since=None, after_seq=None):
         sql, args = "SELECT * FROM audit WHERE 1=1", []
         if since is not None:  # ids.now's fixed-width form sorts as the times do
             sql += " AND created_at >= ?"
             args.append(since)
+        if after_seq is not None:
+            sql += " AND seq > ?"
+            args.append(after_seq)
         if session_id is not None:
             sql += " AND session_id = ?"
             args.append(session_id)
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
-        events = [_event(r) for r in self._all(sql + " ORDER BY seq", tuple(args))]
-        return events[-limit:] if limit else events
+        if limit:  # the newest, read alone (--notify's start asks for the last one)
+            rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))[::-1]
+        else:
+            rows = self._all(sql + " ORDER BY seq", tuple(args))
+        return [_event(r) for r in rows]
 

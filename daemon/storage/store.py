@@ -152,9 +152,12 @@ class Store(Protocol):
         """Held while garbage collection runs: one collector at a time across every
         daemon sharing the store (``Aborted`` at once if another holds it)."""
     def list_audit(self, session_id: str | None = None, kind: str | None = None,
-                   limit: int = 0, since: str | None = None) -> list[AuditEvent]:
+                   limit: int = 0, since: str | None = None,
+                   after_seq: int | None = None) -> list[AuditEvent]:
         """The audit log in order; ``since`` (ids.now's form): only events recorded at
-        or after that time."""
+        or after that time; ``after_seq``: only events after that one in the log (an
+        event's time is taken before its transaction, and on a fleet by another host's
+        clock: a later seq may carry an earlier time)."""
 
     def close(self) -> None: ...
 
@@ -459,12 +462,13 @@ class MemoryStore:
                 event = replace(event, seq=len(self._audit) + 1)
                 self._audit.append(replace(event, prev_hash=prev, hash=chain_hash(prev, event)))
 
-    def list_audit(self, session_id=None, kind=None, limit=0, since=None):
+    def list_audit(self, session_id=None, kind=None, limit=0, since=None, after_seq=None):
         with self._lock:
             events = [e for e in self._audit
                       if (session_id is None or e.session_id == session_id)
                       and (kind is None or e.kind == kind)
-                      and (since is None or e.created_at >= since)]
+                      and (since is None or e.created_at >= since)
+                      and (after_seq is None or e.seq > after_seq)]
             return events[-limit:] if limit else events
 
     def close(self):

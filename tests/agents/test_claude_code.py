@@ -240,6 +240,34 @@ def test_the_last_reply_is_recorded_once_whenever_the_transcript_has_it(daemon, 
     assert after.resume["resume_entry"] == final_uuid  # resumable at the real entry
 
 
+def test_the_last_reply_after_its_thinking_entry_is_recorded_once(daemon, client, tmp_path):
+    """Claude Code writes a reply's thinking and its text as entries of their own: the
+    stand-in recorded at Stop matches the text entry, not the first one of the reply."""
+    lines = RECORDED.read_text().splitlines(keepends=True)
+    final = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "assistant"][-1]
+    thinking = json.loads(lines[final])
+    thinking["uuid"] = thinking["uuid"][:-4] + "beef"
+    thinking["message"] = {**thinking["message"],
+                           "content": [{"type": "thinking", "thinking": "all is done"}]}
+    lines.insert(final, json.dumps(thinking) + "\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text("".join(lines[:final]))  # at Stop: neither entry written yet
+    session = client.create_session(str(ws))
+    base = {"session_id": "5785f4b8", "transcript_path": str(transcript), "cwd": str(ws)}
+    hook(daemon, tmp_path, {**base, "hook_event_name": "SessionStart", "source": "startup"})
+    hook(daemon, tmp_path, {**base, "hook_event_name": "Stop", "stop_hook_active": False,
+                            "last_assistant_message": "all done"})
+    with open(transcript, "a") as f:
+        f.write("".join(lines[final:]))
+    hook(daemon, tmp_path, {**base, "hook_event_name": "UserPromptSubmit", "prompt": "more"})
+    after = client.show(client.log(session.id)[-1].id)
+    assert [reply_text(m) for m in after.messages if m["role"] == "assistant"].count(
+        "all done") == 1
+    assert len(after.messages) == len(lines)  # the thinking entry kept, the text once
+
+
 def test_a_transcript_that_cannot_be_read_is_said_so(daemon, client, tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
