@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from worldline.v1 import worldline_pb2 as pb
@@ -357,6 +359,31 @@ class Client:
               limit: int = 0) -> list[AuditEvent]:
         return [AuditEvent.from_pb(e) for e in self._call("ListAudit", pb.ListAuditRequest(
             session_id=session_id or "", kind=kind or "", limit=limit)).events]
+
+    def wait_audit(self, after_seq: int = -1, kinds: list[str] | None = None,
+                   session_id: str | None = None,
+                   timeout: float = 30.0) -> tuple[list[AuditEvent], int]:
+        """The audit events after ``after_seq`` (of ``kinds``, of ``session_id``) as soon
+        as there is one, else none after ``timeout`` seconds (at most 60); and the seq to
+        ask after next. ``after_seq`` -1: no events, the log's end. An allowed user gets
+        its own sessions' events only."""
+        m = self._call("WaitAudit", pb.WaitAuditRequest(
+            after_seq=after_seq, kinds=kinds or [], session_id=session_id or "",
+            timeout_seconds=timeout), timeout=timeout + 30.0)
+        return [AuditEvent.from_pb(e) for e in m.events], m.last_seq
+
+    def watch_audit(self, after_seq: int | None = None, kinds: list[str] | None = None,
+                    session_id: str | None = None,
+                    until: float | None = None) -> Iterator[AuditEvent]:
+        """Each audit event as it is appended (after ``after_seq``; None: from now on),
+        one long poll after another: a generator that ends only when ``until`` (a
+        ``time.monotonic()`` instant) passes, else when the caller stops reading."""
+        if after_seq is None:
+            after_seq = self.wait_audit(-1)[1]
+        while until is None or time.monotonic() < until:
+            wait = 30.0 if until is None else max(0.0, min(30.0, until - time.monotonic()))
+            events, after_seq = self.wait_audit(after_seq, kinds, session_id, timeout=wait)
+            yield from events
 
     def verify_audit(self) -> dict:
         m = self._call("VerifyAudit", pb.VerifyAuditRequest())

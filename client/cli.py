@@ -445,6 +445,8 @@ def cmd_approvals(c: Client, a, out: Output) -> int:
         d = c.cancel_approval(a.id, reason=a.reason or "").to_dict()
         out.emit(d, lambda: f"approval {d['id']}: {d['status']} ({d['reason']})")
         return 0
+    if a.approvals_cmd == "watch":
+        return _watch_approvals(c, a, out)
     aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
     out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
                                    json.dumps(x["args"], ensure_ascii=False)[:50]
@@ -453,6 +455,72 @@ def cmd_approvals(c: Client, a, out: Output) -> int:
                                  ["ID", "STATUS", "SESSION", "TOOL", "ARGS", "REQUESTED",
                                   "EXPIRES"]))
     return 0
+
+
+_APPROVAL_EVENTS = {"approval.request": "requested", "approval.approved": "approved",
+                    "approval.denied": "denied", "approval.expired": "expired"}
+
+
+def _line_out(out: Output, document: dict, human: str) -> None:
+    """One event of a follow: a JSON line with --json, else ``human``; at once."""
+    print(json.dumps(document, ensure_ascii=False) if out.as_json else human, flush=True)
+
+
+def _follow(events_of: Callable[[], Any]) -> int:
+    """Run a follow until it is interrupted (Ctrl-C, a closed pipe): exit 0."""
+    try:
+        events_of()
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _watch_approvals(c: Client, a, out: Output) -> int:
+    """The pending approvals, then one line per approval requested or decided from now
+    on (each with the approval as it is then)."""
+    def show(event: str, ap: dict) -> None:
+        args = json.dumps(ap["args"], ensure_ascii=False)[:60] if ap["args"] else "-"
+        decide = (f"  decide: worldline approve {ap['id']} | worldline deny {ap['id']}"
+                  " --reason R" if ap["status"] == "pending" else
+                  f"  {ap['reason']}" if ap["reason"] else "")
+        at = ap["created_at"] if event in ("pending", "requested") else ap["decided_at"] or ""
+        _line_out(out, {"event": event, **ap},
+                  f"{at[:19]}"
+                  f"  {event:<9}  {ap['id']}  session {ap['session_id']}  {ap['tool']}"
+                  f"  {args}  expires {ap['expires_at'][:19]}{decide}")
+
+    def run() -> None:
+        cursor = c.wait_audit(-1)[1]   # first: so that none falls between list and follow
+        seen = set()
+        for ap in c.list_approvals(a.session, "pending"):
+            seen.add(ap.id)
+            show("pending", ap.to_dict())
+        for e in c.watch_audit(cursor, list(_APPROVAL_EVENTS), a.session):
+            if e.kind == "approval.request" and e.subject_id in seen:
+                continue
+            show(_APPROVAL_EVENTS[e.kind], c.get_approval(e.subject_id).to_dict())
+    return _follow(run)
+
+
+def _audit_row(e: dict) -> list:
+    return [e["seq"], e["created_at"][:19], e["kind"], e["session_id"] or "",
+            e["subject_id"], json.dumps(e["detail"], ensure_ascii=False, sort_keys=True)]
+
+
+def _follow_audit(c: Client, a, out: Output) -> int:
+    """``audit --follow``: the last ``--limit`` events (when given), then one line per
+    event appended from now on."""
+    def run() -> None:
+        cursor = c.wait_audit(-1)[1]
+        if a.limit:
+            for e in c.audit(a.session, a.kind, a.limit):
+                _line_out(out, e.to_dict(), "  ".join(map(str, _audit_row(e.to_dict()))))
+                cursor = max(cursor, e.seq)
+        for e in c.watch_audit(cursor, [a.kind] if a.kind else None, a.session):
+            _line_out(out, e.to_dict(), "  ".join(map(str, _audit_row(e.to_dict()))))
+    return _follow(run)
 
 
 def cmd_decide(c: Client, a, out: Output) -> int:
@@ -473,11 +541,10 @@ def cmd_audit(c: Client, a, out: Output) -> int:
         out.emit(d, lambda: ("ok" if d["ok"] else "BROKEN") + f": {d['events']} event(s)"
                  + "".join(f"\n  {p}" for p in d["problems"]))
         return 0 if d["ok"] else EXIT_ERROR
+    if a.follow:
+        return _follow_audit(c, a, out)
     events = [e.to_dict() for e in c.audit(a.session, a.kind, a.limit)]
-    out.emit(events, lambda: _table([[e["seq"], e["created_at"][:19], e["kind"],
-                                      e["session_id"] or "", e["subject_id"],
-                                      json.dumps(e["detail"], ensure_ascii=False,
-                                                 sort_keys=True)] for e in events],
+    out.emit(events, lambda: _table([_audit_row(e) for e in events],
                                     ["SEQ", "AT", "KIND", "SESSION", "SUBJECT", "DETAIL"]))
     return 0
 
@@ -946,6 +1013,10 @@ def build_parser() -> argparse.ArgumentParser:
     alw = als.add_parser("show", parents=[common],
                          help="one approval: the call's arguments, its checkpoint, expiry")
     alw.add_argument("id")
+    alwa = als.add_parser("watch", parents=[common],
+                          help="the pending approvals, then one line per approval requested"
+                               " or decided as it happens (JSON lines with --json)")
+    alwa.add_argument("--session")
     alc = als.add_parser("cancel", parents=[common],
                          help="withdraw a pending approval you requested")
     alc.add_argument("id")
@@ -968,6 +1039,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--session")
     au.add_argument("--kind")
     au.add_argument("--limit", type=int, default=0)
+    au.add_argument("--follow", "-f", action="store_true",
+                    help="print each new event as it comes (JSON lines with --json): with"
+                         " --limit N, the last N first; an allowed user sees its own"
+                         " sessions' events")
 
     fk = add("fsck", cmd_fsck, "check every blob, reference and the audit chain")
     fk.add_argument("--repair", action="store_true", help="repair what is safe to repair"

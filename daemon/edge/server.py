@@ -335,6 +335,13 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         events = self.gates.audit(r.session_id, r.kind, r.limit)
         return pb.ListAuditResponse(events=[audit_pb(e) for e in events])
 
+    def WaitAudit(self, r, context):
+        remaining = context.time_remaining()
+        timeout = r.timeout_seconds if remaining is None else min(r.timeout_seconds,
+                                                                   max(remaining - 0.5, 0))
+        events, last = self.gates.wait_audit(r.after_seq, list(r.kinds), r.session_id, timeout)
+        return pb.WaitAuditResponse(events=[audit_pb(e) for e in events], last_seq=last)
+
     def VerifyAudit(self, r, context):
         count, problems = maintenance.verify_audit(self.world)
         return pb.VerifyAuditResponse(ok=not problems, events=count, problems=problems)
