@@ -108,15 +108,27 @@ class Client:
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
                        name: str | None = None, image: str | None = None,
-                       mount: str | None = None) -> Session:
+                       mount: str | None = None, exist_ok: bool = False) -> Session:
         """A session on ``workspace`` (a relative path is resolved against the caller's
         working folder); with ``container``, that existing container is part
         of its world; with ``image``, the daemon starts a container from it with the
-        workspace bind-mounted at ``mount`` (default /workspace)."""
-        m = self._call("CreateSession", pb.CreateSessionRequest(
-            workspace=os.path.abspath(workspace) if workspace else "",
-            container=container or "", name=name or "",
-            image=image or "", mount=mount or ""))
+        workspace bind-mounted at ``mount`` (default /workspace). A session of the
+        caller's over that folder already is AlreadyExists (naming it); ``exist_ok``:
+        that session is returned instead, as it is (whatever its container)."""
+        from .errors import AlreadyExists
+        try:
+            m = self._call("CreateSession", pb.CreateSessionRequest(
+                workspace=os.path.abspath(workspace) if workspace else "",
+                container=container or "", name=name or "",
+                image=image or "", mount=mount or ""))
+        except AlreadyExists:
+            if not exist_ok:
+                raise
+            here = os.path.realpath(workspace)
+            found = [s for s in self.list_sessions(workspace=here) if s.workspace == here]
+            if not found:  # deleted meanwhile: a new one
+                return self.create_session(workspace, container, name, image, mount)
+            return found[0]
         return Session.from_pb(m, self)
 
     def get_session(self, session_id: str) -> Session:
@@ -132,11 +144,13 @@ class Client:
             include_deleted=include_deleted,
             workspace=os.path.abspath(workspace) if workspace else "")).sessions]
 
-    def delete_session(self, session_id: str) -> Session:
+    def delete_session(self, session_id: str, keep_container: bool = False) -> Session:
         """Release the session's workspace and container; its history is kept (and can
-        be read, diffed and forked) and the folder may become another session's."""
+        be read, diffed and forked) and the folder may become another session's. Its
+        container is stopped (``keep_container``: left running) and a fork's overlay
+        view unmounted."""
         return Session.from_pb(self._call("DeleteSession", pb.DeleteSessionRequest(
-            session_id=session_id)), self)
+            session_id=session_id, keep_container=keep_container)), self)
 
     def move_session(self, session_id: str, to_host: str = "", take_over: bool = False,
                      workspace: str | None = None) -> Session:

@@ -96,7 +96,7 @@ def _effects_human(effects: list[dict]) -> str:
 def cmd_session(c: Client, a, out: Output) -> int:
     if a.session_cmd == "create":
         s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name,
-                             image=a.image, mount=a.mount)
+                             image=a.image, mount=a.mount, exist_ok=a.exist_ok)
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions(include_deleted=a.all)]
@@ -118,9 +118,12 @@ def cmd_session(c: Client, a, out: Output) -> int:
                              f" over there with `worldline session move {s['id']}"
                              " --take-over`"))
     elif a.session_cmd == "delete":
-        s = c.delete_session(a.id).to_dict()
+        s = c.delete_session(a.id, keep_container=a.keep_container).to_dict()
+        container = (f"; its container {s['container']} "
+                     + ("keeps running" if a.keep_container else "is stopped")
+                     if s["container"] else "")
         out.emit(s, lambda: f"session {s['id']} deleted: its history is kept, its workspace"
-                            f" {s['workspace']} is released")
+                            f" {s['workspace']} is released{container}")
     else:
         s = c.get_session(a.id).to_dict()
         out.emit(s, lambda: _session_human(s))
@@ -873,11 +876,15 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--mount", help="where the image's container sees the workspace"
                                     " (default /workspace)")
     sc.add_argument("--name")
+    sc.add_argument("--exist-ok", action="store_true",
+                    help="your session over that folder already: print it (no error)")
     sl = ss.add_parser("list", parents=[common], help="list sessions")
     sl.add_argument("--all", action="store_true", help="deleted sessions too")
     sd = ss.add_parser("delete", parents=[common],
                        help="release a session's workspace; its history is kept")
     sd.add_argument("id")
+    sd.add_argument("--keep-container", action="store_true",
+                    help="leave the session's container running (default: stopped)")
     sm = ss.add_parser("move", parents=[common],
                        help="a fleet: release a session for another host, or take it over"
                             " on the daemon's host")

@@ -181,10 +181,10 @@ class Gates:
         return tasks, resume
 
     # -- sessions and the audit log --------------------------------------------------------
-    def delete_session(self, session_id: str):
+    def delete_session(self, session_id: str, keep_container: bool = False):
         """Release the session's workspace (World.delete_session) and withdraw its
         pending approvals: nothing can be recorded against them any more."""
-        session = self.world.delete_session(session_id)
+        session = self.world.delete_session(session_id, keep_container)
         for approval in self.store.list_approvals(session_id, "pending"):
             try:
                 self.decide(approval.id, False, "withdrawn: its session was deleted")

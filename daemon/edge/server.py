@@ -180,7 +180,7 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return session_pb(self.world.resolve(r.session_id, r.complete))
 
     def DeleteSession(self, r, context):
-        return session_pb(self.gates.delete_session(r.session_id))
+        return session_pb(self.gates.delete_session(r.session_id, r.keep_container))
 
     def MoveSession(self, r, context):
         if r.take_over == bool(r.to_host):
