@@ -747,6 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--project", nargs="?", const=".", default=".", metavar="DIR",
                        help="the project's settings file (default: this folder's)")
     where.add_argument("--user", action="store_true", help="the user's settings file")
+    ini.add_argument("--shared", action="store_true",
+                     help="claude-code: the project's committed .claude/settings.json"
+                          " (default: its uncommitted .claude/settings.local.json)")
     ini.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
     ini.add_argument("--remove", action="store_true", help="take worldline's hooks out again")
     ini.add_argument("--approval", choices=["ask", "wait", "deny"],
@@ -1259,7 +1262,8 @@ def _init(a, out: Output) -> int:
             raise InvalidArgument(f"--trust is Gemini CLI's folder trust; {a.agent} has"
                                   " none that worldline sets")
         d = init(a.agent, user=a.user, project=a.project, remove=a.remove,
-                 dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
+                 dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60,
+                 shared=a.shared)
         if a.agent == "gemini" and not a.remove:
             d["trust"] = _gemini_trust(a)
     except WorldlineError as exc:
@@ -1333,6 +1337,10 @@ def _init_human(d: dict) -> str:
         text += f"\nthe old file is kept as {d['backup']}"
     if d["dry_run"]:
         text += "\n" + d["diff"].rstrip("\n")
+    if d.get("also"):
+        flag = "" if "local" in os.path.basename(d["also"]) else " --shared"
+        text += (f"\nworldline's hooks are in {d['also']} too (the agent runs both): take"
+                 f" them out with `worldline init {d['agent']}{flag} --remove`")
     return text
 
 
