@@ -57,6 +57,13 @@ class Gates:
         self.store = world.store
         self.policy = policy
         self._decided = threading.Condition()
+        self.closing = threading.Event()  # the daemon stops: long polls answer at once
+
+    def close(self) -> None:
+        """The daemon stops: a WaitAudit under way answers now, with what it has."""
+        self.closing.set()
+        with self._decided:
+            self._decided.notify_all()
 
     # -- tool calls ------------------------------------------------------------------
     def explain(self, tool: str, args_json: str) -> Decision:
@@ -226,7 +233,7 @@ class Gates:
                 after_seq = events[-1].seq
             wanted = [e for e in events if not kinds or e.kind in kinds]
             remaining = deadline - time.monotonic()
-            if wanted or remaining <= 0:
+            if wanted or remaining <= 0 or self.closing.is_set():
                 return wanted, after_seq
             with self._decided:
                 self._decided.wait(min(remaining, AUDIT_POLL))
