@@ -470,13 +470,11 @@ def _line_out(out: Output, document: dict, human: str) -> None:
 
 
 def _follow(events_of: Callable[[], Any]) -> int:
-    """Run a follow until it is interrupted (Ctrl-C, a closed pipe): exit 0."""
+    """Run a follow until Ctrl-C, its usual end: exit 0 (a closed pipe: main's)."""
     try:
         events_of()
     except KeyboardInterrupt:
         pass
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
