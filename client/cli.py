@@ -493,16 +493,37 @@ def _watch_approvals(c: Client, a, out: Output) -> int:
                   f"  {args}  expires {ap['expires_at'][:19]}{decide}")
 
     def run() -> None:
+        import time
         cursor = c.wait_audit(-1)[1]   # first: so that none falls between list and follow
-        seen = set()
+        seen, waiting = set(), {}      # waiting: pending approval -> when it expires
         for ap in c.list_approvals(a.session, "pending"):
             seen.add(ap.id)
+            waiting[ap.id] = _epoch(ap.expires_at)
             show("pending", ap.to_dict())
-        for e in c.watch_audit(cursor, list(_APPROVAL_EVENTS), a.session):
-            if e.kind == "approval.request" and e.subject_id in seen:
-                continue
-            show(_APPROVAL_EVENTS[e.kind], c.get_approval(e.subject_id).to_dict())
+        while True:
+            # An approval expires when it is next read: read the overdue ones, so that
+            # their expiry is recorded, and shown, when it falls due.
+            for approval_id in [i for i, at in waiting.items() if at <= time.time()]:
+                waiting.pop(approval_id)
+                c.get_approval(approval_id)
+            wait = min([30.0] + [max(0.05, at - time.time() + 0.05) for at in waiting.values()])
+            events, cursor = c.wait_audit(cursor, list(_APPROVAL_EVENTS), a.session, wait)
+            for e in events:
+                if e.kind == "approval.request" and e.subject_id in seen:
+                    continue
+                ap = c.get_approval(e.subject_id)
+                if ap.status == "pending":
+                    waiting[ap.id] = _epoch(ap.expires_at)
+                else:
+                    waiting.pop(ap.id, None)
+                show(_APPROVAL_EVENTS[e.kind], ap.to_dict())
     return _follow(run)
+
+
+def _epoch(stamp: str) -> float:
+    """An approval's time (``2026-01-02T03:04:05.678Z``) as seconds since the epoch."""
+    import datetime as dt
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _audit_row(e: dict) -> list:

@@ -94,6 +94,12 @@ def test_approvals_watch_prints_the_pending_then_each_request_within_a_second(tm
                                                                     "denied")
                 line = plain.until(lambda line: "denied" in line)[-1]
                 assert asked.id in line and "not on a Sunday" in line
+                # an approval expires when it is next read: the watch reads it when due
+                short = c.request_approval(s.id, "wait", ttl=1)
+                assert json.loads(watch.next())["id"] == short.id
+                got = json.loads(watch.next(timeout=5))
+                assert (got["event"], got["id"], got["status"]) == ("expired", short.id,
+                                                                    "expired")
             finally:
                 for f in (watch, plain):
                     code, err = f.stop()
