@@ -47,6 +47,7 @@ MAX_APPROVAL_TTL = 7 * 24 * 3600.0
 MAX_WAIT = 3600.0
 MAX_AUDIT_WAIT = 60.0   # one WaitAudit call's longest wait (a follower calls again)
 AUDIT_POLL = 0.2        # seconds between two reads of the log while a WaitAudit waits
+AUDIT_BATCH = 1000      # events in one WaitAudit answer, at most (the next call has more)
 log = logging.getLogger("worldline.gates")
 BYPASSED = "bypassed"
 
@@ -228,7 +229,8 @@ class Gates:
             return [], last[-1].seq if last else 0
         deadline = time.monotonic() + min(max(timeout, 0.0), MAX_AUDIT_WAIT)
         while True:
-            events = self.store.list_audit(session_id or None, after_seq=after_seq)
+            events = self.store.list_audit(session_id or None,
+                                           after_seq=after_seq)[:AUDIT_BATCH]
             if events:
                 after_seq = events[-1].seq
             wanted = [e for e in events if not kinds or e.kind in kinds]
@@ -257,8 +259,8 @@ class Gates:
         with self._decided:
             self._decided.notify_all()
         log.info("approval %s requested for %r in session %s (expires %s): `worldline"
-                    " approve %s` or `worldline deny %s --reason ...`", approval.id, tool,
-                    session_id, approval.expires_at, approval.id, approval.id)
+                 " approve %s` or `worldline deny %s --reason ...`", approval.id, tool,
+                 session_id, approval.expires_at, approval.id, approval.id)
         return approval
 
     def get_approval(self, approval_id: str) -> Approval:
