@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from worldline.v1 import worldline_pb2 as pb
@@ -106,15 +108,27 @@ class Client:
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
                        name: str | None = None, image: str | None = None,
-                       mount: str | None = None) -> Session:
+                       mount: str | None = None, exist_ok: bool = False) -> Session:
         """A session on ``workspace`` (a relative path is resolved against the caller's
         working folder); with ``container``, that existing container is part
         of its world; with ``image``, the daemon starts a container from it with the
-        workspace bind-mounted at ``mount`` (default /workspace)."""
-        m = self._call("CreateSession", pb.CreateSessionRequest(
-            workspace=os.path.abspath(workspace) if workspace else "",
-            container=container or "", name=name or "",
-            image=image or "", mount=mount or ""))
+        workspace bind-mounted at ``mount`` (default /workspace). A session of the
+        caller's over that folder already is AlreadyExists (naming it); ``exist_ok``:
+        that session is returned instead, as it is (whatever its container)."""
+        from .errors import AlreadyExists
+        try:
+            m = self._call("CreateSession", pb.CreateSessionRequest(
+                workspace=os.path.abspath(workspace) if workspace else "",
+                container=container or "", name=name or "",
+                image=image or "", mount=mount or ""))
+        except AlreadyExists:
+            if not exist_ok:
+                raise
+            here = os.path.realpath(workspace)
+            found = [s for s in self.list_sessions(workspace=here) if s.workspace == here]
+            if not found:  # deleted meanwhile: a new one
+                return self.create_session(workspace, container, name, image, mount)
+            return found[0]
         return Session.from_pb(m, self)
 
     def get_session(self, session_id: str) -> Session:
@@ -130,11 +144,13 @@ class Client:
             include_deleted=include_deleted,
             workspace=os.path.abspath(workspace) if workspace else "")).sessions]
 
-    def delete_session(self, session_id: str) -> Session:
+    def delete_session(self, session_id: str, keep_container: bool = False) -> Session:
         """Release the session's workspace and container; its history is kept (and can
-        be read, diffed and forked) and the folder may become another session's."""
+        be read, diffed and forked) and the folder may become another session's. Its
+        container is stopped (``keep_container``: left running) and a fork's overlay
+        view unmounted."""
         return Session.from_pb(self._call("DeleteSession", pb.DeleteSessionRequest(
-            session_id=session_id)), self)
+            session_id=session_id, keep_container=keep_container)), self)
 
     def move_session(self, session_id: str, to_host: str = "", take_over: bool = False,
                      workspace: str | None = None) -> Session:
@@ -357,6 +373,31 @@ class Client:
               limit: int = 0) -> list[AuditEvent]:
         return [AuditEvent.from_pb(e) for e in self._call("ListAudit", pb.ListAuditRequest(
             session_id=session_id or "", kind=kind or "", limit=limit)).events]
+
+    def wait_audit(self, after_seq: int = -1, kinds: list[str] | None = None,
+                   session_id: str | None = None,
+                   timeout: float = 30.0) -> tuple[list[AuditEvent], int]:
+        """The audit events after ``after_seq`` (of ``kinds``, of ``session_id``) as soon
+        as there is one, else none after ``timeout`` seconds (at most 60); and the seq to
+        ask after next. ``after_seq`` -1: no events, the log's end. An allowed user gets
+        its own sessions' events only."""
+        m = self._call("WaitAudit", pb.WaitAuditRequest(
+            after_seq=after_seq, kinds=kinds or [], session_id=session_id or "",
+            timeout_seconds=timeout), timeout=timeout + 30.0)
+        return [AuditEvent.from_pb(e) for e in m.events], m.last_seq
+
+    def watch_audit(self, after_seq: int | None = None, kinds: list[str] | None = None,
+                    session_id: str | None = None,
+                    until: float | None = None) -> Iterator[AuditEvent]:
+        """Each audit event as it is appended (after ``after_seq``; None: from now on),
+        one long poll after another: a generator that ends only when ``until`` (a
+        ``time.monotonic()`` instant) passes, else when the caller stops reading."""
+        if after_seq is None:
+            after_seq = self.wait_audit(-1)[1]
+        while until is None or time.monotonic() < until:
+            wait = 30.0 if until is None else max(0.0, min(30.0, until - time.monotonic()))
+            events, after_seq = self.wait_audit(after_seq, kinds, session_id, timeout=wait)
+            yield from events
 
     def verify_audit(self) -> dict:
         m = self._call("VerifyAudit", pb.VerifyAuditRequest())

@@ -96,7 +96,7 @@ def _effects_human(effects: list[dict]) -> str:
 def cmd_session(c: Client, a, out: Output) -> int:
     if a.session_cmd == "create":
         s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name,
-                             image=a.image, mount=a.mount)
+                             image=a.image, mount=a.mount, exist_ok=a.exist_ok)
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions(include_deleted=a.all)]
@@ -118,9 +118,12 @@ def cmd_session(c: Client, a, out: Output) -> int:
                              f" over there with `worldline session move {s['id']}"
                              " --take-over`"))
     elif a.session_cmd == "delete":
-        s = c.delete_session(a.id).to_dict()
+        s = c.delete_session(a.id, keep_container=a.keep_container).to_dict()
+        container = (f"; its container {s['container']} "
+                     + ("keeps running" if a.keep_container else "is stopped")
+                     if s["container"] else "")
         out.emit(s, lambda: f"session {s['id']} deleted: its history is kept, its workspace"
-                            f" {s['workspace']} is released")
+                            f" {s['workspace']} is released{container}")
     else:
         s = c.get_session(a.id).to_dict()
         out.emit(s, lambda: _session_human(s))
@@ -445,6 +448,8 @@ def cmd_approvals(c: Client, a, out: Output) -> int:
         d = c.cancel_approval(a.id, reason=a.reason or "").to_dict()
         out.emit(d, lambda: f"approval {d['id']}: {d['status']} ({d['reason']})")
         return 0
+    if a.approvals_cmd == "watch":
+        return _watch_approvals(c, a, out)
     aps = [ap.to_dict() for ap in c.list_approvals(a.session, a.status)]
     out.emit(aps, lambda: _table([[x["id"], x["status"], x["session_id"], x["tool"],
                                    json.dumps(x["args"], ensure_ascii=False)[:50]
@@ -453,6 +458,91 @@ def cmd_approvals(c: Client, a, out: Output) -> int:
                                  ["ID", "STATUS", "SESSION", "TOOL", "ARGS", "REQUESTED",
                                   "EXPIRES"]))
     return 0
+
+
+_APPROVAL_EVENTS = {"approval.request": "requested", "approval.approved": "approved",
+                    "approval.denied": "denied", "approval.expired": "expired"}
+
+
+def _line_out(out: Output, document: dict, human: str) -> None:
+    """One event of a follow: a JSON line with --json, else ``human``; at once."""
+    print(json.dumps(document, ensure_ascii=False) if out.as_json else human, flush=True)
+
+
+def _follow(events_of: Callable[[], Any]) -> int:
+    """Run a follow until Ctrl-C, its usual end: exit 0 (a closed pipe: main's)."""
+    try:
+        events_of()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _watch_approvals(c: Client, a, out: Output) -> int:
+    """The pending approvals, then one line per approval requested or decided from now
+    on (each with the approval as it is then)."""
+    def show(event: str, ap: dict) -> None:
+        args = json.dumps(ap["args"], ensure_ascii=False)[:60] if ap["args"] else "-"
+        decide = (f"  decide: worldline approve {ap['id']} | worldline deny {ap['id']}"
+                  " --reason R" if ap["status"] == "pending" else
+                  f"  {ap['reason']}" if ap["reason"] else "")
+        at = ap["created_at"] if event in ("pending", "requested") else ap["decided_at"] or ""
+        _line_out(out, {"event": event, **ap},
+                  f"{at[:19]}"
+                  f"  {event:<9}  {ap['id']}  session {ap['session_id']}  {ap['tool']}"
+                  f"  {args}  expires {ap['expires_at'][:19]}{decide}")
+
+    def run() -> None:
+        import time
+        cursor = c.wait_audit(-1)[1]   # first: so that none falls between list and follow
+        seen, waiting = set(), {}      # waiting: pending approval -> when it expires
+        for ap in c.list_approvals(a.session, "pending"):
+            seen.add(ap.id)
+            waiting[ap.id] = _epoch(ap.expires_at)
+            show("pending", ap.to_dict())
+        while True:
+            # An approval expires when it is next read: read the overdue ones, so that
+            # their expiry is recorded, and shown, when it falls due.
+            for approval_id in [i for i, at in waiting.items() if at <= time.time()]:
+                waiting.pop(approval_id)
+                c.get_approval(approval_id)
+            wait = min([30.0] + [max(0.05, at - time.time() + 0.05) for at in waiting.values()])
+            events, cursor = c.wait_audit(cursor, list(_APPROVAL_EVENTS), a.session, wait)
+            for e in events:
+                if e.kind == "approval.request" and e.subject_id in seen:
+                    continue
+                ap = c.get_approval(e.subject_id)
+                if ap.status == "pending":
+                    waiting[ap.id] = _epoch(ap.expires_at)
+                else:
+                    waiting.pop(ap.id, None)
+                show(_APPROVAL_EVENTS[e.kind], ap.to_dict())
+    return _follow(run)
+
+
+def _epoch(stamp: str) -> float:
+    """An approval's time (``2026-01-02T03:04:05.678Z``) as seconds since the epoch."""
+    import datetime as dt
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _audit_row(e: dict) -> list:
+    return [e["seq"], e["created_at"][:19], e["kind"], e["session_id"] or "",
+            e["subject_id"], json.dumps(e["detail"], ensure_ascii=False, sort_keys=True)]
+
+
+def _follow_audit(c: Client, a, out: Output) -> int:
+    """``audit --follow``: the last ``--limit`` events (when given), then one line per
+    event appended from now on."""
+    def run() -> None:
+        cursor = c.wait_audit(-1)[1]
+        if a.limit:
+            for e in c.audit(a.session, a.kind, a.limit):
+                _line_out(out, e.to_dict(), "  ".join(map(str, _audit_row(e.to_dict()))))
+                cursor = max(cursor, e.seq)
+        for e in c.watch_audit(cursor, [a.kind] if a.kind else None, a.session):
+            _line_out(out, e.to_dict(), "  ".join(map(str, _audit_row(e.to_dict()))))
+    return _follow(run)
 
 
 def cmd_decide(c: Client, a, out: Output) -> int:
@@ -473,11 +563,10 @@ def cmd_audit(c: Client, a, out: Output) -> int:
         out.emit(d, lambda: ("ok" if d["ok"] else "BROKEN") + f": {d['events']} event(s)"
                  + "".join(f"\n  {p}" for p in d["problems"]))
         return 0 if d["ok"] else EXIT_ERROR
+    if a.follow:
+        return _follow_audit(c, a, out)
     events = [e.to_dict() for e in c.audit(a.session, a.kind, a.limit)]
-    out.emit(events, lambda: _table([[e["seq"], e["created_at"][:19], e["kind"],
-                                      e["session_id"] or "", e["subject_id"],
-                                      json.dumps(e["detail"], ensure_ascii=False,
-                                                 sort_keys=True)] for e in events],
+    out.emit(events, lambda: _table([_audit_row(e) for e in events],
                                     ["SEQ", "AT", "KIND", "SESSION", "SUBJECT", "DETAIL"]))
     return 0
 
@@ -677,6 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--project", nargs="?", const=".", default=".", metavar="DIR",
                        help="the project's settings file (default: this folder's)")
     where.add_argument("--user", action="store_true", help="the user's settings file")
+    ini.add_argument("--shared", action="store_true",
+                     help="claude-code: the project's committed .claude/settings.json"
+                          " (default: its uncommitted .claude/settings.local.json)")
     ini.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
     ini.add_argument("--remove", action="store_true", help="take worldline's hooks out again")
     ini.add_argument("--approval", choices=["ask", "wait", "deny"],
@@ -806,11 +898,15 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--mount", help="where the image's container sees the workspace"
                                     " (default /workspace)")
     sc.add_argument("--name")
+    sc.add_argument("--exist-ok", action="store_true",
+                    help="your session over that folder already: print it (no error)")
     sl = ss.add_parser("list", parents=[common], help="list sessions")
     sl.add_argument("--all", action="store_true", help="deleted sessions too")
     sd = ss.add_parser("delete", parents=[common],
                        help="release a session's workspace; its history is kept")
     sd.add_argument("id")
+    sd.add_argument("--keep-container", action="store_true",
+                    help="leave the session's container running (default: stopped)")
     sm = ss.add_parser("move", parents=[common],
                        help="a fleet: release a session for another host, or take it over"
                             " on the daemon's host")
@@ -946,6 +1042,10 @@ def build_parser() -> argparse.ArgumentParser:
     alw = als.add_parser("show", parents=[common],
                          help="one approval: the call's arguments, its checkpoint, expiry")
     alw.add_argument("id")
+    alwa = als.add_parser("watch", parents=[common],
+                          help="the pending approvals, then one line per approval requested"
+                               " or decided as it happens (JSON lines with --json)")
+    alwa.add_argument("--session")
     alc = als.add_parser("cancel", parents=[common],
                          help="withdraw a pending approval you requested")
     alc.add_argument("id")
@@ -968,6 +1068,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--session")
     au.add_argument("--kind")
     au.add_argument("--limit", type=int, default=0)
+    au.add_argument("--follow", "-f", action="store_true",
+                    help="print each new event as it comes (JSON lines with --json): with"
+                         " --limit N, the last N first; an allowed user sees its own"
+                         " sessions' events")
 
     fk = add("fsck", cmd_fsck, "check every blob, reference and the audit chain")
     fk.add_argument("--repair", action="store_true", help="repair what is safe to repair"
@@ -1177,7 +1281,8 @@ def _init(a, out: Output) -> int:
             raise InvalidArgument(f"--trust is Gemini CLI's folder trust; {a.agent} has"
                                   " none that worldline sets")
         d = init(a.agent, user=a.user, project=a.project, remove=a.remove,
-                 dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60)
+                 dry_run=a.dry_run, command=command, pre_timeout=int(wait) + 60,
+                 shared=a.shared)
         if a.agent == "gemini" and not a.remove:
             d["trust"] = _gemini_trust(a)
     except WorldlineError as exc:
@@ -1251,6 +1356,10 @@ def _init_human(d: dict) -> str:
         text += f"\nthe old file is kept as {d['backup']}"
     if d["dry_run"]:
         text += "\n" + d["diff"].rstrip("\n")
+    if d.get("also"):
+        flag = "" if "local" in os.path.basename(d["also"]) else " --shared"
+        text += (f"\nworldline's hooks are in {d['also']} too (the agent runs both): take"
+                 f" them out with `worldline init {d['agent']}{flag} --remove`")
     return text
 
 

@@ -36,7 +36,7 @@ import threading
 
 from .config import default_address, normalize_address, unix_path
 from .errors import WorldlineError
-from .hooks.settings import EVENTS, FILES, MARK
+from .hooks.settings import EVENTS, FILES, LOCAL, MARK
 from .hooks.support import PACKAGES, PROGRAMS, detect
 
 BINARIES = PROGRAMS
@@ -91,8 +91,9 @@ class Settings:
     def __init__(self, agent: str, project: str) -> None:
         self.agent, self.project = agent, project
         project_file, user_file = FILES[agent]
-        self.files = [("project", os.path.join(project, project_file)),
-                      ("user", os.path.expanduser(user_file))]
+        self.files = ([("local", os.path.join(project, LOCAL[agent]))] if agent in LOCAL
+                      else []) + [("project", os.path.join(project, project_file)),
+                                  ("user", os.path.expanduser(user_file))]
         self.scope, self.path, self.commands = "", "", {}
         for scope, path in self.files:
             doc = _load_json(path)
@@ -196,8 +197,7 @@ def _hook_command(s: Settings) -> Check:
 
 
 def _claude_hooks_disabled(s: Settings) -> str:
-    local = os.path.join(s.project, ".claude", "settings.local.json")
-    for path in [p for _, p in s.files] + [local]:
+    for path in [p for _, p in s.files]:
         doc = _load_json(path)
         if doc and doc.get("disableAllHooks") is True:
             return path

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -44,6 +45,10 @@ from .world import World
 DEFAULT_APPROVAL_TTL = 3600.0
 MAX_APPROVAL_TTL = 7 * 24 * 3600.0
 MAX_WAIT = 3600.0
+MAX_AUDIT_WAIT = 60.0   # one WaitAudit call's longest wait (a follower calls again)
+AUDIT_POLL = 0.2        # seconds between two reads of the log while a WaitAudit waits
+AUDIT_BATCH = 1000      # events in one WaitAudit answer, at most (the next call has more)
+log = logging.getLogger("worldline.gates")
 BYPASSED = "bypassed"
 
 
@@ -53,6 +58,13 @@ class Gates:
         self.store = world.store
         self.policy = policy
         self._decided = threading.Condition()
+        self.closing = threading.Event()  # the daemon stops: long polls answer at once
+
+    def close(self) -> None:
+        """The daemon stops: a WaitAudit under way answers now, with what it has."""
+        self.closing.set()
+        with self._decided:
+            self._decided.notify_all()
 
     # -- tool calls ------------------------------------------------------------------
     def explain(self, tool: str, args_json: str) -> Decision:
@@ -177,10 +189,10 @@ class Gates:
         return tasks, resume
 
     # -- sessions and the audit log --------------------------------------------------------
-    def delete_session(self, session_id: str):
+    def delete_session(self, session_id: str, keep_container: bool = False):
         """Release the session's workspace (World.delete_session) and withdraw its
         pending approvals: nothing can be recorded against them any more."""
-        session = self.world.delete_session(session_id)
+        session = self.world.delete_session(session_id, keep_container)
         for approval in self.store.list_approvals(session_id, "pending"):
             try:
                 self.decide(approval.id, False, "withdrawn: its session was deleted")
@@ -196,6 +208,37 @@ class Gates:
         if session_id:
             self.world.session(session_id)
         return self.store.list_audit(session_id or None, kind or None, limit)
+
+    def wait_audit(self, after_seq: int, kinds: list[str], session_id: str = "",
+                   timeout: float = 30.0) -> tuple[list[AuditEvent], int]:
+        """The events after ``after_seq`` (of ``kinds``, of ``session_id``), as soon as
+        there is one, else none once ``timeout`` passed; and the seq to follow from.
+        ``after_seq`` -1: no events, the log's end (where a follower starts). The log is
+        read every AUDIT_POLL seconds (on a fleet other hosts append to it too) and at
+        once when an approval is requested or decided here."""
+        unknown = [k for k in kinds if k not in AUDIT_KINDS]
+        if unknown:
+            raise InvalidArgument(f"audit kind {unknown[0]!r} is not one of"
+                                  f" {', '.join(AUDIT_KINDS)}")
+        if after_seq < -1:
+            raise InvalidArgument(f"after_seq must be -1 or more (got {after_seq})")
+        if session_id:
+            self.world.session(session_id)
+        if after_seq == -1:
+            last = self.store.list_audit(limit=1)
+            return [], last[-1].seq if last else 0
+        deadline = time.monotonic() + min(max(timeout, 0.0), MAX_AUDIT_WAIT)
+        while True:
+            events = self.store.list_audit(session_id or None,
+                                           after_seq=after_seq)[:AUDIT_BATCH]
+            if events:
+                after_seq = events[-1].seq
+            wanted = [e for e in events if not kinds or e.kind in kinds]
+            remaining = deadline - time.monotonic()
+            if wanted or remaining <= 0 or self.closing.is_set():
+                return wanted, after_seq
+            with self._decided:
+                self._decided.wait(min(remaining, AUDIT_POLL))
 
     # -- approvals -------------------------------------------------------------------------
     def request_approval(self, session_id: str, tool: str, args_json: str = "",
@@ -213,6 +256,11 @@ class Gates:
         self.store.add_approval(approval, [AuditEvent(
             "approval.request", session_id, approval.id,
             {"tool": tool, "checkpoint": cp.id, "expires_at": approval.expires_at}, ids.now())])
+        with self._decided:
+            self._decided.notify_all()
+        log.info("approval %s requested for %r in session %s (expires %s): `worldline"
+                 " approve %s` or `worldline deny %s --reason ...`", approval.id, tool,
+                 session_id, approval.expires_at, approval.id, approval.id)
         return approval
 
     def get_approval(self, approval_id: str) -> Approval:

@@ -497,6 +497,7 @@ class Daemon:
         if self.server is None:
             return
         self.stopping.set()
+        self.gates.close()  # its long polls (WaitAudit) answer now
         if self.notifier is not None:
             self.notifier.stop()
         if self.console_proc is not None:

@@ -26,6 +26,7 @@ from typing import Iterator, NoReturn
 
 from worldline.client.errors import (
     Aborted,
+    AlreadyExists,
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -449,13 +450,18 @@ class World:
         """One folder belongs to one session: a workspace may not equal, contain or lie
         inside another session's workspace (one inotify watch has one owner, and two
         sessions restoring one folder would destroy each other's work), nor the engine's
-        data root. An allowed user (``agent``) is told of its own sessions only."""
+        data root. An allowed user (``agent``) is told of its own sessions only. The
+        caller's own session over that very folder is ALREADY_EXISTS, naming it (the
+        client's ``create_session(..., exist_ok=True)`` takes it)."""
         for other in self.store.list_sessions():
             if other.deleted_at or other.host not in ("", self.host) or other.id == moving:
                 continue  # its workspace was released, or is another host's folder
             if _contains(other.workspace, real) or _contains(real, other.workspace):
                 if agent is not None and not owners.made_by(other.spec, agent):
                     raise FailedPrecondition(_not_available(given or real, agent))
+                if other.workspace == real:
+                    raise AlreadyExists(f"workspace {real} is already the workspace of"
+                                        f" session {other.id}")
                 raise FailedPrecondition(
                     f"workspace {real} overlaps the workspace {other.workspace} of session"
                     f" {other.id}")
@@ -536,20 +542,33 @@ class World:
             raise
         return self.store.get_session(sid)
 
-    def delete_session(self, session_id: str) -> Session:
+    def delete_session(self, session_id: str, keep_container: bool = False) -> Session:
         """Release a session's workspace and container: its history (checkpoints,
         conversation, tool calls, approvals, audit) is kept and can still be read, diffed
-        and forked, and the folder may become another session's. Nothing in the
-        workspace or container is touched. (Gates.delete_session, which the servicer
-        calls, also withdraws the session's pending approvals.)"""
+        and forked, and the folder may become another session's. Its container is
+        stopped (unless ``keep_container``), never removed; a fork's overlay view is
+        unmounted and not mounted again at a start (its upper layer, what the fork
+        wrote, stays under the data root). No file is changed. (Gates.delete_session,
+        which the servicer calls, also withdraws the session's pending approvals.)"""
         with self._session_locked(session_id) as (session, _):
             if self.monitor is not None:
                 self.monitor.release(session.workspace)
             self.store.update_session(session_id, deleted_at=ids.now())
             self.store.append_audit([AuditEvent(
                 "session.delete", session_id, session_id,
-                {"workspace": session.workspace, "container": session.container}, ids.now())])
+                {"workspace": session.workspace, "container": session.container,
+                 "container_kept": bool(session.container and keep_container)}, ids.now())])
             self.forget(session_id)
+            if self.views is not None and session.forked_from:
+                self.views.release(session_id, session.workspace)
+            if session.container and not keep_container and self.engine is not None:
+                try:
+                    self.engine.stop(session.container, timeout=5)
+                except NotFound:
+                    pass  # removed already
+                except WorldlineError as exc:  # the engine away: said, the delete stands
+                    log.warning("session %s deleted, but its container %s was not stopped:"
+                                " %s", session_id, session.container, exc)
         return self.session(session_id)
 
     def forget(self, session_id: str) -> None:
@@ -1285,7 +1304,7 @@ class World:
         try:
             if source.container is not None:
                 container = self._fork_container(parent, sid, path, volumes)
-            session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
+            session = Session(sid, name or self._fork_name(parent.name), path, container, "",
                               source.id, ids.now(), host=self.host,
                               lease_expires=self._lease(),
                               spec=owners.with_agent(json.dumps({"roots": roots}), agent))
@@ -1384,6 +1403,14 @@ class World:
             " another folder than the session's workspace (a folder on the way swapped for"
             " a symlink, or the container started before the workspace was there); start"
             " it again once the workspace is as it was")
+
+    def _fork_name(self, base: str) -> str:
+        """``BASE-fork-N``, N the first number no session's name has taken."""
+        taken = {s.name for s in self.store.list_sessions()}
+        n = 1
+        while f"{base}-fork-{n}" in taken:
+            n += 1
+        return f"{base}-fork-{n}"
 
     def fork_origin(self, session_id: str) -> tuple[str, str] | None:
         """(workspace, tree it was forked from) of a recorded fork; None for a session

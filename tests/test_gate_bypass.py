@@ -167,7 +167,7 @@ def test_init_with_no_client_found_writes_a_mode_that_fails_closed(tmp_path):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["client"]["version"] == "unknown" and d["client"]["approval"] == "deny"
-    hooks = json.loads((tmp_path / ".claude" / "settings.json").read_text())["hooks"]
+    hooks = json.loads((tmp_path / ".claude" / "settings.local.json").read_text())["hooks"]
     command = hooks["PreToolUse"][0]["hooks"][0]["command"]
     assert command.endswith("hook claude-code --approval deny --client-version unknown")
 

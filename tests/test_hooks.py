@@ -492,8 +492,8 @@ def init(project: Path, agent: str, *args: str) -> dict:
 
 @pytest.mark.parametrize("name", ["claude-code", "codex", "gemini", "cursor"])
 def test_init_merges_idempotently_and_removes_cleanly(name, tmp_path):
-    from worldline.client.hooks.settings import EVENTS, FILES
-    settings = tmp_path / FILES[name][0]
+    from worldline.client.hooks.settings import EVENTS, settings_path
+    settings = Path(settings_path(name, False, str(tmp_path)))  # claude-code's: the local one
     # missing
     d = init(tmp_path, name)
     assert d["changed"] and d["backup"] is None
@@ -510,8 +510,8 @@ def test_init_merges_idempotently_and_removes_cleanly(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["claude-code", "codex", "gemini", "cursor"])
 def test_init_keeps_the_users_settings_and_hooks(name, tmp_path):
-    from worldline.client.hooks.settings import FILES
-    settings = tmp_path / FILES[name][0]
+    from worldline.client.hooks.settings import settings_path
+    settings = Path(settings_path(name, False, str(tmp_path)))
     settings.parent.mkdir(parents=True)
     theirs = {"command": "./format.sh"} if name == "cursor" else {
         "matcher": "Edit", "hooks": [{"type": "command", "command": "./format.sh"}]}
@@ -536,13 +536,32 @@ def test_init_keeps_the_users_settings_and_hooks(name, tmp_path):
 
 
 def test_init_refuses_a_settings_file_that_is_not_json(tmp_path):
-    settings = tmp_path / ".claude" / "settings.json"
+    settings = tmp_path / ".claude" / "settings.local.json"
     settings.parent.mkdir()
     settings.write_text("{ not json")
     res = subprocess.run(WORLDLINE + ["init", "claude-code", "--project", str(tmp_path)],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "FAILED_PRECONDITION" in res.stderr
     assert settings.read_text() == "{ not json"
+
+
+def test_init_claude_code_writes_the_local_file_and_shared_only_when_asked(tmp_path):
+    """`init claude-code` writes the project's uncommitted .claude/settings.local.json
+    (its command names this machine's worldline); --shared the committed settings.json,
+    and each run says when the other file holds worldline's hooks too."""
+    local = tmp_path / ".claude" / "settings.local.json"
+    shared = tmp_path / ".claude" / "settings.json"
+    d = init(tmp_path, "claude-code")
+    assert d["path"] == str(local) and d["also"] is None
+    assert "worldline hook" in local.read_text() and not shared.exists()
+    d = init(tmp_path, "claude-code", "--shared")
+    assert d["path"] == str(shared) and d["also"] == str(local)
+    assert "worldline hook" in shared.read_text()
+    res = subprocess.run(WORLDLINE + ["init", "claude-code", "--project", str(tmp_path),
+                                      "--remove"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "worldline hook" not in local.read_text()
+    assert f"in {shared} too" in res.stdout and "--shared --remove" in res.stdout
 
 
 def test_init_trusts_only_for_gemini_and_only_the_folder_named(tmp_path):

@@ -164,17 +164,20 @@ def test_changes_while_the_daemon_was_down(fresh_daemon, workspace):
 
 def test_one_folder_belongs_to_one_session(client, workspace, tmp_path):
     """Overlapping workspaces would share one inotify watch and miss each other's
-    changes (0.3 accepted them): the same folder (spelt with a trailing slash too), a
-    folder inside it and one that contains it are refused, naming the owner."""
+    changes (0.3 accepted them): the same folder (spelt with a trailing slash too) is
+    ALREADY_EXISTS, a folder inside it and one that contains it FAILED_PRECONDITION,
+    each naming the owner."""
+    from worldline.client import AlreadyExists
     (workspace / "inner").mkdir()
     a = client.create_session(str(workspace))
-    for path in (str(workspace), str(workspace) + "/", str(workspace / "inner"),
-                 str(tmp_path)):
-        with pytest.raises(FailedPrecondition) as err:
+    for path, error in ((str(workspace), AlreadyExists), (str(workspace) + "/", AlreadyExists),
+                        (str(workspace / "inner"), FailedPrecondition),
+                        (str(tmp_path), FailedPrecondition)):
+        with pytest.raises(error) as err:
             client.create_session(path)
         assert a.id in err.value.message
     fork = client.fork(a.head)
-    with pytest.raises(FailedPrecondition):
+    with pytest.raises(AlreadyExists):
         client.create_session(fork.workspace)
     other = tmp_path.parent / (tmp_path.name + "-beside")
     other.mkdir()

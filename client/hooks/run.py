@@ -34,6 +34,7 @@ import time
 
 from .. import _json as json
 from ..errors import (
+    AlreadyExists,
     FailedPrecondition,
     NotFound,
     PermissionDenied,
@@ -118,7 +119,7 @@ class Hook:
                     "image": self.config.image,
                     "name": f"{event.agent} {event.session_id[:8]}"})["id"]
                 break
-            except FailedPrecondition:
+            except (AlreadyExists, FailedPrecondition):  # made meanwhile: found again
                 if attempt:
                     raise  # overlaps a session that is not this folder's
         st.clear()

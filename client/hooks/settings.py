@@ -2,10 +2,16 @@
 
 | agent | project file | user file |
 |---|---|---|
-| claude-code | .claude/settings.json | ~/.claude/settings.json |
+| claude-code | .claude/settings.local.json (--shared: settings.json) | ~/.claude/settings.json |
 | codex | .codex/hooks.json | ~/.codex/hooks.json |
 | gemini | .gemini/settings.json | ~/.gemini/settings.json |
 | cursor | .cursor/hooks.json | ~/.cursor/hooks.json |
+
+Where an agent has a local, uncommitted project file (Claude Code's
+settings.local.json, whose hooks it runs beside the shared file's: "Local settings" in
+2.1.197's hook sources), the project's hooks go there by default: the command names
+this machine's worldline (an absolute path, a socket), which is no one else's to run.
+``--shared`` writes the committed file instead.
 
 Claude Code and Codex: ``hooks.EVENT = [{"hooks": [{"type": "command", "command",
 "timeout" (s)}]}]``; Gemini CLI the same with ``"name"`` and the timeout in ms; Cursor
@@ -32,6 +38,8 @@ FILES = {
     "gemini": (".gemini/settings.json", "~/.gemini/settings.json"),
     "cursor": (".cursor/hooks.json", "~/.cursor/hooks.json"),
 }
+# The project's own file that is not to be committed, where the agent has one.
+LOCAL = {"claude-code": ".claude/settings.local.json"}
 EVENTS = {
     "claude-code": ("SessionStart", "PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop",
                     "SessionEnd"),
@@ -45,9 +53,23 @@ PRE_EVENTS = {"PreToolUse", "BeforeTool", "beforeShellExecution", "beforeMCPExec
 MARK = "worldline hook"
 
 
-def settings_path(agent: str, user: bool, project: str) -> str:
+def settings_path(agent: str, user: bool, project: str, shared: bool = False) -> str:
+    """The file ``init`` writes: the user's; else the project's local one, where the
+    agent has one and ``shared`` is not asked for; else the project's."""
     project_file, user_file = FILES[agent]
-    return os.path.expanduser(user_file) if user else os.path.join(project, project_file)
+    if user:
+        return os.path.expanduser(user_file)
+    return os.path.join(project, project_file if shared else LOCAL.get(agent, project_file))
+
+
+def has_ours(path: str) -> bool:
+    """Whether the settings file at ``path`` holds worldline's hooks."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and _without_ours(doc) != doc
 
 
 def _ours(entry: dict) -> bool:
@@ -107,13 +129,18 @@ def _with_ours(doc: dict, agent: str, command: str, pre_timeout: int) -> dict:
 
 
 def init(agent: str, *, user: bool = False, project: str = ".", remove: bool = False,
-         dry_run: bool = False, command: str = "", pre_timeout: int = 60) -> dict:
+         dry_run: bool = False, command: str = "", pre_timeout: int = 60,
+         shared: bool = False) -> dict:
     """Merge (or with ``remove``, take out) worldline's hooks; returns what it did:
-    ``path``, ``changed``, ``backup``, ``events`` and ``diff``."""
+    ``path``, ``changed``, ``backup``, ``events``, ``diff`` and ``also`` (another of the
+    project's files that holds worldline's hooks too: the agent would run both)."""
     if agent not in FILES:
         raise InvalidArgument(f"no settings file is known for {agent!r}: `worldline hook"
                               f" generic` is configured by hand (README, Agent hooks)")
-    path = settings_path(agent, user, os.path.abspath(project))
+    path = settings_path(agent, user, os.path.abspath(project), shared)
+    other = (settings_path(agent, False, os.path.abspath(project), not shared)
+             if not user and agent in LOCAL else path)
+    also = other if other != path and has_ours(other) else None
     try:
         with open(path, encoding="utf-8") as f:
             old_text = f.read()
@@ -147,7 +174,7 @@ def init(agent: str, *, user: bool = False, project: str = ".", remove: bool = F
         os.replace(tmp, path)
     return {"agent": agent, "path": path, "changed": changed, "dry_run": dry_run,
             "removed": remove, "backup": backup or None,
-            "events": [] if remove else list(EVENTS[agent]), "diff": diff}
+            "events": [] if remove else list(EVENTS[agent]), "diff": diff, "also": also}
 
 
 # -- Gemini CLI's folder trust ------------------------------------------------------------

@@ -47,6 +47,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
                         ctypes.c_char_p]
 MAX_DELTA_PATHS = 2000  # a delta past this many paths: build the tree's own view instead
 SPEC = "mount.json"  # forks/<session>/SPEC: the fork's overlay mount
+RELEASED = "released"  # forks/<session>/RELEASED: its session was deleted, not mounted
 _TREE = re.compile(r"[0-9a-f]{64}")
 _VIEW = re.compile(r"[0-9a-f]{64}|delta-[0-9a-f]{20}-[0-9a-f]{20}")  # a view's name
 
@@ -277,6 +278,8 @@ class Views:
         report = []
         for sid in os.listdir(self.forks):
             recorded = None
+            if os.path.exists(os.path.join(self.forks, sid, RELEASED)):
+                continue  # its session was deleted (release)
             try:
                 recorded = self._as_written(sid)
                 if recorded is None and not os.path.isdir(os.path.join(self.forks, sid,
@@ -355,6 +358,20 @@ class Views:
             return None
         report.append(f"{why}; rebuilt from its session (forked from tree {tree[:12]})")
         return spec
+
+    def release(self, session_id: str, workspace: str) -> None:
+        """A deleted fork's: unmount its workspace, and mount it at no later start. What
+        it wrote stays in its upper layer (and its lowers are kept, ``used``)."""
+        folder = os.path.join(self.forks, session_id)
+        if not os.path.isdir(folder):
+            return  # a fork that copied (no overlay)
+        with open(os.path.join(folder, RELEASED), "w", encoding="utf-8") as f:
+            f.write(workspace + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_folder(folder)
+        if os.path.ismount(workspace):
+            self.unmount(workspace)
 
     def unmount(self, workspace: str) -> None:
         """Detach the mount at ``workspace``, reached through no symlink (one on the way:

@@ -48,8 +48,9 @@ _BY_CHECKPOINT = {"GetCheckpoint": ("checkpoint_id",), "Diff": ("from_id", "to_i
                   "Fork": ("checkpoint_id",), "Restore": ("checkpoint_id",)}
 _BY_APPROVAL = {"GetApproval", "WaitApproval", "DecideApproval", "CancelApproval"}
 # ResolveId: open, answering only with what the caller's sessions hold (server.py)
+# WaitAudit: open, its events cut to the caller's sessions' (shown)
 _OPEN = {"ExplainPolicy", "GetProgress", "ListSessions", "ListApprovals", "CreateSession",
-         "ResolveId"}
+         "ResolveId", "WaitAudit"}
 
 
 def agent(uid: int, gid: int) -> Agent | None:
@@ -103,7 +104,7 @@ class Rules:
             raise PermissionDenied(
                 f"approvals are the daemon owner's to give (--approvals-by owner), not an"
                 f" allowed user's ({caller}); it may deny or cancel its own")
-        if method == "ListApprovals" and request.session_id:
+        if method in ("ListApprovals", "WaitAudit") and request.session_id:
             self._own_session(caller, request.session_id)
         # What it may create (no container, a folder of its own) is the World's to check:
         # it is given the caller (owners.py).
@@ -118,11 +119,13 @@ class Rules:
         if method == "ExplainPolicy":
             reply.approver = "owner" if self.approvals_by_owner else "caller"
             return reply
-        if method not in ("ListSessions", "ListApprovals"):
+        if method not in ("ListSessions", "ListApprovals", "WaitAudit"):
             return reply
-        items = reply.sessions if method == "ListSessions" else reply.approvals
+        items = getattr(reply, {"ListSessions": "sessions", "ListApprovals": "approvals",
+                                "WaitAudit": "events"}[method])
         mine = {s.id for s in self.world.sessions(include_deleted=True)
                 if belongs(s.spec, caller)}
+        # a daemon-wide event (gc, a fleet's) has no session: never an allowed user's
         kept = [m for m in items if (m.id if method == "ListSessions" else m.session_id) in mine]
         del items[:]
         items.extend(kept)

@@ -180,7 +180,7 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return session_pb(self.world.resolve(r.session_id, r.complete))
 
     def DeleteSession(self, r, context):
-        return session_pb(self.gates.delete_session(r.session_id))
+        return session_pb(self.gates.delete_session(r.session_id, r.keep_container))
 
     def MoveSession(self, r, context):
         if r.take_over == bool(r.to_host):
@@ -315,10 +315,8 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         return approval_pb(self.gates.get_approval(r.approval_id))
 
     def WaitApproval(self, r, context):
-        remaining = context.time_remaining()
-        timeout = r.timeout_seconds if remaining is None else min(r.timeout_seconds,
-                                                                   max(remaining - 0.5, 0))
-        return approval_pb(self.gates.wait(r.approval_id, timeout))
+        return approval_pb(self.gates.wait(r.approval_id, _patience(r.timeout_seconds,
+                                                                    context)))
 
     def ListApprovals(self, r, context):
         return pb.ListApprovalsResponse(approvals=[
@@ -334,6 +332,11 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def ListAudit(self, r, context):
         events = self.gates.audit(r.session_id, r.kind, r.limit)
         return pb.ListAuditResponse(events=[audit_pb(e) for e in events])
+
+    def WaitAudit(self, r, context):
+        events, last = self.gates.wait_audit(r.after_seq, list(r.kinds), r.session_id,
+                                             _patience(r.timeout_seconds, context))
+        return pb.WaitAuditResponse(events=[audit_pb(e) for e in events], last_seq=last)
 
     def VerifyAudit(self, r, context):
         count, problems = maintenance.verify_audit(self.world)
@@ -366,3 +369,10 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
         op = self.progress.get(r.operation_id)
         return pb.Progress(operation_id=op.id, phase=op.phase, unit=op.unit, done=op.done,
                            total=op.total, files=op.files, finished=op.finished)
+
+
+def _patience(timeout: float, context) -> float:
+    """How long a waiting call may wait: ``timeout``, ended half a second before the
+    call's deadline (so that it answers, rather than the deadline passing)."""
+    remaining = context.time_remaining()
+    return timeout if remaining is None else min(timeout, max(remaining - 0.5, 0))

@@ -30,7 +30,7 @@ def git(cwd: Path, *args: str) -> str:
 
 def project(tmp_path: Path, daemon, *init_args: str) -> tuple[Path, Path]:
     """A git repository with a local bare origin, and worldline's hooks in its
-    .claude/settings.json, written by `worldline init claude-code`."""
+    .claude/settings.local.json, written by `worldline init claude-code`."""
     origin, ws = tmp_path / "origin.git", tmp_path / "ws"
     git(tmp_path, "init", "-q", "--bare", str(origin))
     ws.mkdir()

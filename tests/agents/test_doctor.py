@@ -88,11 +88,12 @@ def test_doctor_claude_code_each_point_fails_then_holds(daemon, tmp_path):
     assert daemon.address in checks["daemon"]["detail"]
 
     # What turns the hooks off again is found: disableAllHooks, a command that cannot run.
-    local = ws / ".claude" / "settings.local.json"
-    local.write_text(json.dumps({"disableAllHooks": True}))
+    local = ws / ".claude" / "settings.local.json"  # where init wrote the hooks
+    kept = local.read_text()
+    local.write_text(json.dumps({**json.loads(kept), "disableAllHooks": True}))
     code, d = doctor(env, "claude-code", "--project", str(ws))
     assert code == 1 and str(local) in by_name(d)["claude-code hooks"]["fix"]
-    local.unlink()
+    local.write_text(kept)
     run_fix(f"worldline init claude-code --project {ws}", env, "--command",
             f"{tmp_path}/gone/worldline hook claude-code")
     code, d = doctor(env, "claude-code", "--project", str(ws))

@@ -63,10 +63,12 @@ class GetSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "keep_container")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONTAINER_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    keep_container: bool
+    def __init__(self, session_id: _Optional[str] = ..., keep_container: _Optional[bool] = ...) -> None: ...
 
 class MoveSessionRequest(_message.Message):
     __slots__ = ("session_id", "to_host", "take_over", "workspace")
@@ -577,6 +579,26 @@ class ListAuditResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
     def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ...) -> None: ...
+
+class WaitAuditRequest(_message.Message):
+    __slots__ = ("after_seq", "kinds", "session_id", "timeout_seconds")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    session_id: str
+    timeout_seconds: float
+    def __init__(self, after_seq: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ..., session_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class WaitAuditResponse(_message.Message):
+    __slots__ = ("events", "last_seq")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    last_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class VerifyAuditRequest(_message.Message):
     __slots__ = ()

@@ -164,6 +164,11 @@ class WorldlineStub:
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.VerifyAuditRequest.SerializeToString,
                 response_deserializer=worldline_dot_v1_dot_worldline__pb2.VerifyAuditResponse.FromString,
                 _registered_method=True)
+        self.WaitAudit = channel.unary_unary(
+                '/worldline.v1.Worldline/WaitAudit',
+                request_serializer=worldline_dot_v1_dot_worldline__pb2.WaitAuditRequest.SerializeToString,
+                response_deserializer=worldline_dot_v1_dot_worldline__pb2.WaitAuditResponse.FromString,
+                _registered_method=True)
         self.Fsck = channel.unary_unary(
                 '/worldline.v1.Worldline/Fsck',
                 request_serializer=worldline_dot_v1_dot_worldline__pb2.FsckRequest.SerializeToString,
@@ -365,6 +370,14 @@ class WorldlineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitAudit(self, request, context):
+        """A long poll on the audit log: the events after a seq, answered as soon as there is
+        one (or at the timeout, with none). An allowed user sees its own sessions' only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Fsck(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -537,6 +550,11 @@ def add_WorldlineServicer_to_server(servicer, server):
                     servicer.VerifyAudit,
                     request_deserializer=worldline_dot_v1_dot_worldline__pb2.VerifyAuditRequest.FromString,
                     response_serializer=worldline_dot_v1_dot_worldline__pb2.VerifyAuditResponse.SerializeToString,
+            ),
+            'WaitAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitAudit,
+                    request_deserializer=worldline_dot_v1_dot_worldline__pb2.WaitAuditRequest.FromString,
+                    response_serializer=worldline_dot_v1_dot_worldline__pb2.WaitAuditResponse.SerializeToString,
             ),
             'Fsck': grpc.unary_unary_rpc_method_handler(
                     servicer.Fsck,
@@ -1271,6 +1289,33 @@ class Worldline:
             '/worldline.v1.Worldline/VerifyAudit',
             worldline_dot_v1_dot_worldline__pb2.VerifyAuditRequest.SerializeToString,
             worldline_dot_v1_dot_worldline__pb2.VerifyAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/worldline.v1.Worldline/WaitAudit',
+            worldline_dot_v1_dot_worldline__pb2.WaitAuditRequest.SerializeToString,
+            worldline_dot_v1_dot_worldline__pb2.WaitAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,
