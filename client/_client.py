@@ -106,15 +106,18 @@ class Client:
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
                        name: str | None = None, image: str | None = None,
-                       mount: str | None = None) -> Session:
+                       mount: str | None = None, exclude: list[str] | None = None
+                       ) -> Session:
         """A session on ``workspace`` (a relative path is resolved against the caller's
         working folder); with ``container``, that existing container is part
         of its world; with ``image``, the daemon starts a container from it with the
-        workspace bind-mounted at ``mount`` (default /workspace)."""
+        workspace bind-mounted at ``mount`` (default /workspace). ``exclude``:
+        gitignore patterns of workspace paths never captured nor restored (besides
+        those of the workspace's .worldlineignore)."""
         m = self._call("CreateSession", pb.CreateSessionRequest(
             workspace=os.path.abspath(workspace) if workspace else "",
             container=container or "", name=name or "",
-            image=image or "", mount=mount or ""))
+            image=image or "", mount=mount or "", exclude=list(exclude or ())))
         return Session.from_pb(m, self)
 
     def get_session(self, session_id: str) -> Session:

@@ -50,6 +50,8 @@ from .capture.containers import (
     bind_identity_of,
     extra_mounts,
 )
+from .capture.exclude import IGNORE_FILE, check_patterns, patterns_of
+from .capture.exclude import MAX_FILE as MAX_IGNORE_FILE
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
 from .capture.resolve import identity_of, make_folder, open_folder
@@ -231,6 +233,17 @@ class World:
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
 
+    def exclusions(self, session: Session) -> tuple[list[str], list[str]]:
+        """What the session excludes (exclude.py): its own patterns, and those of the
+        .worldlineignore its head checkpoint holds (as the next capture reads it, unless
+        the agent changed it since)."""
+        mine = _exclude_of(session).get("exclude", [])
+        entry = self.trees.read(self.store.get_checkpoint(session.head).tree).get(IGNORE_FILE)
+        if entry is None or entry.kind != FILE or entry.size > MAX_IGNORE_FILE:
+            return mine, []
+        text = self.blobs.read_bytes(entry.ref).decode("utf-8", "surrogateescape")
+        return mine, patterns_of(text)
+
     def sessions(self, include_deleted: bool = False, workspace: str = "") -> list[Session]:
         """Sessions, deleted ones only when asked; with ``workspace`` (an absolute path),
         only the live session whose workspace is that folder or holds it."""
@@ -324,7 +337,8 @@ class World:
         return self.engine
 
     def _layer(self, kind: str, path: str, identity: list | None = None,
-               track: bool = True, merged: str | None = None) -> Layer:
+               track: bool = True, merged: str | None = None,
+               exclude: list[str] | None = None) -> Layer:
         tracker = self.monitor.tracker(path) if self.monitor is not None and track else None
         if tracker is not None and merged is not None:
             tracker.mirror_at(merged)  # overlayfs names some changes only there (mirror.py)
@@ -332,6 +346,8 @@ class World:
                                     overlay=kind == CONTAINER, limits=self.limits,
                                     data_root=self.root)
         snap.opener = lambda: open_layer_root(kind, path, identity)
+        if kind == WORKSPACE:  # exclusions (exclude.py): the workspace's only
+            snap.exclude = tuple(exclude or ())
         return Layer(kind, path, snap, tracker)
 
     def layers(self, session: Session) -> list[Layer]:
@@ -339,8 +355,10 @@ class World:
         root is opened only if it is still the folder the session was created on (the
         identity recorded in its spec), so a moved folder or a parent swapped for a
         symlink is refused, never followed."""
-        roots = json.loads(session.spec or "{}").get("roots", {})
-        out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE))]
+        spec = json.loads(session.spec or "{}")
+        roots = spec.get("roots", {})
+        out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE),
+                           exclude=spec.get("exclude"))]
         if session.container:
             upper, merged = self._engine().layer_dirs(session.container)
             out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER), merged=merged))
@@ -469,9 +487,11 @@ class World:
     # -- sessions ------------------------------------------------------------------------
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
                        image: str = "", mount: str = "", *, session_id: str = "",
-                       agent: Agent | None = None) -> Session:
+                       agent: Agent | None = None, exclude=()) -> Session:
         """``agent``: the allowed user (owners.py) whose session it is, over a folder of
-        its own; None: the daemon owner's."""
+        its own; None: the daemon owner's. ``exclude``: gitignore patterns of workspace
+        paths never captured nor restored (exclude.py), kept in the session's spec."""
+        exclude = check_patterns(exclude)
         path = self._check_workspace(workspace, must_be_empty=False, agent=agent)
         crash_point("session.checked")
         # The folder as its path names it now, through no symlink: every capture and
@@ -506,7 +526,9 @@ class World:
                           else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
                           ids.now(), host=self.host, lease_expires=self._lease(),
-                          spec=owners.with_agent(json.dumps({"roots": roots}), agent))
+                          spec=owners.with_agent(json.dumps(
+                              {"roots": roots} | ({"exclude": exclude} if exclude else {})),
+                              agent))
         try:
             with self.lock(path):
                 layers = self.layers(session)
@@ -1288,7 +1310,8 @@ class World:
             session = Session(sid, name or f"{parent.name} (fork)", path, container, "",
                               source.id, ids.now(), host=self.host,
                               lease_expires=self._lease(),
-                              spec=owners.with_agent(json.dumps({"roots": roots}), agent))
+                              spec=owners.with_agent(json.dumps(
+                                  {"roots": roots} | _exclude_of(parent)), agent))
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled
@@ -1655,6 +1678,12 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _exclude_of(session: Session) -> dict:
+    """The session's --exclude patterns as its spec keeps them ({} if none)."""
+    exclude = json.loads(session.spec or "{}").get("exclude")
+    return {"exclude": exclude} if exclude else {}
 
 
 def _journalled(entry: dict) -> Checkpoint:

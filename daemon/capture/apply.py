@@ -29,6 +29,10 @@ capture of it). Rules, in order of importance:
   it up and fill its holes (sparse.py).
 - Sockets are never recreated; device nodes only in container layers. Each is a
   warning in the result.
+- Excluded paths (exclude.py; the exclusions ``current`` obeyed, those of the layer as
+  it is now) are left exactly as they are: the target's entries there are not written,
+  and a folder the target has no more is kept, emptied of all else, if it holds one
+  (said in the warnings).
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ class TreeWriter:
         self.current = current
         want_root = self.trees.read(target)
         groups = self.trees.link_groups(links_of(want_root.own))
+        if current.excluded is not None:  # no name is linked at an excluded path
+            groups = [g for g in ([p for p in g if not self._excluded(p, False)]
+                                  for g in groups) if len(g) > 1]
         mine = {p: tuple(g) for g in groups for p in g}
         have = {p: tuple(g) for g in link_groups(current.links) for p in g}
         self.defer = {p for g in groups for p in g[1:]}
@@ -155,6 +162,9 @@ class TreeWriter:
         if have.kind != SYMLINK and st_.S_IMODE(st.st_mode) != have.mode:
             return False
         return have.is_folder or st.st_mtime_ns == have.mtime
+
+    def _excluded(self, path: str, is_dir: bool) -> bool:
+        return self.current.excluded is not None and self.current.excluded(path, is_dir)
 
     def _changed(self, path: str) -> None:
         """The layer changed under the write at ``path``: it is left alone, and said
@@ -272,6 +282,8 @@ class TreeWriter:
         for name, want in sorted(tgt.items()):
             check_name(name)
             path = prefix + name
+            if self._excluded(path, want.is_folder):
+                continue  # captured under other rules: what is there now stays
             have = cur.get(name)
             if have == want and path not in self.force and (
                     not want.is_folder or path + "/" not in self.force_folders) and (
@@ -393,7 +405,12 @@ class TreeWriter:
         emptied = True
         for name in os.listdir(fd):
             have = tree.get(name)
-            if have is None:
+            if have is None and self.current.excluded is not None and self._excluded(
+                    prefix + name, _is_folder(fd, name)):
+                self.meta.warnings.append(f"{prefix.rstrip('/')}: kept, it holds the"
+                                          f" excluded {prefix + name}")
+                emptied = False
+            elif have is None:
                 self._changed(prefix + name)
                 emptied = False
             elif not self._discard(fd, name, have, prefix + name):
@@ -571,6 +588,13 @@ class TreeWriter:
                 self.meta.touch(fd, entry)
             finally:
                 os.close(fd)
+
+
+def _is_folder(dfd: int, name: str) -> bool:
+    try:
+        return st_.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _temp_name() -> str:

@@ -119,8 +119,12 @@ def folders_below(dfd: int, max_depth: int,
 
 def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,
                 caches: Callable[[], tuple[dict, dict]], root_sig: bytes, prefix: str = "",
-                max_entries: int = sys.maxsize
+                max_entries: int = sys.maxsize,
+                skip: Callable[[str, bool], bool] | None = None
                 ) -> tuple[list[Record], list[tuple[str, int, int]], Any, int]:
+    """``skip(relpath, is_folder)``, the Python walk's own (exclusions, exclude.py):
+    whether to leave a name out, as if it were not there (a folder is not entered, its
+    names are not counted)."""
     if max_entries < 0:
         raise ValueError("max_entries must not be negative")
     files, folders = caches()
@@ -155,6 +159,9 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                               if st_.S_ISLNK(st.st_mode) else None)
                 except FileNotFoundError:
                     continue  # removed while we looked
+                if skip is not None and skip(join_path(rel, de.name),
+                                             st_.S_ISDIR(st.st_mode)):
+                    continue
                 listing.append((de.name, st, target))
                 listed += 1
         memo = folders.get(rel)
