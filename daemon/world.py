@@ -50,8 +50,7 @@ from .capture.containers import (
     bind_identity_of,
     extra_mounts,
 )
-from .capture.exclude import IGNORE_FILE, check_patterns, patterns_of
-from .capture.exclude import MAX_FILE as MAX_IGNORE_FILE
+from .capture.exclude import check_patterns, covers, key_in, patterns_of
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
 from .capture.resolve import identity_of, make_folder, open_folder
@@ -238,11 +237,10 @@ class World:
         .worldlineignore its head checkpoint holds (as the next capture reads it, unless
         the agent changed it since)."""
         mine = _exclude_of(session).get("exclude", [])
-        entry = self.trees.read(self.store.get_checkpoint(session.head).tree).get(IGNORE_FILE)
-        if entry is None or entry.kind != FILE or entry.size > MAX_IGNORE_FILE:
+        key = key_in(self.trees, self.store.get_checkpoint(session.head).tree)
+        if key is None:
             return mine, []
-        text = self.blobs.read_bytes(entry.ref).decode("utf-8", "surrogateescape")
-        return mine, patterns_of(text)
+        return mine, patterns_of(self.blobs.read_bytes(key).decode("utf-8", "surrogateescape"))
 
     def sessions(self, include_deleted: bool = False, workspace: str = "") -> list[Session]:
         """Sessions, deleted ones only when asked; with ``workspace`` (an absolute path),
@@ -1036,6 +1034,9 @@ class World:
                     owners.check_entries(self.trees, current.root, want, agent,
                                          current.trees, "nothing was restored")
             changes = diff(self.trees, current.root, want, current.trees)
+            if layer.kind == WORKSPACE and (
+                    left := layer.snap.restore_exclusions(current, want)) is not None:
+                changes = _left_alone(self.trees, changes, left, current, want)
             size = 0
             for path in changes.added + changes.modified:
                 entry = entry_at(self.trees, want, path, current.trees)
@@ -1076,7 +1077,10 @@ class World:
                 progress.begin(f"restore: {plan.layer.kind}", plan.size)
                 warnings += [f"{plan.layer.kind}: {w}" if plan.layer.kind == CONTAINER else w
                              for w in plan.layer.snap.apply(plan.current, plan.want)]
-                if plan.seen is not None and not plan.seen.full:
+                if plan.seen is not None and not plan.seen.full and (
+                        plan.layer.snap.restore_exclusions(plan.current, plan.want) is None):
+                    # (under exclusions the layer is the target but for what they left
+                    # as it was: the next capture scans it all)
                     plan.layer.now_equals(plan.want)
                 crash_point("restore.between_layers")
             return plans, warnings
@@ -1678,6 +1682,20 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _left_alone(trees: TreeReader, changes: Diff, excluded, current: Capture,
+                want: str) -> Diff:
+    """A restore's changes less the paths its exclusions leave as they are."""
+    def kept(paths: list[str], root: str) -> list[str]:
+        out = []
+        for path in paths:
+            entry = entry_at(trees, root, path, current.trees)
+            if not covers(excluded, path, entry is not None and entry.is_folder):
+                out.append(path)
+        return out
+    return Diff(kept(changes.added, want), kept(changes.modified, want),
+                kept(changes.deleted, current.root))
 
 
 def _exclude_of(session: Session) -> dict:

@@ -31,6 +31,7 @@ from pathspec import GitIgnoreSpec
 from worldline.client.errors import InvalidArgument
 
 from ..storage.blobs import digest_of
+from .trees import FILE
 
 IGNORE_FILE = ".worldlineignore"
 MAX_FILE = 64 << 10  # bytes of .worldlineignore read at the most
@@ -42,17 +43,21 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 class Exclusions:
     """The paths excluded by a set of patterns: ``excluded(path, is_dir)``."""
 
-    def __init__(self, patterns: list[str], file_digest: str | None) -> None:
+    def __init__(self, patterns: list[str]) -> None:
         self.patterns = patterns
         self.spec = GitIgnoreSpec.from_lines(patterns)
-        # the content digest of the .worldlineignore obeyed (None: none): a capture
-        # whose base obeyed another one examines the whole workspace
-        self.file_digest = file_digest
 
     def __call__(self, path: str, is_dir: bool) -> bool:
         if path == IGNORE_FILE:
             return False
         return self.spec.match_file(path + "/" if is_dir else path)
+
+
+def covers(excluded, path: str, is_dir: bool) -> bool:
+    """Whether ``path`` is excluded, itself or by a folder above it."""
+    parts = path.split("/")
+    return any(excluded("/".join(parts[:i]), True) for i in range(1, len(parts))) or \
+        excluded(path, is_dir)
 
 
 def patterns_of(text: str) -> list[str]:
@@ -77,27 +82,64 @@ def check_patterns(patterns) -> list[str]:
     return patterns
 
 
+class Either:
+    """Excluded by one set of rules or the other (a restore: today's, and its
+    target's own)."""
+
+    def __init__(self, *rules: Exclusions) -> None:
+        self.rules = rules
+
+    def __call__(self, path: str, is_dir: bool) -> bool:
+        return any(rule(path, is_dir) for rule in self.rules)
+
+
+def either(*rules: Exclusions | None) -> Exclusions | Either | None:
+    found = [r for r in rules if r is not None]
+    return None if not found else found[0] if len(found) == 1 else Either(*found)
+
+
 def read(root_fd: int, session_patterns: tuple[str, ...] | list[str]
-         ) -> tuple[Exclusions | None, list[str]]:
-    """The exclusions in force in the workspace open at ``root_fd`` (None: none), and
-    the warnings about a .worldlineignore that is ignored."""
+         ) -> tuple[Exclusions | None, list[str], str | None]:
+    """The exclusions in force in the workspace open at ``root_fd`` (None: none), the
+    warnings about a .worldlineignore that is ignored, and the file's ``key``: the
+    digest of a regular .worldlineignore within the size limit (None: none), what the
+    rules follow from (a capture whose base had another examines everything)."""
     warnings: list[str] = []
     text, digest = _read_file(root_fd, warnings)
+    return _rules(session_patterns, text, warnings), warnings, digest
+
+
+def key_in(trees, root: str) -> str | None:
+    """The .worldlineignore key (``read``) of a capture's tree ``root``."""
+    entry = trees.read(root).get(IGNORE_FILE)
+    return entry.ref if entry is not None and entry.kind == FILE and \
+        entry.size <= MAX_FILE else None
+
+
+def of_tree(trees, blobs, root: str, session_patterns: tuple[str, ...] | list[str]
+            ) -> Exclusions | None:
+    """The exclusions the capture of the tree ``root`` obeyed (less a .worldlineignore
+    it ignored for what it was, a symlink say, which a tree does not tell)."""
+    key = key_in(trees, root)
+    text = (blobs.read_bytes(key).decode("utf-8", "surrogateescape")
+            if key is not None else None)
+    return _rules(session_patterns, text, [])
+
+
+def _rules(session_patterns, text: str | None, warnings: list[str]) -> Exclusions | None:
     from_file = patterns_of(text) if text is not None else []
     if len(from_file) > MAX_PATTERNS:
         warnings.append(f"{IGNORE_FILE} ignored: {len(from_file)} patterns, more than"
                         f" {MAX_PATTERNS}")
-        from_file, digest = [], None
+        from_file = []
     patterns = list(session_patterns) + from_file
     if not patterns:
-        return None, warnings
+        return None
     try:
-        return Exclusions(patterns, digest), warnings
+        return Exclusions(patterns)
     except ValueError as exc:  # a bad line in the file (the session's were checked)
         warnings.append(f"{IGNORE_FILE} ignored: {exc}")
-        if not session_patterns:
-            return None, warnings
-        return Exclusions(list(session_patterns), None), warnings
+        return Exclusions(list(session_patterns)) if session_patterns else None
 
 
 def _read_file(root_fd: int, warnings: list[str]) -> tuple[str | None, str | None]:

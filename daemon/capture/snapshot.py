@@ -212,11 +212,12 @@ class WorkspaceSnapshotter:
         trust = changes is None or not changes.distrust  # the stat cache may vouch
         root_fd = self._open_root()
         try:
-            excluded, warnings = (exclude.read(root_fd, self.exclude)
-                                  if self.exclude is not None else (None, []))
+            excluded, warnings, key = (exclude.read(root_fd, self.exclude)
+                                       if self.exclude is not None else (None, [], None))
             if self.watcher is not None:
                 self.watcher.excluded = excluded
-            if not full and self._excluding_otherwise(base, excluded):
+            if not full and self.exclude is not None and exclude.key_in(self.trees,
+                                                                        base) != key:
                 full = True  # the rules changed: what they exclude or let in is anywhere
             scan = self._capture(root_fd, persist, changes, base, full, budget, untrusted,
                                  mapped, trust, excluded)
@@ -236,16 +237,6 @@ class WorkspaceSnapshotter:
         return Capture(scan.root, scan.size, scan.trees, warnings + scan.warnings, scan.seen,
                        persist, full, scan.memos, scan.reused, scan.links, frozenset(mapped),
                        scan.entries, scan.inodes, excluded)
-
-    def _excluding_otherwise(self, base: str | None, excluded: exclude.Exclusions | None
-                             ) -> bool:
-        """Whether the exclusions now are not those ``base`` was captured with (its
-        .worldlineignore, a file's content digest, is not the one read now)."""
-        if self.exclude is None or base is None:
-            return False
-        had = self.trees.read(base).get(exclude.IGNORE_FILE)
-        was = had.ref if had is not None and had.kind == FILE else None
-        return was != (excluded.file_digest if excluded is not None else None)
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
                  base: str | None, full: bool, budget: Budget | None,
@@ -720,6 +711,16 @@ class WorkspaceSnapshotter:
         return removed
 
     # -- apply -----------------------------------------------------------------
+    def restore_exclusions(self, current: Capture, target_root: str
+                           ) -> exclude.Exclusions | exclude.Either | None:
+        """What a restore from ``current`` to ``target_root`` leaves exactly as it is:
+        what the rules exclude now (those ``current`` obeyed) or the target's own
+        (what its capture never saw, it cannot say how to restore)."""
+        if self.exclude is None:
+            return None
+        return exclude.either(current.excluded, exclude.of_tree(
+            self.trees, self.blobs, target_root, self.exclude))
+
     def apply(self, current: Capture, target_root: str, watch_new: bool = False,
               private: bool = False) -> list[str]:
         """Make the layer equal to ``target_root`` (apply.py); returns the warnings.
@@ -733,8 +734,9 @@ class WorkspaceSnapshotter:
         watch = self.watcher.watch_folder if watch_new and self.watcher is not None else None
         root_fd = self._open_root()
         try:
-            return TreeWriter(self.blobs, self.trees, self.overlay, watch,
-                              private=private).write(root_fd, current, target_root)
+            return TreeWriter(self.blobs, self.trees, self.overlay, watch, private=private,
+                              excluded=self.restore_exclusions(current, target_root)
+                              ).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
 
