@@ -237,10 +237,14 @@ class World:
         .worldlineignore its head checkpoint holds (as the next capture reads it, unless
         the agent changed it since)."""
         mine = _exclude_of(session).get("exclude", [])
-        key = key_in(self.trees, self.store.get_checkpoint(session.head).tree)
-        if key is None:
-            return mine, []
-        return mine, patterns_of(self.blobs.read_bytes(key).decode("utf-8", "surrogateescape"))
+        try:
+            key = key_in(self.trees, self.store.get_checkpoint(session.head).tree)
+            text = self.blobs.read_bytes(key) if key is not None else b""
+        except WorldlineError as exc:  # a blob unreadable: the rest is still shown
+            log.warning("session %s: its .worldlineignore is not readable: %s", session.id,
+                        exc.message)
+            text = b""
+        return mine, patterns_of(text.decode("utf-8", "surrogateescape"))
 
     def sessions(self, include_deleted: bool = False, workspace: str = "") -> list[Session]:
         """Sessions, deleted ones only when asked; with ``workspace`` (an absolute path),

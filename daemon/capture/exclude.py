@@ -118,8 +118,8 @@ def key_in(trees, root: str) -> str | None:
 
 def of_tree(trees, blobs, root: str, session_patterns: tuple[str, ...] | list[str]
             ) -> Exclusions | None:
-    """The exclusions the capture of the tree ``root`` obeyed (less a .worldlineignore
-    it ignored for what it was, a symlink say, which a tree does not tell)."""
+    """The exclusions the capture of the tree ``root`` obeyed, as its .worldlineignore
+    and the session's patterns tell."""
     key = key_in(trees, root)
     text = (blobs.read_bytes(key).decode("utf-8", "surrogateescape")
             if key is not None else None)
