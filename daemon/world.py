@@ -1037,10 +1037,7 @@ class World:
                 if want is not None:
                     owners.check_entries(self.trees, current.root, want, agent,
                                          current.trees, "nothing was restored")
-            changes = diff(self.trees, current.root, want, current.trees)
-            if layer.kind == WORKSPACE and (
-                    left := layer.snap.restore_exclusions(current, want)) is not None:
-                changes = _left_alone(self.trees, changes, left, current, want)
+            changes = _restore_diff(self.trees, layer, current, want)
             size = 0
             for path in changes.added + changes.modified:
                 entry = entry_at(self.trees, want, path, current.trees)
@@ -1143,7 +1140,7 @@ class World:
                                      strict=False):
             paths = planned[layer.kind]["paths"]
             current, _ = layer.capture(base, persist=False, consume=False, mapped=mapped)
-            left = diff(self.trees, current.root, want, current.trees)
+            left = _restore_diff(self.trees, layer, current, want)
             for path in left.added + left.modified + left.deleted:
                 have = entry_at(self.trees, current.root, path, current.trees)
                 if have is not None and have.is_folder:
@@ -1688,9 +1685,14 @@ class World:
                        for line in lines)
 
 
-def _left_alone(trees: TreeReader, changes: Diff, excluded, current: Capture,
-                want: str) -> Diff:
-    """A restore's changes less the paths its exclusions leave as they are."""
+def _restore_diff(trees: TreeReader, layer: Layer, current: Capture, want: str) -> Diff:
+    """What a restore from ``current`` to ``want`` changes: the paths that differ less
+    those its exclusions leave as they are (exclude.py)."""
+    changes = diff(trees, current.root, want, current.trees)
+    excluded = layer.snap.restore_exclusions(current, want)
+    if excluded is None:
+        return changes
+
     def kept(paths: list[str], root: str) -> list[str]:
         out = []
         for path in paths:
