@@ -699,9 +699,13 @@ class WorkspaceSnapshotter:
         removed: list[str] = []
         root_fd = self._open_root()
         try:
+            excluded = (exclude.read(root_fd, self.exclude)[0] if self.exclude is not None
+                        else None)  # never written by a restore: nothing of ours there
             for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
                 for de in entries:
-                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name):
+                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
+                            excluded is None or not exclude.covers(
+                                excluded, join_path(rel, de.name), de.is_dir())):
                         _remove(fd, de.name)
                         removed.append(join_path(rel, de.name))
         except RecursionError as exc:
