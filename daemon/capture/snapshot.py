@@ -703,11 +703,12 @@ class WorkspaceSnapshotter:
                         else None)  # never written by a restore: nothing of ours there
             for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
                 for de in entries:
+                    path = join_path(rel, de.name)
                     if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
                             excluded is None or not exclude.covers(
-                                excluded, join_path(rel, de.name), de.is_dir())):
+                                excluded, path, de.is_dir(follow_symlinks=False))):
                         _remove(fd, de.name)
-                        removed.append(join_path(rel, de.name))
+                        removed.append(path)
         except RecursionError as exc:
             raise _too_deep(str(exc)) from None
         finally:
