@@ -375,8 +375,11 @@ class WorkspaceTracker:
         def watch(fd: int, below: str) -> None:
             self.watch_folder(f"{rel}/{below}" if below else rel, fd)
 
+        def skip(below: str) -> bool:
+            return excluded is not None and excluded(f"{rel}/{below}", True)
+
         try:
-            for _ in folders_below(root, MAX_DEPTH, watch):
+            for _ in folders_below(root, MAX_DEPTH, watch, skip):
                 if self._degraded:
                     break
         except RecursionError:
