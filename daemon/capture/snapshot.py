@@ -701,12 +701,13 @@ class WorkspaceSnapshotter:
         try:
             excluded = (exclude.read(root_fd, self.exclude)[0] if self.exclude is not None
                         else None)  # never written by a restore: nothing of ours there
-            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
+            skip = (lambda rel: excluded(rel, True)) if excluded is not None else None
+            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH, skip=skip):
                 for de in entries:
                     path = join_path(rel, de.name)
                     if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
-                            excluded is None or not exclude.covers(
-                                excluded, path, de.is_dir(follow_symlinks=False))):
+                            excluded is None or not excluded(
+                                path, de.is_dir(follow_symlinks=False))):
                         _remove(fd, de.name)
                         removed.append(path)
         except RecursionError as exc:
