@@ -108,26 +108,30 @@ class Client:
     # sessions
     def create_session(self, workspace: str, container: str | None = None,
                        name: str | None = None, image: str | None = None,
-                       mount: str | None = None, exist_ok: bool = False) -> Session:
+                       mount: str | None = None, exist_ok: bool = False,
+                       exclude: list[str] | None = None) -> Session:
         """A session on ``workspace`` (a relative path is resolved against the caller's
         working folder); with ``container``, that existing container is part
         of its world; with ``image``, the daemon starts a container from it with the
-        workspace bind-mounted at ``mount`` (default /workspace). A session of the
-        caller's over that folder already is AlreadyExists (naming it); ``exist_ok``:
-        that session is returned instead, as it is (whatever its container)."""
+        workspace bind-mounted at ``mount`` (default /workspace). ``exclude``:
+        gitignore patterns of workspace paths never captured nor restored (besides
+        those of the workspace's .worldlineignore). A session of the caller's over that
+        folder already is AlreadyExists (naming it); ``exist_ok``: that session is
+        returned instead, as it is (whatever its container or exclusions)."""
         from .errors import AlreadyExists
         try:
             m = self._call("CreateSession", pb.CreateSessionRequest(
                 workspace=os.path.abspath(workspace) if workspace else "",
                 container=container or "", name=name or "",
-                image=image or "", mount=mount or ""))
+                image=image or "", mount=mount or "", exclude=list(exclude or ())))
         except AlreadyExists:
             if not exist_ok:
                 raise
             here = os.path.realpath(workspace)
             found = [s for s in self.list_sessions(workspace=here) if s.workspace == here]
             if not found:  # deleted meanwhile: a new one
-                return self.create_session(workspace, container, name, image, mount)
+                return self.create_session(workspace, container, name, image, mount,
+                                           exclude=exclude)
             return found[0]
         return Session.from_pb(m, self)
 

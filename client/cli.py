@@ -73,8 +73,13 @@ def _read_json_file(value: str, what: str) -> str:
 
 
 def _session_human(s: dict) -> str:
-    return _kv(s, ["id", "name", "workspace", "container", "head", "forked_from", "created_at"]
+    text = _kv(s, ["id", "name", "workspace", "container", "head", "forked_from", "created_at"]
                + [k for k in ("host", "released_to", "needs_attention") if s.get(k)])
+    excluded = [(p, "--exclude") for p in s.get("exclude") or ()] + [
+        (p, ".worldlineignore") for p in s.get("ignore_file") or ()]
+    if excluded:  # never captured nor restored
+        text += "\nexcluded:\n" + "\n".join(f"  {p}  ({where})" for p, where in excluded)
+    return text
 
 
 def _calls_cell(calls: list[dict]) -> str:
@@ -96,7 +101,8 @@ def _effects_human(effects: list[dict]) -> str:
 def cmd_session(c: Client, a, out: Output) -> int:
     if a.session_cmd == "create":
         s = c.create_session(os.path.abspath(a.workspace), container=a.container, name=a.name,
-                             image=a.image, mount=a.mount, exist_ok=a.exist_ok)
+                             image=a.image, mount=a.mount, exist_ok=a.exist_ok,
+                             exclude=a.exclude)
         out.emit(s.to_dict(), lambda: _session_human(s.to_dict()))
     elif a.session_cmd == "list":
         sessions = [s.to_dict() for s in c.list_sessions(include_deleted=a.all)]
@@ -900,6 +906,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--name")
     sc.add_argument("--exist-ok", action="store_true",
                     help="your session over that folder already: print it (no error)")
+    sc.add_argument("--exclude", action="append", metavar="PATTERN",
+                    help="a workspace path never captured nor restored (gitignore syntax;"
+                         " repeatable; besides the workspace's .worldlineignore)")
     sl = ss.add_parser("list", parents=[common], help="list sessions")
     sl.add_argument("--all", action="store_true", help="deleted sessions too")
     sd = ss.add_parser("delete", parents=[common],

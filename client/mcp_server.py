@@ -102,10 +102,12 @@ def build(address: str | None = None) -> MCPServer:
         return [s.to_dict() for s in client.list_sessions()]
 
     @_tool(server, WRITE)
-    def create_session(workspace: str, name: str = "") -> dict[str, Any]:
+    def create_session(workspace: str, name: str = "",
+                       exclude: list[str] | None = None) -> dict[str, Any]:
         """Start a session on a workspace folder (absolute path); its first checkpoint is
-        the folder as it is now."""
-        return client.create_session(workspace, name=name or None).to_dict()
+        the folder as it is now. ``exclude``: gitignore patterns of workspace paths never
+        captured nor restored (as a .worldlineignore at its root does)."""
+        return client.create_session(workspace, name=name or None, exclude=exclude).to_dict()
 
     @_tool(server, WRITE)
     def checkpoint(session_id: str, label: str = "", reasoning: str = "",

@@ -273,12 +273,17 @@ class Session(_Record):
     lease_expires: float = 0.0  # when that host's lease runs out (seconds since the epoch)
     released_to: str | None = None  # the host a move released it to
     _client: Client | None = field(default=None, repr=False, compare=False)
+    # exclusions (gitignore patterns): the session's own, and (get_session only) those
+    # of the .worldlineignore in its head checkpoint
+    exclude: list[str] = field(default_factory=list)
+    ignore_file: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m, client: Client) -> Session:
         return cls(m.id, m.name, m.workspace, _opt(m.container), m.head, _opt(m.forked_from),
                    m.created_at, _opt(m.needs_attention), _opt(m.deleted_at), _opt(m.host),
-                   m.lease_expires, _opt(m.released_to), client)
+                   m.lease_expires, _opt(m.released_to), client, list(m.exclude),
+                   list(m.ignore_file))
 
     def checkpoint(self, label: str | None = None, reasoning: str | None = None,
                    messages: list | None = None, state: dict | None = None,

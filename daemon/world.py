@@ -51,6 +51,7 @@ from .capture.containers import (
     bind_identity_of,
     extra_mounts,
 )
+from .capture.exclude import check_patterns, covers, key_in, patterns_of
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
 from .capture.resolve import identity_of, make_folder, open_folder
@@ -232,6 +233,20 @@ class World:
     def session(self, session_id: str) -> Session:
         return self.store.get_session(check_id("session", session_id))
 
+    def exclusions(self, session: Session) -> tuple[list[str], list[str]]:
+        """What the session excludes (exclude.py): its own patterns, and those of the
+        .worldlineignore its head checkpoint holds (as the next capture reads it, unless
+        the agent changed it since)."""
+        mine = _exclude_of(session).get("exclude", [])
+        try:
+            key = key_in(self.trees, self.store.get_checkpoint(session.head).tree)
+            text = self.blobs.read_bytes(key) if key is not None else b""
+        except WorldlineError as exc:  # a blob unreadable: the rest is still shown
+            log.warning("session %s: its .worldlineignore is not readable: %s", session.id,
+                        exc.message)
+            text = b""
+        return mine, patterns_of(text.decode("utf-8", "surrogateescape"))
+
     def sessions(self, include_deleted: bool = False, workspace: str = "") -> list[Session]:
         """Sessions, deleted ones only when asked; with ``workspace`` (an absolute path),
         only the live session whose workspace is that folder or holds it."""
@@ -325,7 +340,8 @@ class World:
         return self.engine
 
     def _layer(self, kind: str, path: str, identity: list | None = None,
-               track: bool = True, merged: str | None = None) -> Layer:
+               track: bool = True, merged: str | None = None,
+               exclude: list[str] | None = None) -> Layer:
         tracker = self.monitor.tracker(path) if self.monitor is not None and track else None
         if tracker is not None and merged is not None:
             tracker.mirror_at(merged)  # overlayfs names some changes only there (mirror.py)
@@ -333,6 +349,8 @@ class World:
                                     overlay=kind == CONTAINER, limits=self.limits,
                                     data_root=self.root)
         snap.opener = lambda: open_layer_root(kind, path, identity)
+        if kind == WORKSPACE:  # exclusions (exclude.py): the workspace's only
+            snap.exclude = tuple(exclude or ())
         return Layer(kind, path, snap, tracker)
 
     def layers(self, session: Session) -> list[Layer]:
@@ -340,8 +358,10 @@ class World:
         root is opened only if it is still the folder the session was created on (the
         identity recorded in its spec), so a moved folder or a parent swapped for a
         symlink is refused, never followed."""
-        roots = json.loads(session.spec or "{}").get("roots", {})
-        out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE))]
+        spec = json.loads(session.spec or "{}")
+        roots = spec.get("roots", {})
+        out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE),
+                           exclude=spec.get("exclude"))]
         if session.container:
             upper, merged = self._engine().layer_dirs(session.container)
             out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER), merged=merged))
@@ -475,9 +495,11 @@ class World:
     # -- sessions ------------------------------------------------------------------------
     def create_session(self, workspace: str, container: str | None = None, name: str = "",
                        image: str = "", mount: str = "", *, session_id: str = "",
-                       agent: Agent | None = None) -> Session:
+                       agent: Agent | None = None, exclude=()) -> Session:
         """``agent``: the allowed user (owners.py) whose session it is, over a folder of
-        its own; None: the daemon owner's."""
+        its own; None: the daemon owner's. ``exclude``: gitignore patterns of workspace
+        paths never captured nor restored (exclude.py), kept in the session's spec."""
+        exclude = check_patterns(exclude)
         path = self._check_workspace(workspace, must_be_empty=False, agent=agent)
         crash_point("session.checked")
         # The folder as its path names it now, through no symlink: every capture and
@@ -512,7 +534,9 @@ class World:
                           else None)
         session = Session(sid, name or os.path.basename(path), path, container_name, "", None,
                           ids.now(), host=self.host, lease_expires=self._lease(),
-                          spec=owners.with_agent(json.dumps({"roots": roots}), agent))
+                          spec=owners.with_agent(json.dumps(
+                              {"roots": roots} | ({"exclude": exclude} if exclude else {})),
+                              agent))
         try:
             with self.lock(path):
                 layers = self.layers(session)
@@ -1032,7 +1056,7 @@ class World:
                 if want is not None:
                     owners.check_entries(self.trees, current.root, want, agent,
                                          current.trees, "nothing was restored")
-            changes = diff(self.trees, current.root, want, current.trees)
+            changes = _restore_diff(self.trees, layer, current, want)
             size = 0
             for path in changes.added + changes.modified:
                 entry = entry_at(self.trees, want, path, current.trees)
@@ -1073,7 +1097,10 @@ class World:
                 progress.begin(f"restore: {plan.layer.kind}", plan.size)
                 warnings += [f"{plan.layer.kind}: {w}" if plan.layer.kind == CONTAINER else w
                              for w in plan.layer.snap.apply(plan.current, plan.want)]
-                if plan.seen is not None and not plan.seen.full:
+                if plan.seen is not None and not plan.seen.full and (
+                        plan.layer.snap.restore_exclusions(plan.current, plan.want) is None):
+                    # (under exclusions the layer is the target but for what they left
+                    # as it was: the next capture scans it all)
                     plan.layer.now_equals(plan.want)
                 crash_point("restore.between_layers")
             return plans, warnings
@@ -1132,7 +1159,7 @@ class World:
                                      strict=False):
             paths = planned[layer.kind]["paths"]
             current, _ = layer.capture(base, persist=False, consume=False, mapped=mapped)
-            left = diff(self.trees, current.root, want, current.trees)
+            left = _restore_diff(self.trees, layer, current, want)
             for path in left.added + left.modified + left.deleted:
                 have = entry_at(self.trees, current.root, path, current.trees)
                 if have is not None and have.is_folder:
@@ -1307,7 +1334,8 @@ class World:
             session = Session(sid, name or self._fork_name(parent.name), path, container, "",
                               source.id, ids.now(), host=self.host,
                               lease_expires=self._lease(),
-                              spec=owners.with_agent(json.dumps({"roots": roots}), agent))
+                              spec=owners.with_agent(json.dumps(
+                                  {"roots": roots} | _exclude_of(parent)), agent))
             with self.lock(path):
                 layers = self.layers(session)
                 mounted = (self.views is not None and self.views.enabled
@@ -1682,6 +1710,31 @@ class World:
                                      "/dev/null" if new is None else f"b/{path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
                        for line in lines)
+
+
+def _restore_diff(trees: TreeReader, layer: Layer, current: Capture, want: str) -> Diff:
+    """What a restore from ``current`` to ``want`` changes: the paths that differ less
+    those its exclusions leave as they are (exclude.py)."""
+    changes = diff(trees, current.root, want, current.trees)
+    excluded = layer.snap.restore_exclusions(current, want)
+    if excluded is None:
+        return changes
+
+    def kept(paths: list[str], root: str) -> list[str]:
+        out = []
+        for path in paths:
+            entry = entry_at(trees, root, path, current.trees)
+            if not covers(excluded, path, entry is not None and entry.is_folder):
+                out.append(path)
+        return out
+    return Diff(kept(changes.added, want), kept(changes.modified, want),
+                kept(changes.deleted, current.root))
+
+
+def _exclude_of(session: Session) -> dict:
+    """The session's --exclude patterns as its spec keeps them ({} if none)."""
+    exclude = json.loads(session.spec or "{}").get("exclude")
+    return {"exclude": exclude} if exclude else {}
 
 
 def _journalled(entry: dict) -> Checkpoint:

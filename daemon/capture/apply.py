@@ -29,6 +29,10 @@ capture of it). Rules, in order of importance:
   it up and fill its holes (sparse.py).
 - Sockets are never recreated; device nodes only in container layers. Each is a
   warning in the result.
+- Excluded paths (``excluded``: by the rules in force now or the target's own,
+  exclude.py) are left exactly as they are: the target's entries there are not
+  written, what is there is not removed, and a folder the target has no more is kept,
+  emptied of all else, if it holds one (said in the warnings).
 """
 
 from __future__ import annotations
@@ -78,12 +82,13 @@ CHANGED = "changed while it was restored (it is not what the restore's plan saw)
 
 class TreeWriter:
     def __init__(self, blobs: BlobStore, trees: TreeReader, overlay: bool, watch=None,
-                 private: bool = False) -> None:
+                 private: bool = False, excluded=None) -> None:
         self.blobs = blobs
         self.trees = trees
         self.overlay = overlay
         self.private = private  # a new folder of the daemon's own: no temporaries
         self.watch = watch
+        self.excluded = excluded  # (path, is_dir) -> whether it is left as it is
         self.meta = Applier()
         self.pending: dict = {}
         self.current: Capture | None = None
@@ -102,6 +107,9 @@ class TreeWriter:
         self.current = current
         want_root = self.trees.read(target)
         groups = self.trees.link_groups(links_of(want_root.own))
+        if self.excluded is not None:  # no name is linked at an excluded path
+            groups = [g for g in ([p for p in g if not self._excluded(p, False)]
+                                  for g in groups) if len(g) > 1]
         mine = {p: tuple(g) for g in groups for p in g}
         have = {p: tuple(g) for g in link_groups(current.links) for p in g}
         self.defer = {p for g in groups for p in g[1:]}
@@ -155,6 +163,9 @@ class TreeWriter:
         if have.kind != SYMLINK and st_.S_IMODE(st.st_mode) != have.mode:
             return False
         return have.is_folder or st.st_mtime_ns == have.mtime
+
+    def _excluded(self, path: str, is_dir: bool) -> bool:
+        return self.excluded is not None and self.excluded(path, is_dir)
 
     def _changed(self, path: str) -> None:
         """The layer changed under the write at ``path``: it is left alone, and said
@@ -267,11 +278,13 @@ class TreeWriter:
             self.tops[st.st_dev] = os.dup(dfd)
         os.fchmod(dfd, st.st_mode & 0o7777 | 0o700)  # writable while we work
         for name in cur:
-            if name not in tgt:
+            if name not in tgt and not self._excluded(prefix + name, cur[name].is_folder):
                 self._discard(dfd, name, cur[name], prefix + name)
         for name, want in sorted(tgt.items()):
             check_name(name)
             path = prefix + name
+            if self._excluded(path, want.is_folder):
+                continue  # captured under other rules: what is there now stays
             have = cur.get(name)
             if have == want and path not in self.force and (
                     not want.is_folder or path + "/" not in self.force_folders) and (
@@ -393,7 +406,13 @@ class TreeWriter:
         emptied = True
         for name in os.listdir(fd):
             have = tree.get(name)
-            if have is None:
+            if self.excluded is not None and self._excluded(
+                    prefix + name, have.is_folder if have is not None
+                    else _is_folder(fd, name)):
+                self.meta.warnings.append(f"{prefix.rstrip('/')}: kept, it holds the"
+                                          f" excluded {prefix + name}")
+                emptied = False
+            elif have is None:
                 self._changed(prefix + name)
                 emptied = False
             elif not self._discard(fd, name, have, prefix + name):
@@ -571,6 +590,13 @@ class TreeWriter:
                 self.meta.touch(fd, entry)
             finally:
                 os.close(fd)
+
+
+def _is_folder(dfd: int, name: str) -> bool:
+    try:
+        return st_.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _temp_name() -> str:

@@ -45,7 +45,7 @@ from worldline.client.errors import FailedPrecondition
 from ..faults import crash_point
 from ..storage.blobs import CHUNK, BlobStore, Overread, digest_of, file_chunks, within
 from ..storage.statcache import Memo, StatCache, is_racy, is_racy_signature
-from . import sparse
+from . import exclude, sparse
 from .fsmeta import at, entry_of, read_xattrs
 from .limits import Budget, Limits
 from .tracker import TEMP_PREFIX, Changes
@@ -77,6 +77,7 @@ from .walk import (
     join_path,
     signature,
     walk,
+    walk_python,
 )
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class Capture:
     # a look that stores nothing (a restore's plan): the inode of each entry it stat'ed,
     # which the restore's writes check each entry against (apply.py)
     inodes: dict[str, int] = field(default_factory=dict)
+    # the exclusions the capture obeyed (exclude.py), which a restore planned from it
+    # obeys too; None: none
+    excluded: exclude.Exclusions | None = None
 
 
 class Snapshotter(Protocol):
@@ -120,6 +124,8 @@ class Snapshotter(Protocol):
 
 class Watcher(Protocol):
     """A change tracker, as the snapshotter sees it."""
+
+    excluded: Callable[[str, bool], bool] | None  # what the last capture excluded
 
     def watch_folder(self, rel: str, fd: int) -> None: ...
 
@@ -150,6 +156,7 @@ class _Scan:
         self.entries = 0  # names in the layer's tree (``TreeReader.count``)
         self.max_entries = budget.limits.max_entries if budget is not None else sys.maxsize
         self.inodes: dict[str, int] = {}  # Capture.inodes (only when not persisted)
+        self.excluded: exclude.Exclusions | None = None  # Capture.excluded
 
 
 def read_small(fd: int, size_hint: int, limit: int | None = None) -> bytes:
@@ -189,6 +196,9 @@ class WorkspaceSnapshotter:
         self.limits = limits
         self.data_root = data_root
         self.opener: Callable[[], int] | None = None  # opens the root (World: by identity)
+        # the session's --exclude patterns (exclude.py); None: no exclusions at all (a
+        # container's layer), not even a .worldlineignore
+        self.exclude: tuple[str, ...] | None = None
 
     # -- capture ---------------------------------------------------------------
     def capture(self, persist: bool = True, changes: Changes | None = None,
@@ -202,14 +212,21 @@ class WorkspaceSnapshotter:
         trust = changes is None or not changes.distrust  # the stat cache may vouch
         root_fd = self._open_root()
         try:
+            excluded, warnings, key = (exclude.read(root_fd, self.exclude)
+                                       if self.exclude is not None else (None, [], None))
+            if self.watcher is not None:
+                self.watcher.excluded = excluded
+            if not full and self.exclude is not None and exclude.key_in(self.trees,
+                                                                        base) != key:
+                full = True  # the rules changed: what they exclude or let in is anywhere
             scan = self._capture(root_fd, persist, changes, base, full, budget, untrusted,
-                                 mapped, trust)
+                                 mapped, trust, excluded)
             if not full and any(p not in changes.linked for p in scan.links):
                 # A new hard link: its other names may be anywhere, only a full scan
                 # finds them all.
                 full = True
                 scan = self._capture(root_fd, persist, None, None, True, budget, untrusted,
-                                     mapped, trust)
+                                     mapped, trust, excluded)
         finally:
             os.close(root_fd)
         if budget is not None and persist:  # a look that stores nothing goes on (a
@@ -217,22 +234,25 @@ class WorkspaceSnapshotter:
             budget.check_entries(scan.entries, self._layer_name())
         if scan.deferred:
             self.blobs.put_many(scan.deferred)
-        return Capture(scan.root, scan.size, scan.trees, scan.warnings, scan.seen, persist,
-                       full, scan.memos, scan.reused, scan.links, frozenset(mapped),
-                       scan.entries, scan.inodes)
+        return Capture(scan.root, scan.size, scan.trees, warnings + scan.warnings, scan.seen,
+                       persist, full, scan.memos, scan.reused, scan.links, frozenset(mapped),
+                       scan.entries, scan.inodes, excluded)
 
     def _capture(self, root_fd: int, persist: bool, changes: Changes | None,
                  base: str | None, full: bool, budget: Budget | None,
                  untrusted: frozenset[str] | set[str], mapped: frozenset[str],
-                 trust: bool = True) -> _Scan:
+                 trust: bool = True, excluded: exclude.Exclusions | None = None) -> _Scan:
         """``trust`` False: a full scan that trusts no stat (the tracker dropped the
         files closed after writing, any of which a mapping may have written): it lists
-        every folder and reads every file."""
+        every folder and reads every file. ``excluded``: the paths left out (their
+        folders never listed); the folder memos are neither read nor kept then (each
+        was made under rules that may differ)."""
         scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
-        scan.untrusted, scan.mapped = untrusted, mapped
+        scan.untrusted, scan.mapped, scan.excluded = untrusted, mapped, excluded
         if full:
             scan.root, scan.size, _, _, scan.entries = self._scan_tree(
-                root_fd, "", scan, self._caches(untrusted) if trust else _nothing_cached)
+                root_fd, "", scan, self._caches(untrusted, excluded is None)
+                if trust else _nothing_cached)
         else:
             scan.root, scan.size, added = self._update_dir(
                 root_fd, "", base, _trie(changes, mapped), scan,
@@ -253,6 +273,8 @@ class WorkspaceSnapshotter:
         cache = self.stat_cache.entries(self.path)
         changed = {p: v for p, v in capture.seen.items() if cache.get(p) != v}
         memos = dict(capture.memos)
+        if capture.excluded is not None:  # no memo is kept under exclusions
+            memos = dict.fromkeys(self.stat_cache.folders(self.path))
         removed: set[str] = {p for p in capture.mapped if p in cache}
         if capture.full:
             # A full scan saw every folder: a file is still there if its folder's memo
@@ -261,7 +283,7 @@ class WorkspaceSnapshotter:
             removed = {p for p in cache if p not in capture.seen
                        and p.rpartition("/")[0] not in reused}
             for p in self.stat_cache.folders(self.path):
-                if p not in reused and p not in memos:
+                if p not in reused and (p not in memos or capture.excluded is not None):
                     memos[p] = None
         try:
             self.stat_cache.update(self.path, changed, removed, memos)
@@ -283,15 +305,17 @@ class WorkspaceSnapshotter:
                     f"workspace {self.path} has been replaced by a symlink") from None
             raise
 
-    def _caches(self, untrusted: frozenset[str] | set[str] = frozenset()
-                ) -> Callable[[], tuple[dict, dict]]:
+    def _caches(self, untrusted: frozenset[str] | set[str] = frozenset(),
+                memos: bool = True) -> Callable[[], tuple[dict, dict]]:
         """The stat cache's files and folder memos for this world; no memo of a folder
         holding an ``untrusted`` file (so the walk lists that folder, and the file is
-        read: ``_cached_file``). When they are not in memory yet (the first scan after a
-        start), they load in a thread while the walk makes its system calls."""
+        read: ``_cached_file``), none at all without ``memos``. When they are not in
+        memory yet (the first scan after a start), they load in a thread while the walk
+        makes its system calls."""
         def get() -> tuple[dict, dict]:
             return (self.stat_cache.entries(self.path),
-                    _without_parents(self.stat_cache.folders(self.path), untrusted))
+                    _without_parents(self.stat_cache.folders(self.path), untrusted)
+                    if memos else {})
         if self.stat_cache.loaded(self.path):
             return get
         loading = concurrent.futures.Future()
@@ -308,7 +332,8 @@ class WorkspaceSnapshotter:
         """The caches for a folder an incremental capture scans whole (one that
         appeared), made once a capture: a tree of new folders is many rescans."""
         if scan.rescan_caches is None:
-            pair = self._caches(scan.untrusted)()  # loaded: the capture read the files
+            pair = self._caches(scan.untrusted, scan.excluded is None)()  # loaded: the
+            # capture read the files
             scan.rescan_caches = lambda: pair
         return scan.rescan_caches
 
@@ -327,9 +352,14 @@ class WorkspaceSnapshotter:
                     else contextlib.nullcontext((-1, 0, None)))
         with watching as (inotify_fd, mask, register):
             try:
-                records, reused, root, listed = walk(
+                # Exclusions: the Python twin, which asks before it keeps or enters
+                # a name (an excluded folder is never opened)
+                records, reused, root, listed = (walk(
                     dfd, inotify_fd, mask, MAX_DEPTH - depth, self.overlay, caches,
-                    root_sig, prefix, scan.max_entries)
+                    root_sig, prefix, scan.max_entries) if scan.excluded is None else
+                    walk_python(dfd, inotify_fd, mask, MAX_DEPTH - depth, self.overlay,
+                                caches, root_sig, prefix, scan.max_entries,
+                                skip=scan.excluded))
             except RecursionError as exc:
                 raise _too_deep(str(exc)) from None
             except TooManyEntries:
@@ -431,6 +461,10 @@ class WorkspaceSnapshotter:
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 mode = st.st_mode
+                if scan.excluded is not None and scan.excluded(path, st_.S_ISDIR(mode)):
+                    tree.pop(name, None)  # not in the base either: the same rules
+                    added -= self._names(old)
+                    continue
                 if not scan.persist:
                     scan.inodes[path] = st.st_ino
                 if st_.S_ISDIR(mode):
@@ -665,11 +699,17 @@ class WorkspaceSnapshotter:
         removed: list[str] = []
         root_fd = self._open_root()
         try:
-            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH):
+            excluded = (exclude.read(root_fd, self.exclude)[0] if self.exclude is not None
+                        else None)  # never written by a restore: nothing of ours there
+            skip = (lambda rel: excluded(rel, True)) if excluded is not None else None
+            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH, skip=skip):
                 for de in entries:
-                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name):
+                    path = join_path(rel, de.name)
+                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
+                            excluded is None or not excluded(
+                                path, de.is_dir(follow_symlinks=False))):
                         _remove(fd, de.name)
-                        removed.append(join_path(rel, de.name))
+                        removed.append(path)
         except RecursionError as exc:
             raise _too_deep(str(exc)) from None
         finally:
@@ -677,6 +717,16 @@ class WorkspaceSnapshotter:
         return removed
 
     # -- apply -----------------------------------------------------------------
+    def restore_exclusions(self, current: Capture, target_root: str
+                           ) -> exclude.Exclusions | exclude.Either | None:
+        """What a restore from ``current`` to ``target_root`` leaves exactly as it is:
+        what the rules exclude now (those ``current`` obeyed) or the target's own
+        (what its capture never saw, it cannot say how to restore)."""
+        if self.exclude is None:
+            return None
+        return exclude.either(current.excluded, exclude.of_tree(
+            self.trees, self.blobs, target_root, self.exclude))
+
     def apply(self, current: Capture, target_root: str, watch_new: bool = False,
               private: bool = False) -> list[str]:
         """Make the layer equal to ``target_root`` (apply.py); returns the warnings.
@@ -690,8 +740,9 @@ class WorkspaceSnapshotter:
         watch = self.watcher.watch_folder if watch_new and self.watcher is not None else None
         root_fd = self._open_root()
         try:
-            return TreeWriter(self.blobs, self.trees, self.overlay, watch,
-                              private=private).write(root_fd, current, target_root)
+            return TreeWriter(self.blobs, self.trees, self.overlay, watch, private=private,
+                              excluded=self.restore_exclusions(current, target_root)
+                              ).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
 

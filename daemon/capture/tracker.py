@@ -42,6 +42,7 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..observe import TRACKER_FALLBACKS
@@ -112,6 +113,9 @@ class WorkspaceTracker:
         self.fallbacks = 0
         self.linked: set[str] = set()  # files with other hard links (set by the World)
         self.mirror: MergedMirror | None = None  # a container's merged view (mirror.py)
+        # the exclusions the last capture obeyed (exclude.py; set by the snapshotter): an
+        # excluded folder that appears is not watched (npm install's node_modules)
+        self.excluded: Callable[[str, bool], bool] | None = None
 
     def mirror_at(self, merged: str) -> None:
         """Also watch the merged view at ``merged`` (a container's layer)."""
@@ -359,6 +363,9 @@ class WorkspaceTracker:
 
     def _watch_new_folder(self, rel: str) -> None:
         """Watch a folder that appeared, and every folder below it (it is rescanned)."""
+        excluded = self.excluded
+        if excluded is not None and excluded(rel, True):
+            return  # never captured: its changes are nobody's business
         try:
             root = os.open(os.path.join(self.path, rel),
                            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -368,8 +375,11 @@ class WorkspaceTracker:
         def watch(fd: int, below: str) -> None:
             self.watch_folder(f"{rel}/{below}" if below else rel, fd)
 
+        def skip(below: str) -> bool:
+            return excluded is not None and excluded(f"{rel}/{below}", True)
+
         try:
-            for _ in folders_below(root, MAX_DEPTH, watch):
+            for _ in folders_below(root, MAX_DEPTH, watch, skip):
                 if self._degraded:
                     break
         except RecursionError:

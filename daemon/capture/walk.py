@@ -71,7 +71,8 @@ def join_path(rel: str, name: str) -> str:
 
 
 def folders_below(dfd: int, max_depth: int,
-                  before_listing: Callable[[int, str], None] | None = None
+                  before_listing: Callable[[int, str], None] | None = None,
+                  skip: Callable[[str], bool] | None = None
                   ) -> Iterator[tuple[int, str, list[os.DirEntry]]]:
     """The folder open at ``dfd`` ("" first) and every folder below it, depth first, as
     (descriptor, relative path, its entries), for the small walks beside full scans
@@ -79,7 +80,8 @@ def folders_below(dfd: int, max_depth: int,
 
     Each folder is opened relative to its parent with ``O_NOFOLLOW``; one that vanished
     or was swapped for a file or symlink since its parent was listed is skipped.
-    ``before_listing(fd, rel)`` runs before a folder is listed. No recursion, and one
+    ``before_listing(fd, rel)`` runs before a folder is listed; a folder for whose
+    path ``skip`` says True is not entered (exclusions). No recursion, and one
     descriptor held per level (never one per folder waiting its turn: a folder with
     thousands of subfolders would exhaust them); a folder more than ``max_depth`` below
     ``dfd`` raises ``RecursionError`` naming it. The descriptors are the walk's own."""
@@ -92,8 +94,9 @@ def folders_below(dfd: int, max_depth: int,
                 before_listing(fd, rel)
             entries = list(os.scandir(fd))
             yield fd, rel, entries
-            frames.append((fd, rel, iter([e.name for e in entries
-                                          if e.is_dir(follow_symlinks=False)])))
+            frames.append((fd, rel, iter([
+                e.name for e in entries if e.is_dir(follow_symlinks=False)
+                and (skip is None or not skip(join_path(rel, e.name)))])))
             fd = None
             while frames and fd is None:
                 parent, parent_rel, names = frames[-1]
@@ -119,8 +122,12 @@ def folders_below(dfd: int, max_depth: int,
 
 def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overlay: bool,
                 caches: Callable[[], tuple[dict, dict]], root_sig: bytes, prefix: str = "",
-                max_entries: int = sys.maxsize
+                max_entries: int = sys.maxsize,
+                skip: Callable[[str, bool], bool] | None = None
                 ) -> tuple[list[Record], list[tuple[str, int, int]], Any, int]:
+    """``skip(relpath, is_folder)``, the Python walk's own (exclusions, exclude.py):
+    whether to leave a name out, as if it were not there (a folder is not entered, its
+    names are not counted)."""
     if max_entries < 0:
         raise ValueError("max_entries must not be negative")
     files, folders = caches()
@@ -155,6 +162,9 @@ def walk_python(root_fd: int, inotify_fd: int, mask: int, max_depth: int, overla
                               if st_.S_ISLNK(st.st_mode) else None)
                 except FileNotFoundError:
                     continue  # removed while we looked
+                if skip is not None and skip(join_path(rel, de.name),
+                                             st_.S_ISDIR(st.st_mode)):
+                    continue
                 listing.append((de.name, st, target))
                 listed += 1
         memo = folders.get(rel)

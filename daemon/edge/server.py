@@ -97,7 +97,8 @@ def session_pb(s: Session) -> pb.Session:
                       head=s.head, forked_from=s.forked_from or "", created_at=s.created_at,
                       needs_attention=s.needs_attention or "", deleted_at=s.deleted_at or "",
                       host=s.host, lease_expires=s.lease_expires,
-                      released_to=s.released_to or "")
+                      released_to=s.released_to or "",
+                      exclude=json.loads(s.spec or "{}").get("exclude", []))
 
 
 def paths_pb(paths: list[str]) -> list[str]:
@@ -167,10 +168,14 @@ class WorldlineServicer(pb_grpc.WorldlineServicer):
     def CreateSession(self, r, context):
         return session_pb(self.world.create_session(r.workspace, r.container or None, r.name,
                                                     r.image, r.mount,
-                                                    agent=callers.CALLER.get()))
+                                                    agent=callers.CALLER.get(),
+                                                    exclude=list(r.exclude)))
 
     def GetSession(self, r, context):
-        return session_pb(self.world.session(r.session_id))
+        session = self.world.session(r.session_id)
+        m = session_pb(session)
+        m.ignore_file.extend(self.world.exclusions(session)[1])
+        return m
 
     def ListSessions(self, r, context):
         return pb.ListSessionsResponse(sessions=[session_pb(s) for s in self.world.sessions(

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Session(_message.Message):
-    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention", "deleted_at", "host", "lease_expires", "released_to")
+    __slots__ = ("id", "name", "workspace", "container", "head", "forked_from", "created_at", "needs_attention", "deleted_at", "host", "lease_expires", "released_to", "exclude", "ignore_file")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class Session(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_FIELD_NUMBER: _ClassVar[int]
     RELEASED_TO_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_FILE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace: str
@@ -32,7 +34,9 @@ class Session(_message.Message):
     host: str
     lease_expires: float
     released_to: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ..., deleted_at: _Optional[str] = ..., host: _Optional[str] = ..., lease_expires: _Optional[float] = ..., released_to: _Optional[str] = ...) -> None: ...
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    ignore_file: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace: _Optional[str] = ..., container: _Optional[str] = ..., head: _Optional[str] = ..., forked_from: _Optional[str] = ..., created_at: _Optional[str] = ..., needs_attention: _Optional[str] = ..., deleted_at: _Optional[str] = ..., host: _Optional[str] = ..., lease_expires: _Optional[float] = ..., released_to: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., ignore_file: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResolveSessionRequest(_message.Message):
     __slots__ = ("session_id", "complete")
@@ -43,18 +47,20 @@ class ResolveSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("workspace", "container", "name", "image", "mount")
+    __slots__ = ("workspace", "container", "name", "image", "mount", "exclude")
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     MOUNT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     workspace: str
     container: str
     name: str
     image: str
     mount: str
-    def __init__(self, workspace: _Optional[str] = ..., container: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., mount: _Optional[str] = ...) -> None: ...
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, workspace: _Optional[str] = ..., container: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., mount: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
