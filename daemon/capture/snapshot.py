@@ -545,6 +545,7 @@ class WorkspaceSnapshotter:
         else:
             known = cache.get(path)
             previous = known[1] if known is not None else None
+        crash_point("capture.before_open", path)  # tests: the name swapped meanwhile
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except FileNotFoundError:
@@ -570,7 +571,7 @@ class WorkspaceSnapshotter:
             else:
                 kind = FILE
                 limit = budget.allowance(before.st_size) if budget is not None else None
-                crash_point("capture.file_opened")  # tests: the file grows meanwhile
+                crash_point("capture.file_opened", path)  # tests: the file grows meanwhile
                 try:
                     ref, size = self._read_content(fd, before.st_size, scan.persist,
                                                    previous, kept, limit)
