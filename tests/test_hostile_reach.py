@@ -169,6 +169,27 @@ def test_a_checkpoint_held_at_each_point_while_the_agent_swaps(capture_place, po
             assert (data, st.st_uid) == (b"changed\n", AGENT_UID), p
 
 
+@pytest.mark.parametrize("kind", ["file", "fifo", "folder"])
+def test_a_symlink_swapped_before_its_target_is_read(capture_place, kind):
+    """A changed symlink's target is read by its name after its stat; held there, the
+    agent puts a file, a FIFO or a folder of its own in its place. Before, readlink's
+    EINVAL failed the checkpoint (an internal error); now the name is left to the next
+    checkpoint (its event brings it), which records what is there."""
+    place, _, c, s, _ = capture_place
+    place.reset("echo one > a.txt && ln -s a.txt ln")
+    s.checkpoint()
+    as_agent("ln -sfn b.txt ln", place.ws)
+    make = {"file": "echo file > ln", "fifo": "mkfifo ln", "folder": "mkdir ln"}[kind]
+
+    def swap(path: str) -> None:
+        assert path == "ln", path
+        as_agent(f"rm ln && {make}", place.ws)
+    result, _ = held(place, "capture.before_open", lambda: _outcome(s.checkpoint), swap)
+    assert not isinstance(result, str), result
+    cp = s.checkpoint()
+    assert c.diff(result.id, cp.id).added == ["ln"]  # what is there now, recorded
+
+
 @pytest.mark.parametrize("kind", CAPTURE_SWAPS)
 def test_an_agent_users_checkpoint_never_takes_root_files_swapped_in(capture_place, kind):
     """The agent user's own session (its checkpoint asked for as uid 1000, through the
