@@ -60,6 +60,13 @@ def _swap(place: Place, kind: str, target: Path) -> bool:
     return place.swap(kind, target)
 
 
+def _agents(*folders: Path, uid: int = AGENT_UID) -> None:
+    """Each of ``folders`` made (in order: parents first) and given to ``uid``."""
+    for p in folders:
+        p.mkdir()
+        os.chown(p, uid, uid)
+
+
 def _base() -> Path:
     """base/ (0711): pauses/, keep/ and canary/ of root's (the canary's secret 0600), the
     agent's home/ with ws/ and stash/."""
@@ -70,9 +77,7 @@ def _base() -> Path:
     (base / "canary" / "secret").write_bytes(CANARY)
     os.chmod(base / "canary" / "secret", 0o600)
     home = base / "agent"
-    for p in (home, home / "ws", home / "stash", home / "mine", home / "stash2"):
-        p.mkdir()
-        os.chown(p, AGENT_UID, AGENT_UID)
+    _agents(home, *(home / name for name in ("ws", "stash", "mine", "stash2")))
     return base
 
 
@@ -282,8 +287,7 @@ def test_a_take_over_held_while_the_agent_swaps_where_it_writes(
     canary.mkdir(mode=0o700)
     (canary / "secret").write_bytes(CANARY)
     home = tmp_path / "agent"
-    home.mkdir()
-    os.chown(home, AGENT_UID, AGENT_UID)
+    _agents(home)
     pauses = tmp_path / "pauses"
     pauses.mkdir(mode=0o700)
     before = fingerprint(canary)
@@ -299,8 +303,7 @@ def test_a_take_over_held_while_the_agent_swaps_where_it_writes(
         with a.client() as ca:
             for i, _ in enumerate(TAKEOVER_CASES):
                 ws = tmp_path / f"ws{i}"
-                ws.mkdir()
-                os.chown(ws, AGENT_UID, AGENT_UID)
+                _agents(ws)
                 as_agent(f"echo {i} > a.txt && mkdir src && echo code > src/m.py", ws)
                 s = ca.create_session(str(ws))
                 s.checkpoint()
@@ -369,11 +372,8 @@ def test_hard_links_into_another_sessions_workspace_are_never_written_through(tm
     os.chmod(tmp_path, 0o711)
     home, theirs, rootws = tmp_path / "agent", tmp_path / "theirs", tmp_path / "rootws"
     ws, mine = home / "ws", home / "mine"
-    for p in (home, ws, mine):
-        p.mkdir()
-        os.chown(p, AGENT_UID, AGENT_UID)
-    theirs.mkdir(mode=0o755)
-    os.chown(theirs, OTHER_UID, OTHER_UID)
+    _agents(home, ws, mine)
+    _agents(theirs, uid=OTHER_UID)
     as_agent("echo same > rw.txt && chmod 0666 rw.txt", theirs, uid=OTHER_UID)
     rootws.mkdir(mode=0o755)
     (rootws / "root.txt").write_text("same\n")
@@ -443,8 +443,7 @@ def test_an_agent_fills_its_disk_and_nothing_acknowledged_is_lost(tmp_path, tmpf
     (canary / "keep.txt").write_text("keep\n")
     untouched = fingerprint(canary)
     home = tmp_path / "agent"
-    home.mkdir()
-    os.chown(home, AGENT_UID, AGENT_UID)
+    _agents(home)
     ws = tmpfs(home / "ws", "4m", mode="0755")
     os.chown(ws, AGENT_UID, AGENT_UID)
     neighbour = tmp_path / "neighbour"
@@ -568,9 +567,7 @@ def test_a_layer_of_many_names_at_the_file_systems_limits(tmp_path, capsys):
     os.chmod(tmp_path, 0o711)
     home = tmp_path / "agent"
     ws = home / "ws"
-    ws.mkdir(parents=True)
-    for p in (home, ws):
-        os.chown(p, AGENT_UID, AGENT_UID)
+    _agents(home, ws)
     neighbour = tmp_path / "neighbour"
     neighbour.mkdir()
     limit = MANY + 2_000
