@@ -495,6 +495,47 @@ def test_an_agent_fills_its_disk_and_nothing_acknowledged_is_lost(tmp_path, tmpf
         d.stop()
 
 
+
+def test_an_agent_user_filling_the_data_root_leaves_the_owner_its_reserve(tmp_path, tmpfs):
+    """The agent cannot write the data root, but its own session's checkpoints (of
+    files it writes, 4 MB at a time) fill it. Before, they went on to the floor
+    (--min-free-bytes), and then the owner's sessions could store nothing either. Now
+    an agent user's checkpoints stop as far again short of the floor, RESOURCE_EXHAUSTED
+    saying so, and the owner's session still checkpoints a file of 4 MB; every
+    acknowledged checkpoint of the agent's is whole."""
+    os.chmod(tmp_path, 0o711)
+    home, ws, neighbour = tmp_path / "agent", tmp_path / "agent" / "ws", tmp_path / "own"
+    _agents(home, ws)
+    neighbour.mkdir()
+    data = tmpfs(tmp_path / "data", "64m")
+    d = DaemonProcess(data / "root", ["--allow-uid", str(AGENT_UID),
+                                      "--min-free-bytes", "12M"])
+    d.log = tmp_path / "daemon.log"  # not on the small file system
+    d.start()
+    try:
+        sid = in_fresh_child_as(AGENT_UID, _agent_session, d.address, str(ws))
+        with d.client() as c:
+            n = c.create_session(str(neighbour))
+            acked = []
+            for i in range(30):
+                as_agent(f"head -c 4000000 /dev/urandom > f{i}.bin", ws)
+                try:
+                    acked.append(c.checkpoint(sid).id)
+                except ResourceExhausted as exc:
+                    assert "kept for the owner's sessions" in exc.message, exc.message
+                    break
+            else:
+                pytest.fail("the agent's checkpoints never stopped")
+            assert acked
+            (neighbour / "big.bin").write_bytes(os.urandom(4 << 20))
+            assert n.checkpoint().id  # the owner's reserve is the owner's
+            assert c.fsck()["ok"]
+            as_agent("rm -f f*.bin", ws)
+            c.restore(sid, acked[-1], acknowledge_side_effects=True)
+            assert len(list(ws.glob("f*.bin"))) == len(acked)
+    finally:
+        d.stop()
+
 # -- many names, and names at the file system's limits --------------------------------
 MANY = 100_000  # empty files in one folder
 _MAKE_NAMES = r"""
