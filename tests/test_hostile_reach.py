@@ -36,7 +36,7 @@ import pytest
 from worldline.client import Client
 from worldline.client.errors import FailedPrecondition, ResourceExhausted
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, unmount_below
 from .fidelity import AGENT_UID, as_agent, differences, fingerprint, in_fresh_child_as
 from .test_restore_windows import SECRET, Place, held
 
@@ -79,6 +79,17 @@ def _base() -> Path:
     home = base / "agent"
     _agents(home, *(home / name for name in ("ws", "stash", "mine", "stash2")))
     return base
+
+
+@pytest.fixture
+def reachable():
+    """A folder (0711) below which the agent reaches the daemon's socket (pytest's
+    tmp_path is below a folder of root's, 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="wl-reach-"))
+    os.chmod(base, 0o711)
+    yield base
+    unmount_below(base)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _agent_session(address: str, workspace: str) -> str:
@@ -361,7 +372,7 @@ def _take_over_held(cb, pauses: Path, sid: str, target: Path, point: str, kind: 
 OTHER_UID = 1001  # another user, whose session the agent's sits beside
 
 
-def test_hard_links_into_another_sessions_workspace_are_never_written_through(tmp_path):
+def test_hard_links_into_another_sessions_workspace_are_never_written_through(reachable):
     """With ``protected_hardlinks`` (1 on this machine) the agent links no file it does
     not own unless it may read and write it: root's 0644 file, no; another user's 0666
     file, yes. So a link group may span the agent's workspace and another session's.
@@ -370,7 +381,7 @@ def test_hard_links_into_another_sessions_workspace_are_never_written_through(tm
     an inode with other links: the other workspace keeps its owner, mode, time and
     bytes. (Were a file with other links given its metadata in place, the agent's
     restore would chown the other user's file to the agent and chmod it.)"""
-    os.chmod(tmp_path, 0o711)
+    tmp_path = reachable
     home, theirs, rootws = tmp_path / "agent", tmp_path / "theirs", tmp_path / "rootws"
     ws, mine = home / "ws", home / "mine"
     _agents(home, ws, mine)
@@ -497,14 +508,14 @@ def test_an_agent_fills_its_disk_and_nothing_acknowledged_is_lost(tmp_path, tmpf
 
 
 
-def test_an_agent_user_filling_the_data_root_leaves_the_owner_its_reserve(tmp_path, tmpfs):
+def test_an_agent_user_filling_the_data_root_leaves_the_owner_its_reserve(reachable, tmpfs):
     """The agent cannot write the data root, but its own session's checkpoints (of
     files it writes, 4 MB at a time) fill it. Before, they went on to the floor
     (--min-free-bytes), and then the owner's sessions could store nothing either. Now
     an agent user's checkpoints stop as far again short of the floor, RESOURCE_EXHAUSTED
     saying so, and the owner's session still checkpoints a file of 4 MB; every
     acknowledged checkpoint of the agent's is whole."""
-    os.chmod(tmp_path, 0o711)
+    tmp_path = reachable
     home, ws, neighbour = tmp_path / "agent", tmp_path / "agent" / "ws", tmp_path / "own"
     _agents(home, ws)
     neighbour.mkdir()
