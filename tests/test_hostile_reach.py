@@ -287,14 +287,14 @@ TAKEOVER_CASES = (
 
 
 def test_a_take_over_held_while_the_agent_swaps_where_it_writes(
-        tmp_path, postgres_url, s3_server):
+        reachable, postgres_url, s3_server):
     """Before this, a folder the agent put at the staging folder's name while the
     take-over wrote it was renamed into place as the session's workspace (the take-over
     acknowledged, the folder the agent's, not the head's), and a folder, symlink or file
     put at the new workspace's path made the rename fail with an OSError (INTERNAL).
     Now each is FAILED_PRECONDITION, the canary and what the agent put there untouched,
     and the session can be taken over again once the way is clear."""
-    os.chmod(tmp_path, 0o711)
+    tmp_path = reachable
     canary = tmp_path / "canary"
     canary.mkdir(mode=0o700)
     (canary / "secret").write_bytes(CANARY)
