@@ -645,7 +645,7 @@ def test_a_layer_of_many_names_at_the_file_systems_limits(tmp_path, capsys):
             # (fingerprint goes by path: not below long/, whose paths pass PATH_MAX)
             want = {sub: fingerprint(ws / sub) for sub in ("many", "nest")}
             # past --max-entries: refused, nothing recorded, the neighbour served
-            as_agent("mkdir more && cd more && seq 1 2100 | xargs touch", ws)
+            as_agent("mkdir more && seq 1 2100 | sed 's|^|more/m|' | xargs touch", ws)
             with pytest.raises(ResourceExhausted) as err:
                 s.checkpoint()
             assert "--max-entries" in err.value.message
