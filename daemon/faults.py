@@ -41,6 +41,7 @@ _lock = threading.Lock()
 
 POINTS = (
     "checkpoint.admitted",         # an incremental capture holds its turn, nothing read
+    "capture.before_open",         # a changed file (symlink) listed, about to be opened (read)
     "capture.file_opened",         # a changed file opened and its size budgeted, not yet read
     "checkpoint.after_blobs",      # blobs written and synced, metadata not committed
     "checkpoint.before_flush",     # committed in the capture's turn, the fsync not taken

@@ -24,9 +24,11 @@ lease runs out another host may *take the session over*.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import replace
@@ -106,7 +108,7 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
         # another there: then the staging below is refused)
         remove_folder(staging, spec.get("staging") or [-1, -1])
     real = world._check_workspace(path, must_be_empty=not placed, moving=session_id)
-    crash_point("takeover.checked")
+    crash_point("takeover.checked", path)
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
         raise FailedPrecondition(f"the head of session {session_id} was pruned")
@@ -155,7 +157,7 @@ def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
     world.store.update_session(session.id, spec=json.dumps(spec, sort_keys=True))
     layer = world._layer(WORKSPACE, staging, staged, track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
-    crash_point("takeover.mid")
+    crash_point("takeover.mid", staging)
     world.store.update_session(session.id,
                                spec=json.dumps({**spec, "placed": staged}, sort_keys=True))
     try:
@@ -163,15 +165,44 @@ def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
     except OSError as exc:
         raise symlink_refused(WORKSPACE, path, exc) from None
     try:
-        name = os.path.basename(path)
+        name, here = os.path.basename(path), os.path.basename(staging)
         try:
-            os.rmdir(name, dir_fd=parent)  # checked empty
-        except FileNotFoundError:
-            pass
-        os.rename(os.path.basename(staging), name, src_dir_fd=parent, dst_dir_fd=parent)
+            try:
+                os.rmdir(name, dir_fd=parent)  # checked empty
+            except FileNotFoundError:
+                pass
+            if not _is_staged(parent, here, staged):
+                raise _in_the_way(staging, "the take-over's staging folder was moved or"
+                                           " replaced")
+            os.rename(here, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise _in_the_way(path, "something was put there") from None
+        # The staging folder's name is in a folder others may write: what the rename
+        # moved is checked to be the folder written, by identity (issue 57).
+        if not _is_staged(parent, name, staged):
+            raise _in_the_way(path, "the take-over's staging folder was swapped as it"
+                                    " was renamed into place")
     finally:
         os.close(parent)
-    crash_point("takeover.placed")
+    crash_point("takeover.placed", path)
+
+
+def _is_staged(parent: int, name: str, staged: list[int]) -> bool:
+    """Whether ``name`` in the folder ``parent`` (never followed) is the folder the
+    take-over wrote."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and [st.st_dev, st.st_ino] == staged
+
+
+def _in_the_way(path: str, what: str) -> FailedPrecondition:
+    return FailedPrecondition(f"{path}: {what} while the take-over wrote the workspace;"
+                              " nothing of it was put in place over another's: see what"
+                              " is there, then take the session over again")
 
 
 def _rebuild(world: World, session: Session, head: Checkpoint, path: str,

@@ -362,6 +362,8 @@ class World:
         roots = spec.get("roots", {})
         out = [self._layer(WORKSPACE, session.workspace, roots.get(WORKSPACE),
                            exclude=spec.get("exclude"))]
+        if owners.agent_of(session.spec) is not None:  # the owner's reserve is not its
+            out[0].snap.limits = replace(self.limits, owner_reserve=self.limits.min_free_bytes)
         if session.container:
             upper, merged = self._engine().layer_dirs(session.container)
             out.append(self._layer(CONTAINER, upper, roots.get(CONTAINER), merged=merged))

@@ -30,6 +30,10 @@ class Limits:
     # names (files, folders, links...) one layer may hold: a full scan holds about a
     # kilobyte of memory for each while it builds the trees
     max_entries: int = 2_000_000
+    # free space above the floor kept for the daemon owner's sessions: an agent user's
+    # checkpoints stop this much short of it, so that one agent filling the data root
+    # through its checkpoints leaves the owner's sessions room (issue 57)
+    owner_reserve: int = 0
 
     def budget(self, data_root: str | None) -> "Budget":
         return Budget(self, data_root)
@@ -53,16 +57,19 @@ class Budget:
         self.floor_reason = ""
         if data_root is not None:
             free = room(data_root)
-            spare = free - limits.min_free_bytes
+            floor = limits.min_free_bytes + limits.owner_reserve
+            what = (f"its floor of {human(limits.min_free_bytes)} (--min-free-bytes)"
+                    + (f" and the {human(limits.owner_reserve)} kept for the owner's"
+                       " sessions (an agent user's checkpoint stops short of them)"
+                       if limits.owner_reserve else ""))
+            spare = free - floor
             if spare <= 0:
                 raise ResourceExhausted(
-                    f"the data root {data_root} has {human(free)} free,"
-                    f" below its floor of {human(limits.min_free_bytes)}"
-                    " (--min-free-bytes): free space or run gc")
+                    f"the data root {data_root} has {human(free)} free, below {what}:"
+                    " free space or run gc")
             if spare < self.left:
                 self.left = spare
-                self.floor_reason = (f"the data root's free space above its floor of"
-                                     f" {human(limits.min_free_bytes)}")
+                self.floor_reason = f"the data root's free space above {what}"
 
     def check_file(self, path: str, st: os.stat_result, data_bytes: int) -> None:
         """Before a changed file is read: its logical size and its data bytes."""
