@@ -461,7 +461,7 @@ def test_a_file_growing_while_read_is_read_within_its_allowance(tmp_path, monkey
     monkeypatch.setattr(os, "read", counted(real_read))
     monkeypatch.setattr(os, "pread", counted(real_pread))
 
-    def grow(name: str) -> None:
+    def grow(name: str, detail: str = "") -> None:
         if name == "capture.file_opened":
             with open(w.path / "log", "ab") as f:
                 f.write(bytes(32 << 20))

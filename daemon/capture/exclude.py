@@ -109,9 +109,10 @@ def read(root_fd: int, session_patterns: tuple[str, ...] | list[str]
     return _rules(session_patterns, text, warnings), warnings, digest
 
 
-def key_in(trees, root: str) -> str | None:
-    """The .worldlineignore key (``read``) of a capture's tree ``root``."""
-    entry = trees.read(root).get(IGNORE_FILE)
+def key_in(trees, root: str, pending=None) -> str | None:
+    """The .worldlineignore key (``read``) of a capture's tree ``root`` (``pending``: a
+    capture's trees not stored yet)."""
+    entry = trees.read(root, pending).get(IGNORE_FILE)
     return entry.ref if entry is not None and entry.kind == FILE and \
         entry.size <= MAX_FILE else None
 

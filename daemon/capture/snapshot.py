@@ -738,6 +738,12 @@ class WorkspaceSnapshotter:
         (what its capture never saw, it cannot say how to restore)."""
         if self.exclude is None:
             return None
+        if exclude.key_in(self.trees, target_root, current.trees) == exclude.key_in(
+                self.trees, current.root, current.trees):
+            # the same file, so the same rules: a tree made from this capture (a restore
+            # of some paths, whose trees and file may not be stored yet) or a target
+            # whose .worldlineignore is today's
+            return current.excluded
         return exclude.either(current.excluded, exclude.of_tree(
             self.trees, self.blobs, target_root, self.exclude))
 
