@@ -4,6 +4,7 @@ back when it hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -61,6 +62,19 @@ class Receiver:
         self.server.shutdown()
 
 
+@contextlib.contextmanager
+def notifying(tmp_path, receiver: Receiver):
+    """A daemon posting to ``receiver``, a client of it and a session: (client, session)."""
+    d = DaemonProcess(tmp_path / "root", extra=["--notify", receiver.url]).start()
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        with d.client() as c:
+            yield c, c.create_session(str(ws))
+    finally:
+        d.stop()
+
+
 @pytest.fixture
 def receiver():
     r = Receiver()
@@ -69,72 +83,56 @@ def receiver():
 
 
 def test_approvals_and_bypasses_are_posted_as_they_happen(tmp_path, receiver):
-    d = DaemonProcess(tmp_path / "root", extra=["--notify", receiver.url]).start()
-    try:
-        ws = tmp_path / "ws"
-        ws.mkdir()
-        with d.client() as c:
-            s = c.create_session(str(ws))
-            a = c.request_approval(s.id, "deploy", {"env": "prod"})
-            m = receiver.wait_for("approval_requested")
-            assert m["session_id"] == s.id and m["subject_id"] == a.id
-            assert "deploy" in m["text"] and f"worldline approve {a.id}" in m["text"]
-            c.decide_approval(a.id, approve=False, reason="not on a Friday")
-            m = receiver.wait_for("approval_decided")
-            assert m["subject_id"] == a.id and "not on a Friday" in m["text"]
-            call = c._call("RecordToolCall", pb.RecordToolCallRequest(  # as the hook does
-                session_id=s.id, name="Bash", args_json='{"command": "git push"}',
-                gate="bypassed"))
-            m = receiver.wait_for("gate_bypassed")
-            assert m["session_id"] == s.id and m["subject_id"] == call.id
-            c.checkpoint(s.id)
+    with notifying(tmp_path, receiver) as (c, s):
+        a = c.request_approval(s.id, "deploy", {"env": "prod"})
+        m = receiver.wait_for("approval_requested")
+        assert m["session_id"] == s.id and m["subject_id"] == a.id
+        assert "deploy" in m["text"] and f"worldline approve {a.id}" in m["text"]
+        c.decide_approval(a.id, approve=False, reason="not on a Friday")
+        m = receiver.wait_for("approval_decided")
+        assert m["subject_id"] == a.id and "not on a Friday" in m["text"]
+        call = c._call("RecordToolCall", pb.RecordToolCallRequest(  # as the hook does
+            session_id=s.id, name="Bash", args_json='{"command": "git push"}',
+            gate="bypassed"))
+        m = receiver.wait_for("gate_bypassed")
+        assert m["session_id"] == s.id and m["subject_id"] == call.id
+        c.checkpoint(s.id)
         time.sleep(1.5)  # nothing else was sent: a checkpoint is no event of its own
         assert [m["event"] for m in receiver.got] == [
             "approval_requested", "approval_decided", "gate_bypassed"]
-    finally:
-        d.stop()
 
 
 def test_a_failing_receiver_gets_the_event_again_until_it_takes_it(tmp_path):
     receiver = Receiver(fail=2)
-    d = DaemonProcess(tmp_path / "root", extra=["--notify", receiver.url]).start()
     try:
-        ws = tmp_path / "ws"
-        ws.mkdir()
-        with d.client() as c:
-            s = c.create_session(str(ws))
+        with notifying(tmp_path, receiver) as (c, s):
             c.request_approval(s.id, "deploy")
-        receiver.wait_for("approval_requested", timeout=20)  # after 1 s and 2 s back-off
-        assert receiver.tries == 3 and len(receiver.got) == 1
+            receiver.wait_for("approval_requested", timeout=20)  # after 1 s, 2 s back-off
+            assert receiver.tries == 3 and len(receiver.got) == 1
     finally:
-        d.stop()
         receiver.close()
 
 
 def test_a_receiver_that_hangs_holds_no_checkpoint_back(tmp_path):
     receiver = Receiver(hang=4.0)
-    d = DaemonProcess(tmp_path / "root", extra=["--notify", receiver.url]).start()
     try:
-        ws = tmp_path / "ws"
-        ws.mkdir()
-        with d.client() as c:
-            s = c.create_session(str(ws))
+        with notifying(tmp_path, receiver) as (c, s):
             for i in range(3):
                 c.request_approval(s.id, f"deploy-{i}")
             time.sleep(1.0)  # the first POST is now held by the receiver
             started = time.monotonic()
+            ws = tmp_path / "ws"
             for i in range(10):
                 (ws / "f.txt").write_text(f"{i}\n")
                 c.checkpoint(s.id)
             assert time.monotonic() - started < 3.0
-        receiver.hang = 0.0
-        deadline = time.monotonic() + 30
-        while len(receiver.got) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [m["detail"]["tool"] for m in receiver.got] == [
-            "deploy-0", "deploy-1", "deploy-2"]
+            receiver.hang = 0.0
+            deadline = time.monotonic() + 30
+            while len(receiver.got) < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [m["detail"]["tool"] for m in receiver.got] == [
+                "deploy-0", "deploy-1", "deploy-2"]
     finally:
-        d.stop()
         receiver.close()
 
 
