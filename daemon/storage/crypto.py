@@ -1,0 +1,140 @@
+"""Encryption at rest: the data key, its subkeys, sealing and keyed addresses.
+
+Terms:
+- The *key-encryption key* (KEK) is what the operator holds: 32 bytes in the file
+  ``--encryption-key`` names (raw, or as 64 hex digits / base64 text). It never
+  touches the data; it only wraps the data key.
+- The *data key* is 32 random bytes made once per data root (or fleet), stored only
+  wrapped by the KEK (``wrap``/``unwrap``). Rotating the KEK re-wraps it; nothing
+  else is rewritten.
+- From the data key, HKDF-SHA256 derives independent subkeys: ``blob`` (seals blobs,
+  chunks, pack rows and bucket objects), ``meta`` (seals the conversation, state,
+  tool arguments and results in the metadata store) and ``address`` (the HMAC key
+  of content addresses).
+- A *sealed* value is ``VERSION || nonce(12) || AES-256-GCM(ciphertext || tag(16))``;
+  the caller's *context* is bound as associated data (e.g. the blob's address), so a
+  sealed value moved to another name does not open.
+- A *keyed address* is HMAC-SHA256(address key, content), hex: whoever holds the
+  bucket cannot confirm a guessed file by hashing it; dedupe holds within one key.
+
+Nonces are random (96 bits): AES-GCM keeps its bounds for far more than 2**32 seals
+per key, which no data root approaches.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from worldline.client.errors import DataLoss, InvalidArgument
+
+VERSION = b"\x01"
+NONCE = 12
+TAG = 16
+OVERHEAD = len(VERSION) + NONCE + TAG
+KEY_BYTES = 32
+_WRAP_CONTEXT = b"worldline data key"
+
+
+def read_kek(path: str) -> bytes:
+    """The key-encryption key in the file at ``path``: 32 raw bytes, or 64 hex digits,
+    or base64 of 32 bytes (surrounding whitespace ignored)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4096)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the encryption key {path}: {exc.strerror}") from None
+    if len(raw) == KEY_BYTES:
+        return raw
+    text = raw.strip()
+    for decode in (binascii.unhexlify, lambda t: base64.b64decode(t, validate=True)):
+        try:
+            key = decode(text)
+        except (binascii.Error, ValueError):
+            continue
+        if len(key) == KEY_BYTES:
+            return key
+    raise InvalidArgument(f"the encryption key {path} is not 32 bytes (raw, hex or base64)")
+
+
+def new_key() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+def key_id(kek: bytes) -> str:
+    """A short public name for a KEK (to say which key a data root wants), which
+    reveals nothing of it."""
+    return hmac.new(kek, b"worldline key id", hashlib.sha256).hexdigest()[:16]
+
+
+def _seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:
+    nonce = os.urandom(NONCE)
+    return VERSION + nonce + AESGCM(key).encrypt(nonce, plaintext, context)
+
+
+def _open(key: bytes, sealed: bytes, context: bytes) -> bytes:
+    if len(sealed) < OVERHEAD or sealed[:1] != VERSION:
+        raise DataLoss("a sealed value is malformed (not written with this format)")
+    try:
+        return AESGCM(key).decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
+    except InvalidTag:
+        raise DataLoss("a sealed value fails its authentication tag"
+                       " (damaged, moved, or sealed with another key)") from None
+
+
+def wrap(kek: bytes, data_key: bytes) -> bytes:
+    return _seal(kek, data_key, _WRAP_CONTEXT)
+
+
+def unwrap(kek: bytes, wrapped: bytes) -> bytes:
+    """The data key ``wrapped`` holds; ``InvalidArgument`` when ``kek`` is not the key
+    that wrapped it (a wrong key is the operator's input, not damage)."""
+    try:
+        return _open(kek, wrapped, _WRAP_CONTEXT)
+    except DataLoss:
+        raise InvalidArgument("the encryption key does not open this data root's data key"
+                              " (a wrong key)") from None
+
+
+def _subkey(data_key: bytes, purpose: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                info=b"worldline " + purpose).derive(data_key)
+
+
+class DataKey:
+    """The subkeys of one data key, and what is done with them."""
+
+    __slots__ = ("_address", "_blob", "_meta")
+
+    def __init__(self, data_key: bytes) -> None:
+        if len(data_key) != KEY_BYTES:
+            raise InvalidArgument("a data key is 32 bytes")
+        self._blob = _subkey(data_key, b"blob")
+        self._meta = _subkey(data_key, b"meta")
+        self._address = _subkey(data_key, b"address")
+
+    def address(self, data: bytes) -> str:
+        return hmac.new(self._address, data, hashlib.sha256).hexdigest()
+
+    def hasher(self):
+        """An incremental keyed hasher (``update``, ``hexdigest``) for streamed content."""
+        return hmac.new(self._address, digestmod=hashlib.sha256)
+
+    def seal_blob(self, plaintext: bytes, context: bytes) -> bytes:
+        return _seal(self._blob, plaintext, context)
+
+    def open_blob(self, sealed: bytes, context: bytes) -> bytes:
+        return _open(self._blob, sealed, context)
+
+    def seal_meta(self, plaintext: bytes, context: bytes) -> bytes:
+        return _seal(self._meta, plaintext, context)
+
+    def open_meta(self, sealed: bytes, context: bytes) -> bytes:
+        return _open(self._meta, sealed, context)
