@@ -3,7 +3,7 @@
 # can make a venv that builds C extensions (Debian's is built with profile-guided and
 # link-time optimization and a static libpython), else the first python3 on PATH. A
 # default pyenv or python-build interpreter has neither optimization, and the daemon's
-# checkpoints cost about a fifth more CPU on it (README, "The interpreter"). Overriding:
+# checkpoints cost about a fifth more CPU on it (docs/operations.md, "The interpreter"). Overriding:
 # `make install PYTHON=/path/to/python3` on a fresh clone (an existing .venv is kept).
 PYTHON ?= $(or $(shell for p in /usr/bin/python3; do \
   $$p -c 'import ensurepip, os, sys, sysconfig; sys.exit(sys.version_info < (3, 11) or not \

@@ -219,7 +219,7 @@ def test_postgresql_away_a_call_waits_its_timeout_and_is_served_soon_after_it_is
 
 def test_a_host_connecting_as_an_ordinary_role_makes_its_tables_and_serves(
         pg_cluster, tmp_path, ws, s3_server):
-    """The README's set-up: the hosts connect as a role of their own (LOGIN, owner of
+    """docs/fleet.md's set-up: the hosts connect as a role of their own (LOGIN, owner of
     the database), not the superuser, whose reserved slots stay an operator's."""
     import uuid
 

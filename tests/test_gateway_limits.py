@@ -345,7 +345,7 @@ def test_a_line_over_the_bound_is_answered_resource_exhausted_and_the_connection
 
 
 MAX_LINE = 8 << 20
-RSS_BOUND = 200 << 20  # README, Limits: an allowed user's requests grow the daemon so much
+RSS_BOUND = 200 << 20  # SECURITY.md, Limits: an allowed user's requests grow the daemon so much
 
 
 def test_the_largest_lines_and_frames_an_agent_may_send_keep_the_daemon_small(place):

@@ -21,7 +21,7 @@ The references these follow (read them before changing a shape):
   ``{"permission": "allow" | "deny" | "ask", "user_message", "agent_message"}``;
   afterShellExecution, afterMCPExecution, afterFileEdit, postToolUse after a call;
   beforeSubmitPrompt answers ``{"continue": true}``; stop.
-- generic: worldline's own, for any harness (README, "Agent hooks").
+- generic: worldline's own, for any harness (docs/hooks.md).
 """
 
 from __future__ import annotations

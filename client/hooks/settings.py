@@ -136,7 +136,7 @@ def init(agent: str, *, user: bool = False, project: str = ".", remove: bool = F
     project's files that holds worldline's hooks too: the agent would run both)."""
     if agent not in FILES:
         raise InvalidArgument(f"no settings file is known for {agent!r}: `worldline hook"
-                              f" generic` is configured by hand (README, Agent hooks)")
+                              f" generic` is configured by hand (docs/hooks.md)")
     path = settings_path(agent, user, os.path.abspath(project), shared)
     other = (settings_path(agent, False, os.path.abspath(project), not shared)
              if not user and agent in LOCAL else path)

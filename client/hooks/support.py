@@ -100,7 +100,7 @@ SUPPORT: dict[str, list[Support]] = {
     "generic": [Support(
         "generic", None, None, (ALLOW, DENY, ASK), exit2=False, reason=True,
         transcript="the messages each event carries", trust="none",
-        source="worldline's own (README, Agent hooks): the harness decides")],
+        source="worldline's own (docs/hooks.md): the harness decides")],
 }
 
 # How to ask each client for its version, and how to read the answer:

@@ -19,7 +19,7 @@ view (overlayfs reports the view's device) or the bind-mounted workspace's, belo
 folder the workspace is mounted at. Everything else mapped (``/dev/shm``, volumes,
 files deleted since) is outside the world.
 
-Processes on the host that map a workspace's file are not seen here: README, threat
+Processes on the host that map a workspace's file are not seen here: SECURITY.md, threat
 model.
 """
 

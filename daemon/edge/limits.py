@@ -25,7 +25,7 @@ MAX_DEPTH = 32  # nesting of a JSON request: a real one is 3 deep (envelope, req
 
 @dataclass(frozen=True)
 class EdgeLimits:
-    """The daemon's flags for its edge (README, Limits)."""
+    """The daemon's flags for its edge (SECURITY.md, Limits)."""
 
     max_connections: int = 1024  # the gateway's, open at once (a thread each)
     owner_connections: int = 64  # of those, none but the owner's may use

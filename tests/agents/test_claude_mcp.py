@@ -33,7 +33,7 @@ def test_claude_code_calls_the_worldline_mcp_tools(daemon, client, tmp_path):
     (ws / "a.txt").write_text("v1\n")
     session = client.create_session(str(ws))
     sid = session.id
-    # A project's .mcp.json, as README "For MCP-speaking agents" has it. Print mode
+    # A project's .mcp.json, as docs/clients.md "For MCP-speaking agents" has it. Print mode
     # loads project servers without the trust prompt; their tools still need
     # Claude Code's permission: --allowedTools mcp__worldline (the whole server). And
     # print mode connects MCP servers in the background: without "alwaysLoad" (or
