@@ -321,7 +321,7 @@ class Client:
     def explain_policy(self, tool: str, args_json: str = "") -> PolicyDecision:
         m = self._call("ExplainPolicy", pb.ExplainPolicyRequest(tool=tool, args_json=args_json))
         return PolicyDecision(m.effect, m.rule, m.requires_approval,
-                              m.approver or "caller")  # a daemon before 0.7.27: empty
+                              m.approver or "caller")  # empty from an older daemon
 
     # tasks
     def set_task(self, session_id: str, task_id: str, status: str, title: str | None = None,

@@ -12,8 +12,8 @@ for it that its user could not do itself.
   file or folder of another user's in the workspace (root's, put there by someone
   else), a file setgid to a group not the user's, or an entry with file capabilities
   (``security.capability``) or a ``trusted.`` xattr is PERMISSION_DENIED, named, with nothing
-  recorded; a restore or fork of a tree holding one (recorded before 0.7.26) is
-  refused too. So what the daemon reads for it (show, diff) and writes for it
+  recorded; a restore or fork of a tree holding one (recorded by an older version, which
+  did not check) is refused too. So what the daemon reads for it (show, diff) and writes for it
   (restore, fork) is the user's own, and grants it nothing.
 - Containers are the daemon owner's: an agent user makes, attaches or forks none (a
   container's root writes the bind-mounted folder as root).

@@ -5,15 +5,15 @@ Made once, in ``<root>/root-id``. Beside it, ``root-id.at`` holds the root's rea
 as of its last start. A root that starts at another path was moved or copied: moved
 when the old path holds no data root with its id (it keeps the id, and records where
 it is now); copied when the old path still holds one, a folder other than this one.
-A copy takes an id of its own (0.7.29). Sharing the original's, its recovery removed
-the containers the original made after the copy (their sessions are not in the copy's
+A copy takes an id of its own: sharing the original's, its recovery would remove the
+containers the original made after the copy (their sessions are not in the copy's
 store), and its gc the images of the original's later checkpoints. A root last started
-before 0.7.29 has no ``root-id.at``: its first start records where it is, so a copy
-made before that start is not told apart from its original.
+by a version that kept no ``root-id.at`` has none: its first start records where it
+is, so a copy made before that start is not told apart from its original.
 
 A copy's store names the original's workspaces and containers, which the original goes
-on using: the start that finds the copy (``RootId.copy_of``) leaves them to it (0.7.30,
-``World.recover``): no restore under way there is completed here, no container it had
+on using: the start that finds the copy (``RootId.copy_of``) leaves them to it
+(``World.recover``): no restore under way there is completed here, no container it had
 paused or stopped is started, and each session waits for an operator's word before
 this root checkpoints or restores its world.
 

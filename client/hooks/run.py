@@ -364,7 +364,7 @@ class Hook:
         request = {"session_id": sid, "label": label[:200],
                    "messages_json": json.dumps(messages) if messages else "",
                    "resume_json": json.dumps(resume)}
-        if warnings:  # (only then: a daemon before 0.8 knows no such field)
+        if warnings:  # (only then: an older daemon knows no such field)
             request["warnings"] = warnings
         cp = self.client.call("CreateCheckpoint", request)
         st["cursor"] = after.to_dict()

@@ -8,7 +8,7 @@ eight-session load on two cores (daemon CPU per checkpoint, checkpoints per seco
 every capture admitted, 7.6 ms and 154/s; two at a time, 6.4 ms and 166/s; one at a
 time, 5.0 ms and 198/s. So incremental captures take turns; on the embedded store the
 commit's Python work is part of the turn and only its fsync overlaps the next capture
-(0.7.10: 4.1 ms of CPU a checkpoint against 4.7 when the whole commit overlapped it);
+(4.1 ms of CPU a checkpoint against 4.7 when the whole commit overlapped it);
 full scans, which spend their time in system calls outside the lock, do not wait
 (world.py).
 
@@ -19,7 +19,7 @@ of a plain semaphore, where a newcomer can take a place a waiter was woken for).
 Taking turns is for short captures. One that holds its place longer than the gate's
 ``patience`` (a file of gigabytes to read, a slow disk) gives the place up and goes on
 outside the count, so that the other sessions' checkpoints do not wait for all of it:
-before 0.7.6 a session storing a 1.5 GB file held every other session's one-file
+without that, a session storing a 1.5 GB file held every other session's one-file
 checkpoint for the six seconds it took. The gate only spares the interpreter lock, so
 admitting past a long holder is never wrong, only the convoy it was there to avoid.
 """

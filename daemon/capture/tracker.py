@@ -18,7 +18,7 @@ Correctness rules, in order of importance:
   the write returns (fsnotify runs in the writer's system call), so every write that
   finished before the request is then in the dirty set. Watchman needs a sync cookie
   for this because its queries cannot read the queue; a cookie here cost a file
-  created and removed per checkpoint for nothing more (0.7.10 had one).
+  created and removed per checkpoint for nothing more.
 - Folders are watched through ``/proc/self/fd`` of a descriptor opened with
   ``O_NOFOLLOW``, so a symlink is never watched through.
 - A container's layer is also watched in the container's merged view (mirror.py):
@@ -319,8 +319,8 @@ class WorkspaceTracker:
     def _barrier(self) -> None:
         # A full scan too: it trusts the stat cache, and a file closed after writing
         # (through a mapping, say, which leaves the stat as it was) is read again only
-        # if its close is in the changes taken (until 0.7.37 a full scan after a flood
-        # or an overflow left the closes still queued for the next capture).
+        # if its close is in the changes taken (without the barrier, a full scan after a
+        # flood or an overflow would leave the closes still queued for the next capture).
         if not self.monitor.barrier():
             self.invalidate("the inotify queue could not be read")
 
