@@ -1,4 +1,4 @@
-"""Ids a person can type (issue 58): the full id an operator meant, from
+"""Ids a person can type: the full id an operator meant, from
 
 - a full id (26 characters, any case);
 - a unique prefix of one (at least MIN_PREFIX characters, any case);

@@ -32,7 +32,7 @@ class Limits:
     max_entries: int = 2_000_000
     # free space above the floor kept for the daemon owner's sessions: an agent user's
     # checkpoints stop this much short of it, so that one agent filling the data root
-    # through its checkpoints leaves the owner's sessions room (issue 57)
+    # through its checkpoints leaves the owner's sessions room
     owner_reserve: int = 0
 
     def budget(self, data_root: str | None) -> "Budget":
