@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument, NotFound
-from worldline.client.paths import unescape
+from worldline.wire.errors import FailedPrecondition, InvalidArgument, NotFound
+from worldline.wire.paths import unescape
 
 from .capture import sparse
 from .capture.trees import (
@@ -32,7 +32,7 @@ from .capture.trees import (
     links_of,
 )
 from .records import Checkpoint, ToolCall
-from .storage.blobs import BlobStore, digest_of
+from .storage.blob_store import BlobStore, digest_of
 
 READ_LIMIT = 32 << 20  # bytes one ReadFile answers at most (half a message's limit)
 

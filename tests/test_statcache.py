@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import time
 
-from worldline.daemon.storage.statcache import StatCache
+from worldline.daemon.capture.statcache import StatCache
 
 PAGE = 4096
 

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable, wire
+from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from worldline.client.transport import FrameTransport, GrpcTransport
 from worldline.v1 import worldline_pb2 as pb
+from worldline.wire import frames as wire
 
 from .conftest import DaemonProcess
 from .fidelity import in_fresh_child_as

@@ -28,9 +28,9 @@ import os
 import stat as st_
 
 from pathspec import GitIgnoreSpec
-from worldline.client.errors import InvalidArgument
+from worldline.wire.errors import InvalidArgument
 
-from ..storage.blobs import digest_of
+from ..storage.blob_store import digest_of
 from .trees import FILE
 
 IGNORE_FILE = ".worldlineignore"

@@ -47,9 +47,9 @@ import time
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from worldline.client import wire
-from worldline.client.lite import parse_request, response_json
 from worldline.v1 import worldline_pb2 as pb
+from worldline.wire import frames as wire
+from worldline.wire.jsonform import parse_request, response_json
 
 from .. import ids
 from ..observe import ACTIVITY, REQUEST_ID, RPC_SECONDS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from worldline.client.errors import Aborted
+from worldline.wire.errors import Aborted
 
 from . import blob_index
 from .blob_index import BlobIndexSql, StoredObject

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import DataLoss, ResourceExhausted, Unavailable
+from worldline.wire.errors import DataLoss, ResourceExhausted, Unavailable
 
 from ..faults import crash_point
 from ..observe import METADATA_FSYNC
