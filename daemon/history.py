@@ -2,7 +2,7 @@
 its bytes as of a checkpoint, and the tree a restore of a few paths brings a layer to.
 
 A path is workspace-relative and '/'-separated, escaped on the wire as every path is
-(client/paths.py). It never leaves the tree: an absolute path, an empty, ``.`` or
+(worldline.wire.paths). It never leaves the tree: an absolute path, an empty, ``.`` or
 ``..`` part is INVALID_ARGUMENT, and so is a path whose folder on the way is a symlink
 or a file in a tree it is looked up in (``strict``); a history, which looks at every
 checkpoint, counts such a path as absent where it passes through one.

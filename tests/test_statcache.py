@@ -1,4 +1,4 @@
-"""The stat cache's file on disk (daemon/storage/statcache.py)."""
+"""The stat cache's file on disk (daemon/capture/statcache.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Python client's two ways to the daemon on a Unix socket: gRPC, and frames on the
-gateway (client/transport.py, client/wire.py). Both give the same answers and the same
+gateway (client/transport.py, worldline.wire.frames). Both give the same answers and the same
 errors; the frames' own edges (a pool shared by threads, deadlines, a daemon that
 restarted or has no gateway, frames that do not fit) are checked here."""
 

@@ -18,6 +18,7 @@ from .graph_checkpoints import (
     Typed,
     matches,
 )
+from .schema import POSTGRESQL, SQLITE, ddl
 from .sqlite_store import SqliteDatabase
 
 
@@ -136,27 +137,28 @@ class MemoryGraphStore:
         return None
 
 
-GRAPH_SCHEMA = """
+_GRAPH_SCHEMA = """
 CREATE TABLE IF NOT EXISTS graph_threads (
     thread_id TEXT PRIMARY KEY, session_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS graph_checkpoints (
     thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
-    type TEXT NOT NULL, data BLOB NOT NULL, metadata TEXT NOT NULL, versions TEXT NOT NULL,
+    type TEXT NOT NULL, data $BLOB NOT NULL, metadata TEXT NOT NULL, versions TEXT NOT NULL,
     run_id TEXT, world_checkpoint_id TEXT, created_at TEXT NOT NULL,
-    PRIMARY KEY (thread_id, ns, checkpoint_id)) WITHOUT ROWID;
+    PRIMARY KEY (thread_id, ns, checkpoint_id))${WITHOUT_ROWID};
 CREATE INDEX IF NOT EXISTS graph_checkpoints_order
     ON graph_checkpoints (checkpoint_id DESC, thread_id DESC, ns DESC);
 CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id);
 CREATE TABLE IF NOT EXISTS graph_blobs (
     thread_id TEXT NOT NULL, ns TEXT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
-    type TEXT NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (thread_id, ns, channel, version)) WITHOUT ROWID;
+    type TEXT NOT NULL, data $BLOB NOT NULL,
+    PRIMARY KEY (thread_id, ns, channel, version))${WITHOUT_ROWID};
 CREATE TABLE IF NOT EXISTS graph_writes (
     thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
     task_id TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL,
-    data BLOB NOT NULL, task_path TEXT NOT NULL,
-    PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)) WITHOUT ROWID;
+    data $BLOB NOT NULL, task_path TEXT NOT NULL,
+    PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx))${WITHOUT_ROWID};
 """
+GRAPH_SCHEMA = ddl(_GRAPH_SCHEMA, SQLITE)  # schema.py
 
 _GCP_COLS = ("thread_id, ns, checkpoint_id, parent_id, type, data, metadata, versions,"
              " world_checkpoint_id, created_at")
@@ -317,9 +319,7 @@ class SqliteGraphStore(SqlGraphStore, SqliteDatabase):
 
 
 # PostgreSQL's types for the same tables (bytes are BYTEA).
-PG_GRAPH_SCHEMA = "\n".join(
-    line.replace(" WITHOUT ROWID", "").replace("BLOB", "BYTEA")
-    for line in GRAPH_SCHEMA.splitlines())
+PG_GRAPH_SCHEMA = ddl(_GRAPH_SCHEMA, POSTGRESQL)
 
 
 class PostgresGraphStore(SqlGraphStore):
