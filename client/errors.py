@@ -2,36 +2,5 @@
 ``worldline.wire.errors.NotFound``, the one class both sides raise and catch (see
 ``worldline.wire.errors`` for the tree and what each code means)."""
 
-from worldline.wire.errors import (
-    Aborted,
-    AlreadyExists,
-    DataLoss,
-    DeadlineExceeded,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-    WorldlineError,
-    error_for_code,
-)
-
-__all__ = [
-    "Aborted",
-    "AlreadyExists",
-    "DataLoss",
-    "DeadlineExceeded",
-    "FailedPrecondition",
-    "Internal",
-    "InvalidArgument",
-    "NotFound",
-    "PermissionDenied",
-    "ResourceExhausted",
-    "Unauthenticated",
-    "Unavailable",
-    "WorldlineError",
-    "error_for_code",
-]
+from worldline.wire.errors import *  # noqa: F403  (every name of its __all__, below)
+from worldline.wire.errors import __all__  # noqa: F401
