@@ -1,7 +1,7 @@
 """The layers of the source, held by reading every module's imports (ast, nothing runs).
 
     worldline.wire     the vocabulary of the wire: errors, paths, frames, the policy
-                       (imports neither side)
+                       (imports neither side, and at its top only the standard library)
     worldline.client   the CLI, the clients, the hooks; of the daemon only its one
                        entry point (``worldline.daemon.main``, by which the CLI starts it)
     worldline.daemon   never the client; within it:
@@ -25,6 +25,7 @@ A failure names each offending import: the module, its line and what it imports.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,15 @@ def test_the_client_imports_of_the_daemon_only_its_entry_point():
 def test_the_wire_imports_neither_side():
     _hold("the wire imports a side of it", _offending(
         ("worldline.wire",), ("worldline.daemon", "worldline.client", "worldline.langgraph")))
+
+
+def test_the_wire_loads_only_the_standard_library():
+    """``worldline hook`` (a new process on every tool call) loads the wire: at their top,
+    its modules import the standard library and each other, nothing heavier."""
+    heavy = [str(imp) for imp in IMPORTS if _under(imp.source, "worldline.wire")
+             and imp.when == "top" and imp.target.split(".")[0] not in sys.stdlib_module_names
+             and not _under(imp.target, "worldline.wire")]
+    _hold("the wire loads more than the standard library", heavy)
 
 
 def test_storage_never_imports_capture():
