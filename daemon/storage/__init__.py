@@ -8,13 +8,14 @@ Contracts, each in a file of its own with its terms, guarantees and lifecycle:
 
 Implementations:
 - ``store``: ``MemoryStore``, the reference; ``sqlite_store`` and ``postgres_store``
-  implement it over SQL (``sql_store``: the shared statements, ``migrations``:
-  versioned schemas applied once at start).
+  implement it over SQL (``sql_store``: the shared statements, ``schema``: the one
+  schema text both fill in, ``migrations``: versioned schemas applied once at start).
 - ``graph_store``: graph stores (memory, SQLite, PostgreSQL).
 - ``blobs``: ``LocalBlobStore`` (the pack, ``packs``, plus files) and
   ``MemoryBlobStore``; ``s3_blobs``: a bucket shared by a fleet, with the local store
   as its cache.
-- ``config``: turning ``--store`` / ``--blobs`` into the backends above.
+- ``config``: turning ``--store`` / ``--blobs`` into the backends above (``urls``: a
+  store's URL without its password, for messages and logs).
 
 Storage imports nothing of capture (tests/test_layers.py).
 """
