@@ -34,7 +34,8 @@ runtime: $(RUNTIME_STAMP)
 # import hook at every start, which cost each `worldline hook` process ~25 ms). A new or
 # removed module changes its folder, and the tree is made again.
 PKG_DIRS := daemon daemon/capture daemon/edge daemon/storage client client/hooks client/console \
-  client/console/templates client/console/static client/langgraph proto/worldline/v1
+  client/console/templates client/console/static client/langgraph proto/worldline/v1 \
+  proto/worldline/wire
 
 $(STAMP): pyproject.toml daemon/capture/_walk.c daemon/_codec.c $(PKG_DIRS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -117,7 +118,7 @@ soak: install
 	$(BIN)/python -m tests.soak
 
 lint: install
-	$(BIN)/ruff check daemon client tests
+	$(BIN)/ruff check daemon client proto/worldline/wire tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import grpc
+from worldline.wire.frames import MAX_MESSAGE
 
 from .config import connect_errno, unix_path, unreachable
 from .errors import Unavailable, WorldlineError, error_for_code
-from .wire import MAX_MESSAGE
 
 OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
            ("grpc.max_send_message_length", MAX_MESSAGE)]

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from .about import version
 from .errors import InvalidArgument, WorldlineError
 
 # `worldline hook` runs on every tool call: this module imports nothing it does not
@@ -1188,15 +1189,6 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-    try:
-        return installed("worldline")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["hook"]:  # every tool call runs this: no parser, no grpc
@@ -1226,27 +1218,11 @@ def _main(argv: list[str] | None = None) -> int:
         from .mcp_server import serve
         return serve(getattr(args, "address", None), args.transport)
     if args.command == "daemon":
-        from worldline.daemon.capture.limits import Limits
-        from worldline.daemon.edge.limits import EdgeLimits
-        from worldline.daemon.main import run
-        from worldline.daemon.storage.config import StorageConfig
-        limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
-                        args.min_free_bytes, args.max_entries)
+        from worldline.daemon.main import command as daemon
         try:
-            storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
-                                            args.cache_bytes, args.lease_seconds,
-                                            args.advertise)
+            return daemon(args)
         except WorldlineError as exc:
             return _failed(exc, False)
-        return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
-                   not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
-                   set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
-                   limits, storage, approvals_by_owner=args.approvals_by == "owner",
-                   notify=args.notify, console=args.console,
-                   edge=EdgeLimits(args.max_connections, args.owner_connections,
-                                   args.connections_per_uid, args.idle_seconds,
-                                   args.gateway_max_line, args.gateway_buffer_bytes,
-                                   args.calls_per_uid))
     out = Output(as_json)
     try:
         from ._client import Client

@@ -14,6 +14,8 @@ from __future__ import annotations
 import _socket  # the C module: `socket` would add selectors, enum and more to start-up
 import time
 
+from worldline.wire.jsonform import parse_request, response_json
+
 from . import _json as json
 from .config import default_address, normalize_address, unix_path, unreachable
 from .errors import Unavailable, WorldlineError, error_for_code
@@ -116,29 +118,6 @@ class GrpcJsonClient:
 
     def close(self) -> None:
         self._client.close()
-
-
-def parse_request(method: str, request: dict | None):
-    """The JSON form of a Worldline call, read: (the method's descriptor, its request
-    message); the descriptor is None for a method the service does not have. Raises
-    ``google.protobuf.json_format.ParseError`` for a request that does not fit. One
-    reading for the gateway (daemon/edge/gateway.py) and this client's gRPC fallback."""
-    from google.protobuf import json_format
-    from worldline.v1 import worldline_pb2 as pb
-    descriptor = pb.DESCRIPTOR.services_by_name["Worldline"].methods_by_name.get(method)
-    if descriptor is None:
-        return None, None
-    return descriptor, json_format.ParseDict(request or {},
-                                             getattr(pb, descriptor.input_type.name)())
-
-
-def response_json(message) -> dict[str, Any]:
-    """A response message in its JSON form: the .proto's field names, every field
-    present, 64-bit integers as numbers."""
-    from google.protobuf import json_format
-    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True,
-                                     preserving_proto_field_name=True,
-                                     unquote_int64_if_possible=True)
 
 
 def connect(address: str | None = None, timeout: float = 120.0) -> LiteClient | GrpcJsonClient:

@@ -78,7 +78,7 @@ def _tool(server: MCPServer, annotations: ToolAnnotations) -> Callable:
 
 
 def build(address: str | None = None) -> MCPServer:
-    from .cli import version
+    from .about import version
     client = Client(address)
     server = WorldlineMCP(
         "worldline", version=version(), instructions=(

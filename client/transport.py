@@ -3,7 +3,7 @@
 ``open_transport(address, ...)`` gives an object with ``call(method, request,
 timeout)`` (a request message in, the response message out, a ``WorldlineError``
 raised) and ``close()``. On TCP it is gRPC (TLS and a bearer token). On a Unix socket
-it is the gateway's frames (client/wire.py) at ``<socket>.json`` when the daemon
+it is the gateway's frames (worldline.wire.frames) at ``<socket>.json`` when the daemon
 serves them, which answers a call after an idle gap about a millisecond sooner than
 gRPC does; a daemon without the gateway (or an address that is a relay, such as
 ``--allow-uid``'s ``.shared`` socket) is called over gRPC, decided at each new
@@ -18,8 +18,8 @@ import threading
 import time
 
 from worldline.v1 import worldline_pb2 as pb
+from worldline.wire import frames as wire
 
-from . import wire
 from .config import unix_path, unreachable
 from .errors import DeadlineExceeded, ResourceExhausted, Unavailable, error_for_code
 

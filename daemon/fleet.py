@@ -33,15 +33,15 @@ import threading
 import time
 from dataclasses import replace
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument
+from worldline.wire.errors import FailedPrecondition, InvalidArgument
 
 from . import ids, owners
 from .capture.layers import CONTAINER, WORKSPACE
 from .capture.resolve import identity_of, make_folder, open_folder
-from .capture.snapshot import Capture
+from .capture.snapshotter import Capture
 from .faults import crash_point
 from .records import AuditEvent, Checkpoint, Session
-from .storage.store import claimable
+from .storage.leases import claimable
 from .world import World, remove_folder, symlink_refused
 
 log = logging.getLogger(__name__)

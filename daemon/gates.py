@@ -23,15 +23,14 @@ import threading
 import time
 from dataclasses import replace
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument
+from worldline.wire.errors import FailedPrecondition, InvalidArgument
+from worldline.wire.policy import EFFECTS, Decision, Policy
 
 from . import ids
 from .observe import GATE_BYPASSES
-from .policy import Decision, Policy, parse_args_json
 from .records import (
     APPROVAL_STATUSES,
     AUDIT_KINDS,
-    EFFECTS,
     TASK_STATUSES,
     Approval,
     AuditEvent,
@@ -39,7 +38,7 @@ from .records import (
     ToolCall,
 )
 from .storage.store import calls_on_path, ordered_tasks, with_gates
-from .validate import check_id, check_text, load_json
+from .validate import check_id, check_text, load_json, parse_args_json
 from .world import World
 
 DEFAULT_APPROVAL_TTL = 3600.0

@@ -17,11 +17,17 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from worldline.client.errors import AlreadyExists, InvalidArgument, NotFound
+from worldline.wire.errors import AlreadyExists, InvalidArgument, NotFound
 
 from . import ids
 from .records import AuditEvent
-from .storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphStore, GraphWrite
+from .storage.graph_checkpoints import (
+    GraphBlob,
+    GraphCheckpoint,
+    GraphQuery,
+    GraphStore,
+    GraphWrite,
+)
 from .validate import MAX_TEXT, check_text, load_json
 from .world import World
 

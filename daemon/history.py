@@ -2,7 +2,7 @@
 its bytes as of a checkpoint, and the tree a restore of a few paths brings a layer to.
 
 A path is workspace-relative and '/'-separated, escaped on the wire as every path is
-(client/paths.py). It never leaves the tree: an absolute path, an empty, ``.`` or
+(worldline.wire.paths). It never leaves the tree: an absolute path, an empty, ``.`` or
 ``..`` part is INVALID_ARGUMENT, and so is a path whose folder on the way is a symlink
 or a file in a tree it is looked up in (``strict``); a history, which looks at every
 checkpoint, counts such a path as absent where it passes through one.
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument, NotFound
-from worldline.client.paths import unescape
+from worldline.wire.errors import FailedPrecondition, InvalidArgument, NotFound
+from worldline.wire.paths import unescape
 
 from .capture import sparse
 from .capture.trees import (
@@ -32,7 +32,7 @@ from .capture.trees import (
     links_of,
 )
 from .records import Checkpoint, ToolCall
-from .storage.blobs import BlobStore, digest_of
+from .storage.blob_store import BlobStore, digest_of
 
 READ_LIMIT = 32 << 20  # bytes one ReadFile answers at most (half a message's limit)
 

@@ -26,15 +26,17 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from worldline.client.channel import MAX_MESSAGE
-from worldline.client.config import default_address, default_root, unix_path
-from worldline.client.errors import Aborted, WorldlineError
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
+from worldline.wire.address import default_address, default_root, unix_path
+from worldline.wire.errors import Aborted, WorldlineError
+from worldline.wire.frames import MAX_MESSAGE
+from worldline.wire.policy import Policy
 
 from .capture import walk
 from .capture.containers import Engine, StartWatch
 from .capture.limits import Limits
+from .capture.statcache import StatCache
 from .capture.tracker import ChangeMonitor
 from .capture.trees import TreeReader, files_named
 from .capture.views import Views
@@ -44,18 +46,17 @@ from .edge.gateway import SUFFIX as GATEWAY_SUFFIX
 from .edge.gateway import Gateway
 from .edge.graph_server import GraphsServicer
 from .edge.limits import GRPC_WORKERS, MAX_STREAMS, RELAY_WORKERS, EdgeLimits
+from .edge.metrics import MetricsInterceptor
 from .edge.server import ErrorInterceptor, WorldlineServicer
 from .fleet import Leases
 from .gates import Gates
 from .graphs import Graphs
 from .notify import Notifier
-from .observe import ACTIVITY, PENDING_APPROVALS, JsonFormatter, MetricsInterceptor, watch_gc
-from .policy import Policy
+from .observe import ACTIVITY, PENDING_APPROVALS, JsonFormatter, watch_gc
 from .storage import reserve
 from .storage.config import StorageConfig
 from .storage.repack import Repacker
 from .storage.sqlite_store import left_open
-from .storage.statcache import StatCache
 from .world import World
 
 log = logging.getLogger("worldline.daemon")
@@ -610,3 +611,23 @@ def run(root: str | None, listen: str | None, policy_path: str | None = None,
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def command(args) -> int:
+    """``worldline daemon``: the CLI's parsed arguments (client/cli.py's parser) as the
+    daemon's settings, and the daemon run in the foreground. The client's one entry into
+    the daemon: the CLI imports this module, and nothing else of the daemon, to start it.
+    A setting that does not hold raises a ``WorldlineError`` before anything starts."""
+    limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
+                    args.min_free_bytes, args.max_entries)
+    storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
+                                    args.cache_bytes, args.lease_seconds, args.advertise)
+    return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
+               not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
+               set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
+               limits, storage, approvals_by_owner=args.approvals_by == "owner",
+               notify=args.notify, console=args.console,
+               edge=EdgeLimits(args.max_connections, args.owner_connections,
+                               args.connections_per_uid, args.idle_seconds,
+                               args.gateway_max_line, args.gateway_buffer_bytes,
+                               args.calls_per_uid))

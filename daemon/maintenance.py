@@ -36,7 +36,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from worldline.client.errors import (
+from worldline.wire.errors import (
     Aborted,
     DataLoss,
     InvalidArgument,

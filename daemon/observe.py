@@ -32,7 +32,9 @@ Metrics (``--metrics-listen HOST:PORT`` serves them at /metrics):
                                                lock, or the disk)
 
 Logs (``--log-format json``): one JSON object a line, with the request id of the
-call being served (the caller's ``x-request-id`` metadata, else a new one).
+call being served (the caller's ``x-request-id`` metadata, else a new one). The edge
+times the calls and sets the request id (daemon/edge/metrics.py): this module imports
+no grpc, so the domain that counts here does not either.
 """
 
 from __future__ import annotations
@@ -44,11 +46,8 @@ import logging
 import threading
 import time
 
-import grpc
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
-
-from . import ids
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
@@ -174,36 +173,6 @@ class Activity:
 
 
 ACTIVITY = Activity()
-
-
-class MetricsInterceptor(grpc.ServerInterceptor):
-    """Times every unary call and gives it a request id for the logs."""
-
-    def intercept_service(self, continuation, details):
-        handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner, method = handler.unary_unary, details.method.rsplit("/", 1)[-1]
-        given = dict(details.invocation_metadata or ()).get("x-request-id")
-
-        def timed(request, context):
-            token = REQUEST_ID.set(given if isinstance(given, str) and given else ids.new_id())
-            start = time.perf_counter()
-            code = "OK"
-            ACTIVITY.begin()
-            try:
-                return inner(request, context)
-            except Exception:
-                code = context.code().name if context.code() else "UNKNOWN"
-                raise
-            finally:
-                ACTIVITY.end()
-                RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
-                REQUEST_ID.reset(token)
-
-        return grpc.unary_unary_rpc_method_handler(
-            timed, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
 
 
 class JsonFormatter(logging.Formatter):

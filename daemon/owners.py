@@ -33,7 +33,7 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from worldline.client.errors import FailedPrecondition, PermissionDenied
+from worldline.wire.errors import FailedPrecondition, PermissionDenied
 
 from .capture.resolve import open_folder
 from .capture.trees import Entry, TreeReader

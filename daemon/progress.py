@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from worldline.client.errors import AlreadyExists, InvalidArgument, NotFound
+from worldline.wire.errors import AlreadyExists, InvalidArgument, NotFound
 
 KEEP_SECONDS = 120.0
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

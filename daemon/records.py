@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, fields
 
 TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
 APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
-EFFECTS = ("read_only", "local", "external_idempotent", "external_non_idempotent")
 CHECKPOINT_KINDS = ("initial", "checkpoint", "restore", "fork")
 AUDIT_KINDS = ("session.create", "session.delete", "session.resolve", "session.copied",
                "checkpoint", "restore",

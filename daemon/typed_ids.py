@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from worldline.client.errors import InvalidArgument, NotFound
+from worldline.wire.errors import InvalidArgument, NotFound
 
-from .storage.store import Store
+from .storage.metadata_store import Store
 
 KINDS = ("session", "checkpoint", "approval", "tool_call")
 MIN_PREFIX = 4

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worldline.client.errors import InvalidArgument, ResourceExhausted
+from worldline.wire.errors import InvalidArgument, ResourceExhausted
 
 from . import ids
 
@@ -88,3 +88,8 @@ def check_id(what: str, value: str) -> str:
     if not ids.is_id(value):
         raise InvalidArgument(f"{value!r} is not a valid {what} id")
     return value
+
+
+def parse_args_json(text: str, what: str = "args") -> dict:
+    """A tool call's arguments: a JSON object, or none (an empty text)."""
+    return load_json(text, what, dict, "a JSON object") if text else {}

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Iterator, NoReturn
 
-from worldline.client.errors import (
+from worldline.wire.errors import (
     Aborted,
     AlreadyExists,
     FailedPrecondition,
@@ -35,7 +35,7 @@ from worldline.client.errors import (
     ResourceExhausted,
     WorldlineError,
 )
-from worldline.client.paths import escape
+from worldline.wire.paths import escape
 
 from . import history, ids, owners, progress
 from .capture import mappings, sparse
@@ -55,7 +55,9 @@ from .capture.exclude import check_patterns, covers, key_in, patterns_of
 from .capture.layers import CONTAINER, WORKSPACE, Layer, RestoreJournal
 from .capture.limits import Limits
 from .capture.resolve import identity_of, make_folder, open_folder
-from .capture.snapshot import Capture, WorkspaceSnapshotter
+from .capture.snapshot import WorkspaceSnapshotter
+from .capture.snapshotter import Capture
+from .capture.statcache import StatCache
 from .capture.tracker import ChangeMonitor
 from .capture.trees import (
     BLOCK,
@@ -86,11 +88,11 @@ from .records import (
     tasks_to_json,
 )
 from .root_id import root_id
-from .storage.blobs import BlobStore, digest_of
+from .storage.blob_store import BlobStore, digest_of
 from .storage.durable import out_of_space
+from .storage.metadata_store import Store
 from .storage.sqlite_store import flushes_deferred
-from .storage.statcache import StatCache
-from .storage.store import Store, calls_on_path, with_gates
+from .storage.store import calls_on_path, with_gates
 from .validate import (
     EMPTY_STATE,
     check_id,

@@ -206,7 +206,7 @@ def test_put_fd_within_a_limit_stores_nothing_past_it(blobs, tmp_path):
     """``put_fd(fd, limit)``: a file of at most ``limit`` bytes is stored as ever; one
     holding more (it grew since its size was read) is Overread, with nothing stored and
     no temporary left behind (a local store copies large content aside)."""
-    from worldline.daemon.storage.blobs import Overread
+    from worldline.daemon.storage.blob_store import Overread
     data = os.urandom((3 << 20) + 5)
     src = tmp_path / "src"
     src.write_bytes(data)

@@ -8,7 +8,7 @@ import os
 import sqlite3
 
 from worldline.daemon.capture.apply import TreeWriter
-from worldline.daemon.capture.snapshot import Capture
+from worldline.daemon.capture.snapshotter import Capture
 from worldline.daemon.capture.trees import EMPTY_TREE, TreeReader, decode
 from worldline.daemon.storage.blobs import MemoryBlobStore
 from worldline.daemon.storage.sqlite_store import SCHEMA_VERSION, SqliteStore

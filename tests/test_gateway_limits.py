@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from worldline.client import Client, wire
+from worldline.client import Client
+from worldline.wire import frames as wire
 
 from .conftest import DaemonProcess, unmount_below
 from .fidelity import AGENT_UID, in_child_as, in_fresh_child_as

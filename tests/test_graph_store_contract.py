@@ -1,19 +1,19 @@
-"""The GraphStore contract (daemon/storage/graph_store.py), run against every backend."""
+"""The GraphStore contract (daemon/storage/graph_checkpoints.py), run against every
+backend."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from worldline.daemon.storage.graph_store import (
+from worldline.daemon.storage.graph_checkpoints import (
     GraphBlob,
     GraphCheckpoint,
     GraphQuery,
     GraphWrite,
-    MemoryGraphStore,
-    SqliteGraphStore,
     Typed,
 )
+from worldline.daemon.storage.graph_store import MemoryGraphStore, SqliteGraphStore
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

@@ -114,9 +114,9 @@ class _HeldBack:
         from worldline.daemon.capture import tracker as tracker_mod
         from worldline.daemon.capture.layers import WORKSPACE, Layer
         from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+        from worldline.daemon.capture.statcache import StatCache
         from worldline.daemon.capture.trees import TreeReader
         from worldline.daemon.storage.blobs import MemoryBlobStore
-        from worldline.daemon.storage.statcache import StatCache
 
         monkeypatch.setattr(tracker_mod, "MAX_CHANGES", 50)
         monkeypatch.setattr(tracker_mod, "READER_DELAY", 2.0)
@@ -167,7 +167,7 @@ def test_a_close_just_before_a_full_scan_is_read_again(workspace, monkeypatch, m
     an incremental capture does, so it must take the closes still queued when it
     starts: until 0.7.37 it skipped the barrier, and a write through a page already
     writable, its file closed just before the checkpoint, waited for the next one."""
-    from worldline.daemon.storage.blobs import digest_of
+    from worldline.daemon.storage.blob_store import digest_of
 
     w = _HeldBack(workspace, monkeypatch, mapwrite)
     try:
@@ -189,7 +189,7 @@ def test_past_the_cap_of_closed_files_the_next_capture_trusts_no_stat(
     which stats to distrust: it reads every file. Until 0.7.37 any flood dropped the
     closes and the full scan after it kept the content the stat cache vouched for."""
     from worldline.daemon.capture.trees import SYMLINK
-    from worldline.daemon.storage.blobs import digest_of
+    from worldline.daemon.storage.blob_store import digest_of
 
     from .conftest import tree_state
 

@@ -65,7 +65,7 @@ def test_mcp_ledger_approvals_schemas_and_errors(daemon, workspace):
     user decides through elicitation, read, wait on and cancel approvals; enums in the
     schemas, the version in serverInfo, our own one-line argument errors."""
     import mcp.types as types
-    from worldline.client.cli import version
+    from worldline.client.about import version
 
     asked = []
 

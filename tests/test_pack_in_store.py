@@ -318,7 +318,7 @@ def test_a_pack_write_inside_a_store_transaction_fails_at_once(tmp_path):
 def test_a_new_small_blob_is_looked_for_in_the_pack_only(tmp_path, monkeypatch):
     """A blob of at most MAX_BLOB bytes is only ever a pack row (from 0.2 on), so a put
     asks no file system question for it; a large one still looks for its file."""
-    from worldline.daemon.storage.blobs import digest_of
+    from worldline.daemon.storage.blob_store import digest_of
     from worldline.daemon.storage.packs import MAX_BLOB
     store, blobs = _open(tmp_path)
     try:
@@ -341,7 +341,7 @@ def test_a_new_small_blob_is_looked_for_in_the_pack_only(tmp_path, monkeypatch):
 def test_a_small_blob_file_of_a_0_1_data_root_still_reads_and_is_stored_again(tmp_path):
     store, blobs = _open(tmp_path)
     try:
-        from worldline.daemon.storage.blobs import digest_of
+        from worldline.daemon.storage.blob_store import digest_of
         data = b"written by 0.1 as a file" * 4
         digest = digest_of(data)
         path = blobs._path(digest)

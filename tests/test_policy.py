@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from worldline.client.errors import InvalidArgument
-from worldline.daemon.policy import Policy, split_commands
+from worldline.wire.policy import Policy, split_commands
 
 NON = "external_non_idempotent"
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from worldline.daemon.capture.snapshot import MemoryFile, MemorySnapshotter, WorkspaceSnapshotter
+from worldline.daemon.capture.statcache import RACY_NS, StatCache, signature
 from worldline.daemon.capture.tracker import Changes
 from worldline.daemon.capture.trees import DIR, FILE, SYMLINK, TreeReader, diff, entry_at
-from worldline.daemon.storage.blobs import MemoryBlobStore, digest_of
-from worldline.daemon.storage.statcache import RACY_NS, StatCache, signature
+from worldline.daemon.storage.blob_store import digest_of
+from worldline.daemon.storage.blobs import MemoryBlobStore
 
 from .conftest import tree_state
 

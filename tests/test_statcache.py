@@ -1,4 +1,4 @@
-"""The stat cache's file on disk (daemon/storage/statcache.py)."""
+"""The stat cache's file on disk (daemon/capture/statcache.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import time
 
-from worldline.daemon.storage.statcache import StatCache
+from worldline.daemon.capture.statcache import StatCache
 
 PAGE = 4096
 

@@ -277,9 +277,9 @@ def test_a_flood_of_changes_is_dropped_for_a_full_scan(tmp_path, monkeypatch, ca
     from worldline.daemon.capture import tracker as tracker_mod
     from worldline.daemon.capture.layers import WORKSPACE, Layer
     from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+    from worldline.daemon.capture.statcache import StatCache
     from worldline.daemon.capture.trees import TreeReader
     from worldline.daemon.storage.blobs import MemoryBlobStore
-    from worldline.daemon.storage.statcache import StatCache
 
     monkeypatch.setattr(tracker_mod, "MAX_CHANGES", 50)
     ws = tmp_path / "ws"

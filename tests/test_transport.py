@@ -1,5 +1,5 @@
 """The Python client's two ways to the daemon on a Unix socket: gRPC, and frames on the
-gateway (client/transport.py, client/wire.py). Both give the same answers and the same
+gateway (client/transport.py, worldline.wire.frames). Both give the same answers and the same
 errors; the frames' own edges (a pool shared by threads, deadlines, a daemon that
 restarted or has no gateway, frames that do not fit) are checked here."""
 
@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable, wire
+from worldline.client import Client, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from worldline.client.transport import FrameTransport, GrpcTransport
 from worldline.v1 import worldline_pb2 as pb
+from worldline.wire import frames as wire
 
 from .conftest import DaemonProcess
 from .fidelity import in_fresh_child_as

@@ -257,9 +257,9 @@ def test_a_scan_with_memos_equals_a_scan_without(tmp_path):
     import time
 
     from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
+    from worldline.daemon.capture.statcache import RACY_NS, StatCache
     from worldline.daemon.capture.trees import TreeReader
     from worldline.daemon.storage.blobs import MemoryBlobStore
-    from worldline.daemon.storage.statcache import RACY_NS, StatCache
 
     root = tmp_path / "ws"
     for i in range(6):

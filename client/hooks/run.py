@@ -484,7 +484,7 @@ def _fails_closed(config: Config, event: Event) -> bool:
 
 
 def _locally_gated(event: Event) -> bool:
-    from worldline.daemon.policy import Policy
+    from worldline.wire.policy import Policy
     policy_file = os.environ.get("WORLDLINE_POLICY")
     try:
         policy = Policy.load(policy_file) if policy_file else Policy()

@@ -42,15 +42,18 @@ import os
 import shutil
 import stat as st_
 
-from worldline.client.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from worldline.wire.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from .. import progress
 from ..faults import crash_point
-from ..storage.blobs import BlobStore, DestinationFull
+from ..storage.blob_store import BlobStore, DestinationFull
 from ..storage.durable import out_of_space
 from . import sparse
+from .descriptors import DIR_FLAGS as _DIR_FLAGS
+from .descriptors import READ_FLAGS as _READ_FLAGS
+from .descriptors import link_groups
 from .fsmeta import Applier
-from .snapshot import _DIR_FLAGS, _READ_FLAGS, Capture, link_groups
+from .snapshotter import Capture
 from .tracker import TEMP_PREFIX
 from .trees import (
     BLOCK,

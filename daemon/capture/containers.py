@@ -35,7 +35,7 @@ import re
 import threading
 from typing import Iterator
 
-from worldline.client.errors import FailedPrecondition, NotFound, Unavailable
+from worldline.wire.errors import FailedPrecondition, NotFound, Unavailable
 
 from .resolve import (
     RESOLVE_BENEATH,

@@ -28,16 +28,16 @@ import os
 import stat as st_
 
 from pathspec import GitIgnoreSpec
-from worldline.client.errors import InvalidArgument
+from worldline.wire.errors import InvalidArgument
 
-from ..storage.blobs import digest_of
+from ..storage.blob_store import digest_of
+from .descriptors import READ_FLAGS as _READ_FLAGS
 from .trees import FILE
 
 IGNORE_FILE = ".worldlineignore"
 MAX_FILE = 64 << 10  # bytes of .worldlineignore read at the most
 MAX_PATTERNS = 1000  # in the file, and given with --exclude
 MAX_PATTERN = 1024  # characters of one --exclude pattern
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Exclusions:

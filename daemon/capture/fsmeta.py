@@ -20,7 +20,7 @@ import errno
 import os
 import stat as st_
 
-from worldline.client.errors import ResourceExhausted
+from worldline.wire.errors import ResourceExhausted
 
 from .limits import human
 from .trees import Entry, make_extra

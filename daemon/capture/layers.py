@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 
 from ..storage.durable import replace_file
-from .snapshot import Capture, WorkspaceSnapshotter
+from .snapshot import WorkspaceSnapshotter
+from .snapshotter import Capture
 from .tracker import Changes, WorkspaceTracker
 from .trees import links_of
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from worldline.client.errors import ResourceExhausted
+from worldline.wire.errors import ResourceExhausted
 
 from ..storage.reserve import room
 

@@ -1,26 +1,9 @@
-"""Snapshotters: capture a world's files into trees and blobs, and bring them back.
+"""Snapshotters: capture a layer's files into trees and blobs, and bring them back.
 
-Contract of every ``Snapshotter``:
-
-- ``capture(persist=True, changes=None, base=None)`` reads the world and returns a
-  ``Capture`` whose ``root`` is the digest of its root tree. With ``persist`` the
-  blobs and trees are stored (not yet synced: the caller calls
-  ``BlobStore.sync()`` once); without it nothing is written anywhere and the new
-  trees travel in ``Capture.trees``. ``changes`` (a change tracker's report) names
-  the paths that may differ from the tree ``base``; only those are examined and
-  only the trees on their paths rewritten. Without them, or when they say
-  ``full``, the whole world is examined, the stat cache sparing the reads of
-  unchanged files.
-- ``apply(current, target_root)`` makes the world equal to the target tree,
-  touching only what differs from ``current`` (a fresh capture). Every file is
-  written aside and renamed into place; nothing is ever written through a symlink
-  or outside the world.
-- ``commit(capture)`` records, after the metadata that references a capture is
-  durable, what the capture learnt (the stat cache).
-
-Implementations: ``WorkspaceSnapshotter`` (a directory; workspaces and forks),
-``MemorySnapshotter`` (the reference: a dict of paths), and the container
-snapshotter (a Docker container's writable layer).
+The contract (terms, guarantees, lifecycle) is ``Snapshotter`` in snapshotter.py.
+Implementations: ``WorkspaceSnapshotter`` (a folder: a workspace, a fork's view, or a
+Docker container's writable layer with ``overlay``) and ``MemorySnapshotter`` (the
+reference: a dict of paths).
 """
 
 from __future__ import annotations
@@ -37,17 +20,21 @@ import stat as st_
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from worldline.client.errors import FailedPrecondition
+from worldline.wire.errors import FailedPrecondition
 
 from ..faults import crash_point
-from ..storage.blobs import CHUNK, BlobStore, Overread, digest_of, file_chunks, within
-from ..storage.statcache import Memo, StatCache, is_racy, is_racy_signature
+from ..storage.blob_store import BlobStore, Overread, digest_of
+from ..storage.blobs import CHUNK, file_chunks, within
 from . import exclude, sparse
+from .descriptors import DIR_FLAGS as _DIR_FLAGS
+from .descriptors import READ_FLAGS as _READ_FLAGS
+from .descriptors import link_groups
 from .fsmeta import at, entry_of, read_xattrs
 from .limits import Budget, Limits
+from .snapshotter import Capture, Watcher
+from .statcache import Memo, StatCache, is_racy, is_racy_signature
 from .tracker import TEMP_PREFIX, Changes
 from .trees import (
     BLOCK,
@@ -83,54 +70,6 @@ from .walk import (
 log = logging.getLogger(__name__)
 
 SMALL_FILE = 4 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-@dataclass
-class Capture:
-    root: str
-    bytes: int
-    # what a capture that stores nothing made, by digest: its trees (and the root's
-    # hard-link groups, a list), read through TreeReader's ``pending``
-    trees: dict[str, Tree | list] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    seen: dict[str, tuple] = field(default_factory=dict)  # stat cache entries learnt
-    persisted: bool = True
-    full: bool = True  # every file was examined (not just a tracker's changes)
-    memos: dict[str, Memo | None] = field(default_factory=dict)  # folder memos (None: drop)
-    reused: set[str] = field(default_factory=set)  # folders whose memo held
-    links: dict[str, int] = field(default_factory=dict)  # files with hard links: inode
-    # files mapped shared and writable as it read them: their stat cache entries go
-    mapped: frozenset[str] = frozenset()
-    entries: int = 0  # names in the layer (every folder's), within --max-entries
-    # a look that stores nothing (a restore's plan): the inode of each entry it stat'ed,
-    # which the restore's writes check each entry against (apply.py)
-    inodes: dict[str, int] = field(default_factory=dict)
-    # the exclusions the capture obeyed (exclude.py), which a restore planned from it
-    # obeys too; None: none
-    excluded: exclude.Exclusions | None = None
-
-
-class Snapshotter(Protocol):
-    def capture(self, persist: bool = True, changes: Changes | None = None,
-                base: str | None = None, mapped: frozenset[str] = frozenset()
-                ) -> Capture: ...
-
-    def apply(self, current: Capture, target_root: str) -> list[str]: ...
-
-    def commit(self, capture: Capture) -> None: ...
-
-
-class Watcher(Protocol):
-    """A change tracker, as the snapshotter sees it."""
-
-    excluded: Callable[[str, bool], bool] | None  # what the last capture excluded
-
-    def watch_folder(self, rel: str, fd: int) -> None: ...
-
-    def scanning(self) -> contextlib.AbstractContextManager[
-        tuple[int, int, Callable[[list[tuple[str, int]]], None]]]: ...
 
 
 class _Scan:
@@ -765,14 +704,6 @@ class WorkspaceSnapshotter:
                               ).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
-
-
-def link_groups(links: dict[str, int]) -> list[list[str]]:
-    """Hard-link groups (paths sharing an inode, two or more), each sorted, in order."""
-    by_inode: dict[int, list[str]] = {}
-    for path, inode in links.items():
-        by_inode.setdefault(inode, []).append(path)
-    return sorted(sorted(g) for g in by_inode.values() if len(g) > 1)
 
 
 def _cached_file(path: str, sig: bytes, fields: tuple, scan: _Scan, cache) -> Entry | None:

@@ -25,9 +25,9 @@ import os
 import struct
 from collections.abc import Iterator
 
-from worldline.client.errors import DataLoss
+from worldline.wire.errors import DataLoss
 
-from ..storage.blobs import BlobStore, digest_of
+from ..storage.blob_store import BlobStore, digest_of
 
 PIECE = 4 << 20
 OVERLAYFS_SUPER_MAGIC = 0x794C7630

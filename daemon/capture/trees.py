@@ -23,9 +23,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from worldline.client.errors import DataLoss, InvalidArgument
+from worldline.wire.errors import DataLoss, InvalidArgument
 
-from ..storage.blobs import BlobStore, digest_of
+from ..storage.blob_store import BlobStore, digest_of
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only

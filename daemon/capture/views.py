@@ -32,12 +32,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .. import progress
-from ..storage.blobs import BlobStore
+from ..storage.blob_store import BlobStore
 from ..storage.durable import fsync_folder, replace_file
-from ..storage.statcache import StatCache, signature
 from .fsmeta import Applier
 from .resolve import identity_of, make_folder, open_folder
-from .snapshot import Capture, WorkspaceSnapshotter
+from .snapshot import WorkspaceSnapshotter
+from .snapshotter import Capture
+from .statcache import StatCache, signature
 from .trees import DIR, SYMLINK, WHITEOUT, Entry, Tree, TreeReader, diff, encode, links_of
 
 log = logging.getLogger(__name__)

@@ -48,10 +48,11 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .descriptors import DIR_FLAGS as _DIR_FLAGS
+
 # size, mtime_ns, ctime_ns, inode, mode, uid, gid, nlink, blocks: 56 bytes
 SIG = struct.Struct("=qqqQIIIIq")
 OPAQUE_XATTR = "trusted.overlay.opaque"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 400  # folders deeper than this are refused, clearly, instead of overflowing
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -26,7 +26,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
-from worldline.client.errors import PermissionDenied
+from worldline.wire.errors import PermissionDenied
 
 from ..owners import Agent, made_by
 

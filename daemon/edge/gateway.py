@@ -5,14 +5,14 @@ JSON lines exist for clients that must start in milliseconds: an agent's hook ru
 a new process twice per tool call, and importing grpc alone costs such a process
 about 70 ms, where Python and ``json`` cost about 20. Frames exist for the Python
 client's calls after an idle gap, which gRPC answers about a millisecond later on a
-2-core VM (client/wire.py). The gateway serves the same servicer as the gRPC socket,
+2-core VM (worldline.wire.frames). The gateway serves the same servicer as the gRPC socket,
 maps errors through the same ``server.status_of``, times and counts calls in the same
 metric, and listens at ``<socket>.json`` beside the gRPC socket with the same
 permissions (owner-only; with ``--allow-uid``, every peer's uid is checked as the
 relay checks it).
 
 Protocol. A connection whose first line is ``wire.PREFACE`` speaks frames (see
-client/wire.py). Any other connection carries JSON requests, one line each, one after
+worldline.wire.frames). Any other connection carries JSON requests, one line each, one after
 another::
 
     {"method": "CreateCheckpoint", "request": {...}, "timeout": 30}
@@ -47,9 +47,9 @@ import time
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from worldline.client import wire
-from worldline.client.lite import parse_request, response_json
 from worldline.v1 import worldline_pb2 as pb
+from worldline.wire import frames as wire
+from worldline.wire.jsonform import parse_request, response_json
 
 from .. import ids
 from ..observe import ACTIVITY, REQUEST_ID, RPC_SECONDS
@@ -407,7 +407,7 @@ class _Reader:
                 return False
 
     def frame(self) -> bytearray | None:
-        """The next frame's body (client/wire.py); None at a clean end before one."""
+        """The next frame's body (worldline.wire.frames); None at a clean end before one."""
         head = self._exactly(4, eof_ok=True)
         if head is None:
             return None

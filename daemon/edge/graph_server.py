@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from worldline.client.errors import InvalidArgument
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
+from worldline.wire.errors import InvalidArgument
 
 from ..graphs import Graphs
-from ..storage.graph_store import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
+from ..storage.graph_checkpoints import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite, Typed
 from ..validate import load_json
 
 

@@ -13,10 +13,10 @@ import json
 import logging
 
 import grpc
-from worldline.client.errors import InvalidArgument, WorldlineError
-from worldline.client.paths import escape
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
+from worldline.wire.errors import InvalidArgument, WorldlineError
+from worldline.wire.paths import escape
 
 from .. import fleet, maintenance, typed_ids
 from ..gates import Gates

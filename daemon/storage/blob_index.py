@@ -28,16 +28,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple, Protocol
 
-SCHEMA = """
+from .schema import POSTGRESQL, SQLITE, ddl
+
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS blob_objects (
     name TEXT PRIMARY KEY, bytes BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-    host TEXT NOT NULL, body BLOB);
+    host TEXT NOT NULL, body $BLOB);
 CREATE TABLE IF NOT EXISTS blob_index (
     digest TEXT PRIMARY KEY, object TEXT NOT NULL, off BIGINT NOT NULL, len BIGINT NOT NULL,
     size BIGINT NOT NULL, codec TEXT NOT NULL, stored_at DOUBLE PRECISION NOT NULL);
 CREATE INDEX IF NOT EXISTS blob_index_by_object ON blob_index (object);
 """
-PG_SCHEMA = SCHEMA.replace(" BLOB", " BYTEA")  # PostgreSQL's name for bytes
+SCHEMA, PG_SCHEMA = ddl(_SCHEMA, SQLITE), ddl(_SCHEMA, POSTGRESQL)  # schema.py
 
 STAGED = "staged/"  # a staged object's name starts so: its bytes are in its row
 STAGED_RANGE = ("name >= 'staged/' AND name < 'staged0'")  # those names (an index range)

@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable
 
 import zstandard
-from worldline.client.errors import DataLoss
+from worldline.wire.errors import DataLoss
 
 from . import packs
 from .packs import _read_varint, _varint

@@ -18,9 +18,10 @@ import socket
 import sqlite3
 from dataclasses import dataclass
 
-from worldline.client.errors import InvalidArgument
+from worldline.wire.errors import InvalidArgument
 
 from .blobs import LocalBlobStore
+from .urls import redact
 
 DEFAULT_CACHE_BYTES = 16 << 30
 
@@ -110,11 +111,3 @@ def _has_pack(path: str) -> bool:
     finally:
         db.close()
 
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    auth, host = rest.rsplit("@", 1)
-    return f"{scheme}://{auth.split(':', 1)[0]}@{host}"

@@ -33,7 +33,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from worldline.client.errors import DataLoss, InvalidArgument
+from worldline.wire.errors import DataLoss, InvalidArgument
 
 VERSION = b"\x01"
 NONCE = 12

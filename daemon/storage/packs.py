@@ -60,7 +60,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import zstandard
-from worldline.client.errors import DataLoss, NotFound
+from worldline.wire.errors import DataLoss, NotFound
 
 from ..faults import crash_point
 from .sqlite_store import SqliteDatabase, to_incremental_vacuum

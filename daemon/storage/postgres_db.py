@@ -17,9 +17,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from worldline.client.errors import Aborted, ResourceExhausted, Unavailable
+from worldline.wire.errors import Aborted, ResourceExhausted, Unavailable
 
-from .config import redact
+from .urls import redact
 
 log = logging.getLogger(__name__)
 

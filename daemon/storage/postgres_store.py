@@ -13,57 +13,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from worldline.client.errors import Aborted
+from worldline.wire.errors import Aborted
 
 from . import blob_index
 from .blob_index import BlobIndexSql, StoredObject
 from .migrations import Migration, latest, migrate
 from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_GC, LOCK_MIGRATIONS, PostgresDatabase, psycopg
+from .schema import METADATA, POSTGRESQL, ddl
 from .sql_store import SqlStore
 
-SCHEMA = """
-CREATE TABLE sessions (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
-    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT,
-    host TEXT NOT NULL DEFAULT '', lease_expires DOUBLE PRECISION NOT NULL DEFAULT 0,
-    released_to TEXT);
-CREATE INDEX sessions_by_host ON sessions (host);
-CREATE TABLE checkpoints (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
-    tree BYTEA NOT NULL, bytes BIGINT NOT NULL, state_digest BYTEA NOT NULL,
-    tasks_digest BYTEA NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
-    message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
-    trace_id TEXT NOT NULL, restored_from TEXT, container BYTEA, acknowledged TEXT NOT NULL,
-    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    warnings TEXT NOT NULL DEFAULT '', UNIQUE (session_id, seq));
-CREATE TABLE messages (
-    checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (checkpoint_id, idx));
-CREATE TABLE tool_calls (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, name TEXT NOT NULL, args_json TEXT NOT NULL,
-    result_json TEXT, effect TEXT NOT NULL, idempotency_key TEXT, checkpoint_id TEXT NOT NULL,
-    created_at TEXT NOT NULL, rule TEXT NOT NULL, approval_id TEXT);
-CREATE INDEX tool_calls_by_checkpoint ON tool_calls (checkpoint_id);
-CREATE TABLE tasks (
-    session_id TEXT NOT NULL, id TEXT NOT NULL, position INTEGER NOT NULL, title TEXT NOT NULL,
-    parent TEXT, status TEXT NOT NULL, note TEXT NOT NULL, updated_at TEXT NOT NULL,
-    PRIMARY KEY (session_id, id));
-CREATE TABLE approvals (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
-    status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
-    expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
-CREATE TABLE hosts (
-    host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL);
-CREATE TABLE holds (
-    host TEXT NOT NULL, checkpoint_id TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (host, checkpoint_id));
-CREATE TABLE audit (
-    seq BIGINT PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
-    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BYTEA NOT NULL, hash BYTEA NOT NULL);
-CREATE INDEX audit_by_kind ON audit (kind, created_at);
-"""
+SCHEMA = ddl(METADATA, POSTGRESQL)
 
 # Version 3 is the first PostgreSQL schema (SQLite's numbering: the same columns).
 MIGRATIONS = (

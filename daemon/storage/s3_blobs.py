@@ -81,14 +81,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from worldline.client.errors import DataLoss, InvalidArgument, NotFound, Unavailable
+from worldline.wire.errors import DataLoss, InvalidArgument, NotFound, Unavailable
 
 from .. import progress
 from ..faults import crash_point
 from ..observe import BUCKET_REQUESTS, MOVED_OBJECTS, STAGED_BYTES
 from . import bucket_packs, packs
 from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
-from .blobs import LocalBlobStore, check_digest
+from .blob_store import check_digest
+from .blobs import LocalBlobStore
 
 log = logging.getLogger(__name__)
 

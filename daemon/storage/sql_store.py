@@ -19,7 +19,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.wire.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
 from ..ids import clock
 from ..records import (
@@ -32,7 +32,7 @@ from ..records import (
     ToolCall,
     chain_hash,
 )
-from .store import check_claim_fields
+from .leases import check_claim_fields
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
                  " needs_attention, deleted_at, host, lease_expires, released_to")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import DataLoss, ResourceExhausted, Unavailable
+from worldline.wire.errors import DataLoss, ResourceExhausted, Unavailable
 
 from ..faults import crash_point
 from ..observe import METADATA_FSYNC
@@ -37,54 +37,12 @@ from . import blob_index, reserve, wal
 from .blob_index import BlobIndexSql
 from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
+from .schema import METADATA, SQLITE, ddl
 from .sql_store import SqlStore, digest_in
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, workspace TEXT NOT NULL, container TEXT,
-    head TEXT NOT NULL, forked_from TEXT, created_at TEXT NOT NULL,
-    spec TEXT NOT NULL DEFAULT '{}', needs_attention TEXT, deleted_at TEXT,
-    host TEXT NOT NULL DEFAULT '', lease_expires REAL NOT NULL DEFAULT 0, released_to TEXT);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL, parent_id TEXT, kind TEXT NOT NULL, created_at TEXT NOT NULL,
-    tree BLOB NOT NULL, bytes INTEGER NOT NULL, state_digest BLOB NOT NULL,
-    tasks_digest BLOB NOT NULL, conversation_parent TEXT, messages_added INTEGER NOT NULL,
-    message_count INTEGER NOT NULL, label TEXT NOT NULL, reasoning TEXT NOT NULL,
-    trace_id TEXT NOT NULL, restored_from TEXT, container BLOB, acknowledged TEXT NOT NULL,
-    pruned INTEGER NOT NULL DEFAULT 0, resume TEXT NOT NULL DEFAULT '',
-    warnings TEXT NOT NULL DEFAULT '', UNIQUE (session_id, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS messages (
-    checkpoint_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (checkpoint_id, idx)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tool_calls (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, name TEXT NOT NULL, args_json TEXT NOT NULL,
-    result_json TEXT, effect TEXT NOT NULL, idempotency_key TEXT, checkpoint_id TEXT NOT NULL,
-    created_at TEXT NOT NULL, rule TEXT NOT NULL, approval_id TEXT);
-CREATE INDEX IF NOT EXISTS tool_calls_by_checkpoint ON tool_calls (checkpoint_id);
-CREATE TABLE IF NOT EXISTS tasks (
-    session_id TEXT NOT NULL, id TEXT NOT NULL, position INTEGER NOT NULL, title TEXT NOT NULL,
-    parent TEXT, status TEXT NOT NULL, note TEXT NOT NULL, updated_at TEXT NOT NULL,
-    PRIMARY KEY (session_id, id));
-CREATE TABLE IF NOT EXISTS approvals (
-    id TEXT PRIMARY KEY, session_id TEXT NOT NULL, tool TEXT NOT NULL, args_json TEXT NOT NULL,
-    status TEXT NOT NULL, checkpoint_id TEXT NOT NULL, created_at TEXT NOT NULL,
-    expires_at TEXT NOT NULL, reason TEXT NOT NULL, decided_at TEXT);
-CREATE TABLE IF NOT EXISTS hosts (
-    host TEXT PRIMARY KEY, address TEXT NOT NULL, seen_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS holds (
-    host TEXT NOT NULL, checkpoint_id TEXT NOT NULL, expires REAL NOT NULL,
-    PRIMARY KEY (host, checkpoint_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS audit (
-    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT, subject_id TEXT NOT NULL,
-    detail TEXT NOT NULL, created_at TEXT NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL);
-"""
-# Digests are kept as their 32 bytes (sql_store.digest_in), not 64 hex digits. A
-# checkpoint row is found by its id: the table is keyed by it (WITHOUT ROWID), so no
-# second index of ids is kept beside the rows (a checkpoint's metadata is a large share
-# of what it stores).
+SCHEMA = ddl(METADATA, SQLITE)
 
 
 def _add_columns(table: str, *columns: str):

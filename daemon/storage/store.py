@@ -1,37 +1,16 @@
-"""Metadata stores: sessions, checkpoints, conversation, tool calls, tasks,
-approvals and the audit log.
-
-Contract of every ``Store``:
-
-- Terms: records are those of ``records.py``. A session's *head* is the id of its
-  latest checkpoint. A checkpoint's *lineage* is the chain of parents from it back
-  to the first checkpoint of the first session it descends from (forks included).
-- Lifecycle: records are appended and never rewritten. The only updates are a
-  session's head (``append_checkpoint``, compare-and-set), its working task list
-  (``set_task``, and replaced whole by a restore) and an approval's status (once,
-  from pending).
-- Atomicity: every method is one transaction. ``append_checkpoint`` inserts the
-  checkpoint, its messages and its audit events and moves the head, or does
-  nothing. Audit events passed to a method are chained into the log in the same
-  transaction.
-- Errors: ``NotFound`` for unknown ids; ``Aborted`` when the head is not the one
-  expected; ``FailedPrecondition`` when an approval is no longer pending;
-  ``AlreadyExists`` for a duplicate id.
-
-Implementations: ``SqliteStore`` (the embedded default), ``MemoryStore`` (the
-reference and the store of tests); PostgreSQL fits the same shape. The contract
-tests in tests/test_store_contract.py run against each.
+"""The reference metadata store, ``MemoryStore`` (a dict per record kind, one lock), and
+the reads every caller of a ``Store`` shares (``with_gates``, ``calls_on_path``,
+``ordered_tasks``). The contract is ``Store`` in metadata_store.py, its fleet leases
+``LeaseStore`` in leases.py.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Protocol
 
-from worldline.client.errors import (
+from worldline.wire.errors import (
     Aborted,
     AlreadyExists,
     FailedPrecondition,
@@ -50,116 +29,8 @@ from ..records import (
     ToolCall,
     chain_hash,
 )
-from .blob_index import StoredObject
-
-
-class Store(Protocol):
-    # True when a commit writes only this host's disk, its one wait an fsync (which
-    # ``sqlite_store.flushes_deferred`` can take later); False for a fleet's database,
-    # whose every commit waits on the network.
-    local: bool
-
-    def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
-                       events: list[AuditEvent]) -> None: ...
-    def get_session(self, session_id: str) -> Session: ...
-    def get_session_and_tasks(self, session_id: str) -> tuple[Session, list[Task]]:
-        """The session and its working task list, read together (one statement: a
-        checkpoint's reads of both cost one round trip on a fleet's store)."""
-    def list_sessions(self) -> list[Session]: ...
-
-    def update_session(self, session_id: str, **fields) -> None:
-        """Change a session's mutable fields (``container``, ``spec``,
-        ``needs_attention``, ``deleted_at``); its head moves only by
-        ``append_checkpoint``, its host only by ``claim_session``."""
-
-    def renew_leases(self, host: str, until: float) -> int:
-        """Extend the lease of every session ``host`` holds (and has not released) to
-        ``until``; return how many."""
-
-    def claim_session(self, session_id: str, host: str, expected_host: str, until: float,
-                      now: float, **fields) -> Session:
-        """Make ``host`` the session's holder with a lease until ``until`` (and set
-        ``fields``: ``workspace``, ``container``, ``spec``, ``needs_attention``),
-        provided it is still held by ``expected_host`` and that host's lease ran out
-        before ``now`` or the session was released to ``host``: else ``Aborted``. Two
-        hosts claiming one session: exactly one wins."""
-
-    def announce_host(self, host: str, address: str, now: float) -> None:
-        """Record where ``host`` answers (its advertised address, "" if none)."""
-
-    def host_address(self, host: str) -> str:
-        """The address ``host`` last announced, "" if none."""
-
-    def publish_holds(self, host: str, checkpoint_ids: Collection[str], until: float,
-                      now: float) -> None:
-        """``host``'s holds become exactly ``checkpoint_ids``, each lasting until
-        ``until`` (the checkpoints its restores and forks under way bring back,
-        in_use.py); every host's holds that ran out before ``now`` are dropped."""
-
-    def held_checkpoints(self, now: float) -> set[str]:
-        """The checkpoints some host holds past ``now``: gc on any host of a fleet
-        neither prunes them nor deletes what they name."""
-
-    def release_session(self, session_id: str, host: str, to: str) -> Session:
-        """``host`` lets go of the session for ``to`` (a host id, or "*" for any):
-        its lease ends now. ``FailedPrecondition`` unless ``host`` holds it."""
-
-    def append_checkpoint(self, cp: Checkpoint, messages: list[str], expected_head: str,
-                          tasks: list[Task] | None, events: list[AuditEvent],
-                          objects: list[StoredObject] = ()) -> Checkpoint:
-        """Insert ``cp`` (its ``seq`` assigned here) and move its session's head to it,
-        provided the head is still ``expected_head``; with ``tasks``, the session's
-        working task list becomes exactly those. ``objects`` (the bucket objects holding
-        the checkpoint's new blobs, ``BlobStore.committing``) go into the blob index in
-        the same transaction; a store with no blob index takes none."""
-
-    def get_checkpoint(self, checkpoint_id: str) -> Checkpoint: ...
-    def list_checkpoints(self, session_id: str | None = None, limit: int | None = None,
-                         before_seq: int | None = None) -> list[Checkpoint]:
-        """Checkpoints oldest first (all sessions' by session, then seq); of one session,
-        with ``limit`` and ``before_seq``, only its newest ``limit`` with a seq below
-        ``before_seq`` (a page of a long history, still oldest first)."""
-    def count_checkpoints(self, session_id: str) -> int: ...
-    def prune_checkpoints(self, checkpoint_ids: list[str], events: list[AuditEvent]) -> None:
-        """Mark checkpoints pruned: their records stay (lineage, conversation, audit),
-        their trees are no longer kept by garbage collection."""
-
-    def conversation(self, checkpoint_id: str) -> list[str]:
-        """Every message (JSON text) of the conversation as of the checkpoint, in order."""
-    def lineage(self, checkpoint_id: str) -> list[tuple[str, str]]:
-        """(checkpoint id, session id) from this one back through its parents, newest first."""
-
-    def add_tool_call(self, call: ToolCall, events: list[AuditEvent]) -> None:
-        """Record a tool call; one citing an approval another call already cited is
-        FAILED_PRECONDITION (an approval is used up by the call it allowed)."""
-    def list_tool_calls(self, session_id: str | None = None,
-                        checkpoint_ids: Collection[str] | None = None) -> list[ToolCall]: ...
-
-    def set_task(self, session_id: str, task: Task, events: list[AuditEvent]) -> None: ...
-    def list_tasks(self, session_id: str) -> list[Task]:
-        """The working task list, in order of creation."""
-
-    def add_approval(self, approval: Approval, events: list[AuditEvent]) -> None: ...
-    def get_approval(self, approval_id: str) -> Approval: ...
-    def decide_approval(self, approval_id: str, status: str, reason: str, decided_at: str,
-                        events: list[AuditEvent]) -> Approval: ...
-    def list_approvals(self, session_id: str | None = None,
-                       status: str | None = None) -> list[Approval]: ...
-
-    def append_audit(self, events: list[AuditEvent]) -> None: ...
-
-    def gc_lock(self) -> AbstractContextManager[None]:
-        """Held while garbage collection runs: one collector at a time across every
-        daemon sharing the store (``Aborted`` at once if another holds it)."""
-    def list_audit(self, session_id: str | None = None, kind: str | None = None,
-                   limit: int = 0, since: str | None = None,
-                   after_seq: int | None = None) -> list[AuditEvent]:
-        """The audit log in order; ``since`` (ids.now's form): only events recorded at
-        or after that time; ``after_seq``: only events after that one in the log (an
-        event's time is taken before its transaction, and on a fleet by another host's
-        clock: a later seq may carry an earlier time)."""
-
-    def close(self) -> None: ...
+from .leases import check_claim_fields, claimable
+from .metadata_store import Store
 
 
 def with_gates(store: Store, calls: list[ToolCall]) -> list[ToolCall]:
@@ -189,26 +60,6 @@ def calls_on_path(store: Store, head_id: str, since: str | None = None) -> list[
     ids = [cid for cid in timeline if cid not in behind]
     return [c for c in store.list_tool_calls(checkpoint_ids=ids)
             if c.session_id == timeline[c.checkpoint_id]]
-
-
-CLAIMABLE_FIELDS = {"workspace", "container", "spec", "needs_attention"}
-
-
-def check_claim_fields(fields: dict) -> None:
-    unknown = set(fields) - CLAIMABLE_FIELDS
-    if unknown:
-        raise ValueError(f"session fields {sorted(unknown)} cannot change by a claim")
-
-
-def claimable(holder: str, lease_expires: float, released_to: str | None, host: str,
-              expected_host: str, now: float) -> bool:
-    """Whether ``host`` may take a session held by ``holder`` (what claim_session's
-    compare-and-set tests, in every store)."""
-    if holder != expected_host:
-        return False
-    if released_to is not None:  # released for one host (or "*": any), whatever the clock
-        return released_to in (host, "*")
-    return lease_expires < now
 
 
 def ordered_tasks(tasks: list[Task]) -> list[Task]:

@@ -31,11 +31,10 @@ import shlex
 import tomllib
 from dataclasses import dataclass
 
-from worldline.client.errors import InvalidArgument
+from .errors import InvalidArgument
 
-from .records import EFFECTS
-from .validate import load_json
-
+# A tool call's effects, from the least far-reaching to the most.
+EFFECTS = ("read_only", "local", "external_idempotent", "external_non_idempotent")
 SEVERITY = {e: i for i, e in enumerate(EFFECTS)}
 SHELL_TOOLS = ("bash", "sh", "shell", "run_shell", "run_command", "execute_command", "exec",
                "terminal", "run_terminal_cmd", "command", "cmd", "run_shell_command",
@@ -235,7 +234,3 @@ def split_commands(command: str) -> list[str]:
         if words:
             out.append(" ".join(words))
     return out
-
-
-def parse_args_json(text: str, what: str = "args") -> dict:
-    return load_json(text, what, dict, "a JSON object") if text else {}

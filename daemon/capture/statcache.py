@@ -1,6 +1,7 @@
 """The stat cache: what each workspace file and folder looked like when it was last read.
 
-Host-local, like git's index. For each workspace it keeps
+Host-local, like git's index: capture's index of the workspaces it has read, kept in
+SQLite. For each workspace it keeps
 
 - *files*: relative path -> (signature, ref, extra, kind) for files and symlinks,
   where the signature is the entry's (size, mtime_ns, ctime_ns, inode, mode, uid, gid,
@@ -25,7 +26,7 @@ replays the log. A change as large as the maps it changes (a first capture) is
 written as the snapshot itself, not logged. A logged change is written behind: kept
 in memory (``_unwritten``) and written with the others by ``write_behind``, which the
 daemon's housekeeping calls every second, so a checkpoint's reply never waits for it
-(0.7.28; before, each checkpoint's own insert and commit, about 0.1 ms). A daemon
+(an insert and a commit of its own). A daemon
 killed in that second loses those entries, as a power cut could always lose the
 log's unsynced tail: the files they name are read once more. ``compact`` folds the log into the
 snapshot: when a workspace's log grows past ``COMPACT_AT`` entries, when the daemon is
@@ -33,7 +34,7 @@ idle (one workspace at a time, until a write comes in), and when it stops. A
 compaction deletes the old snapshot and the log before it writes the new snapshot, so
 the new one takes their pages instead of new ones at the end of the file. An idle
 compaction also gives the pages it freed back to the filesystem (the file is in
-``auto_vacuum=INCREMENTAL`` mode; one made before 0.7.21 is converted when opened, a
+``auto_vacuum=INCREMENTAL`` mode; a file in another mode is converted when opened, a
 ``VACUUM`` once), then moves the write-ahead log into the file and truncates it, as
 the daemon does for its other databases: at rest the file holds what the cache holds.
 """
@@ -49,8 +50,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ..capture.walk import SIG, signature
-from .sqlite_store import damaged, to_incremental_vacuum
+from ..storage.sqlite_store import damaged, to_incremental_vacuum
+from .walk import SIG, signature
 
 log = logging.getLogger(__name__)
 
