@@ -26,8 +26,8 @@ tests in tests/test_store_contract.py run against each.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Protocol
 
@@ -55,9 +55,16 @@ from .blob_index import StoredObject
 
 class Store(Protocol):
     # True when a commit writes only this host's disk, its one wait an fsync (which
-    # ``sqlite_store.flushes_deferred`` can take later); False for a fleet's database,
-    # whose every commit waits on the network.
+    # ``flush_later`` can take later); False for a fleet's database, whose every commit
+    # waits on the network.
     local: bool
+
+    def flush_later(self) -> AbstractContextManager[Callable[[], None]] | None:
+        """A block within which this thread's commits return before they are durable,
+        yielding the callable that makes them so: called after the block, before
+        anything is acknowledged (a checkpoint's commit is then CPU work in its capture's
+        turn, its fsync after). None when a commit waits on the network, which no block
+        can move out of the way."""
 
     def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
                        events: list[AuditEvent]) -> None: ...
@@ -232,6 +239,9 @@ class MemoryStore:
     """The reference store: plain dicts behind one lock."""
 
     local = True
+
+    def flush_later(self) -> AbstractContextManager[Callable[[], None]]:
+        return nullcontext(lambda: None)  # nothing to make durable
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
