@@ -53,8 +53,8 @@ class SessionSpec:
 
     @property
     def patterns(self) -> list[str]:
-        """The --exclude patterns ([] if none)."""
-        return self.exclude or []
+        """The --exclude patterns ([] if none), a list of the caller's own."""
+        return list(self.exclude or ())
 
     @property
     def owner(self) -> Agent | None:

@@ -141,17 +141,26 @@ class World:
         return self.core.usable(checkpoint_id)
 
     # -- checkpoints (checkpoint.py) -------------------------------------------------------
-    def checkpoint(self, session_id: str, **given) -> Checkpoint:
-        """See ``Checkpoints.checkpoint`` for what ``given`` may hold."""
-        return self._checkpoints.checkpoint(session_id, **given)
+    def checkpoint(self, session_id: str, *, label: str = "", reasoning: str = "",
+                   trace_id: str = "", messages_json: str = "", state_json: str = "",
+                   expected_head: str = "", resume_json: str = "",
+                   warnings: tuple[str, ...] | list[str] = ()) -> Checkpoint:
+        return self._checkpoints.checkpoint(
+            session_id, label=label, reasoning=reasoning, trace_id=trace_id,
+            messages_json=messages_json, state_json=state_json, expected_head=expected_head,
+            resume_json=resume_json, warnings=warnings)
 
     def warn_next_checkpoint(self, session_id: str, text: str) -> None:
         self._checkpoints.warn_next(session_id, text)
 
     # -- restores (restore.py, recovery.py) ------------------------------------------------
-    def restore(self, session_id: str, checkpoint_id: str, **how) -> RestoreResult:
-        """See ``Restores.restore`` for what ``how`` may hold."""
-        return self._restores.restore(session_id, checkpoint_id, **how)
+    def restore(self, session_id: str, checkpoint_id: str, *, acknowledge: bool = False,
+                dry_run: bool = False, expected_head: str = "",
+                from_other_session: bool = False, paths: list[str] | None = None
+                ) -> RestoreResult:
+        return self._restores.restore(
+            session_id, checkpoint_id, acknowledge=acknowledge, dry_run=dry_run,
+            expected_head=expected_head, from_other_session=from_other_session, paths=paths)
 
     def resolve(self, session_id: str, complete: bool) -> Session:
         return self._recovery.resolve(session_id, complete)
