@@ -25,7 +25,6 @@ lease runs out another host may *take the session over*.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import stat
@@ -35,12 +34,13 @@ from dataclasses import replace
 
 from worldline.wire.errors import FailedPrecondition, InvalidArgument
 
-from . import ids, owners
+from . import ids
 from .capture.layers import CONTAINER, WORKSPACE
 from .capture.resolve import identity_of, make_folder, open_folder
 from .capture.snapshotter import Capture
 from .faults import crash_point
 from .records import AuditEvent, Checkpoint, Session
+from .session_spec import SessionSpec
 from .storage.leases import claimable
 from .world import World, remove_folder, symlink_refused
 
@@ -55,7 +55,7 @@ def release(world: World, session_id: str, to_host: str) -> Session:
                                  " --store postgresql://... and a --host-id)")
     if not to_host:
         raise InvalidArgument("name the host to release the session to (or '*' for any)")
-    with world._session_locked(session_id) as (session, _):
+    with world.session_locked(session_id) as (session, _):
         if session.host != world.host:
             raise FailedPrecondition(f"session {session_id} is held by {session.host}, not"
                                      f" by this host ({world.host})")
@@ -95,29 +95,29 @@ def take_over(world: World, session_id: str, workspace: str = "") -> Session:
                            STAGING + session_id)
     # The folder the recorded container spec binds as the workspace: where the session
     # was before its first claim. The claim names the new place, so it also writes this
-    # folder into the spec (a spec recorded before 0.7.2 lacks it), where a take-over
-    # that died after the claim and is resumed finds it.
-    spec = json.loads(session.spec or "{}")
-    origin = spec.get("workspace") or session.workspace
+    # folder into the spec (which may lack it), where a take-over that died after the
+    # claim and is resumed finds it.
+    spec = SessionSpec.parse(session.spec)
+    origin = spec.workspace or session.workspace
     # A take-over that died after putting the workspace in place left it there: the
     # folder at the path is the one it recorded (by identity), and the take-over goes
     # on from it, keeping whatever was written in it since (the next checkpoint has it).
-    placed = interrupted and _is_placed(path, spec.get("placed"))
+    placed = interrupted and _is_placed(path, spec.placed)
     if interrupted:  # what a take-over that died left (its name is ours; never followed),
         # if it is still the folder it made (an agent writing the parent may have put
         # another there: then the staging below is refused)
-        remove_folder(staging, spec.get("staging") or [-1, -1])
-    real = world._check_workspace(path, must_be_empty=not placed, moving=session_id)
+        remove_folder(staging, spec.staging or [-1, -1])
+    real = world.check_workspace(path, must_be_empty=not placed, moving=session_id)
     crash_point("takeover.checked", path)
     head = world.store.get_checkpoint(session.head)
     if head.pruned:
         raise FailedPrecondition(f"the head of session {session_id} was pruned")
-    recorded = {**spec, "workspace": origin}
+    recorded = replace(spec, workspace=origin)
     now = time.time()
     claimed = session if unfinished else world.store.claim_session(
         session_id, world.host, session.host, now + world.lease_seconds, now,
         workspace=real, needs_attention=f"take-over by {world.host} under way",
-        **({"spec": json.dumps(recorded, sort_keys=True)} if spec else {}))
+        **({"spec": recorded.to_json()} if spec.as_dict() else {}))
     world.store.append_audit([AuditEvent("session.take_over", session_id, session_id,
                                          {"from": session.host, "host": world.host,
                                           "workspace": real}, ids.now())])
@@ -139,7 +139,7 @@ def _is_placed(path: str, placed: list[int] | None) -> bool:
 
 
 def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
-                    staging: str, spec: dict) -> None:
+                    staging: str, spec: SessionSpec) -> None:
     """The workspace at ``path`` (an empty folder, or none) made from the head: written
     in ``staging`` beside it, recorded in the session's ``spec`` by identity, renamed
     into place."""
@@ -153,13 +153,12 @@ def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
     if not created:  # put there since it was cleared: not ours to write into
         raise FailedPrecondition(f"{staging} is in the way of the take-over (not made by"
                                  " it): nothing was written; remove it and try again")
-    spec = {**spec, "staging": staged}  # an interrupted take-over removes only this one
-    world.store.update_session(session.id, spec=json.dumps(spec, sort_keys=True))
-    layer = world._layer(WORKSPACE, staging, staged, track=False)
+    spec = replace(spec, staging=staged)  # an interrupted take-over removes only this one
+    world.store.update_session(session.id, spec=spec.to_json())
+    layer = world.layer(WORKSPACE, staging, staged, track=False)
     layer.snap.apply(Capture(world.empty_tree, 0), head.tree)
     crash_point("takeover.mid", staging)
-    world.store.update_session(session.id,
-                               spec=json.dumps({**spec, "placed": staged}, sort_keys=True))
+    world.store.update_session(session.id, spec=replace(spec, placed=staged).to_json())
     try:
         parent = open_folder(os.path.dirname(path))
     except OSError as exc:
@@ -180,7 +179,7 @@ def _make_workspace(world: World, session: Session, head: Checkpoint, path: str,
                 raise
             raise _in_the_way(path, "something was put there") from None
         # The staging folder's name is in a folder others may write: what the rename
-        # moved is checked to be the folder written, by identity (issue 57).
+        # moved is checked to be the folder written, by identity.
         if not _is_staged(parent, name, staged):
             raise _in_the_way(path, "the take-over's staging folder was swapped as it"
                                     " was renamed into place")
@@ -215,8 +214,9 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     if session.container and head.container:
         container = _remake_container(world, session, origin, path)
     # No roots yet (the layers' identities are taken below); still its agent user's.
+    agent = SessionSpec.parse(session.spec).agent or None
     moved = replace(session, workspace=path, container=container,
-                    spec=owners.with_agent("{}", owners.agent_of(session.spec)))
+                    spec=SessionSpec(agent=agent).to_json())
     with world.lock(path):
         layers = world.layers(moved)
         for lay in layers:
@@ -224,7 +224,8 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
                 lay.snap.apply(lay.snap.capture(persist=False), head.container,
                                watch_new=True)
         world.store.update_session(session.id, container=container,
-                                   spec=world._spec(moved, layers, _spec_of(world, container)),
+                                   spec=world.recorded_spec(moved, layers,
+                                                            _spec_of(world, container)),
                                    needs_attention=None)
         cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "restore", ids.now(), head.tree,
                         head.bytes, head.state_digest, head.tasks_digest, head.id, 0,
@@ -234,23 +235,23 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
         world.store.append_checkpoint(cp, [], head.id, None, [AuditEvent(
             "restore", session.id, cp.id, {"target": head.id, "host": world.host}, ids.now())])
     if container:
-        world._start_container(container, path)
+        world.start_container(container, path)
 
 
 def _remake_container(world: World, session: Session, origin: str, path: str) -> str:
-    spec = world._container_spec(session)
+    spec = world.container_spec(session)
     host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in world.host)
     name = f"{session.container}-{host}"[:120]
     # Mounts besides the workspace name the former host's folders and volumes: on this
     # host each becomes a fresh empty volume at the same place (as `fork --volumes
     # empty`), never a bind of whatever this host has at that path.
-    world._engine().create_from_spec(spec, name, origin, path, world._labels(session.id),
-                                     "empty")
+    world.require_engine().create_from_spec(spec, name, origin, path,
+                                            world.labels(session.id), "empty")
     return name
 
 
 def _spec_of(world: World, container: str | None):
-    return world._engine().creation_spec(container) if container else None
+    return world.require_engine().creation_spec(container) if container else None
 
 
 class Leases:

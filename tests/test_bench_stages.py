@@ -12,10 +12,10 @@ SCRIPT = """
 import json
 from pathlib import Path
 from tests.bench import stages
-from worldline.daemon import world
-original = world.World.__dict__["checkpoint"], world.World.__dict__["_admitted"]
+from worldline.daemon.world.checkpoint import Checkpoints
+original = Checkpoints.__dict__["checkpoint"], Checkpoints.__dict__["_admitted"]
 results = stages.run("edits", 12, Path({cache!r}), sql=True, files=300)
-after = world.World.__dict__["checkpoint"], world.World.__dict__["_admitted"]
+after = Checkpoints.__dict__["checkpoint"], Checkpoints.__dict__["_admitted"]
 print(json.dumps({{"results": results, "restored": after == original,
                   "stages": [name for _, _, name in stages.STAGES], "whole": stages.WHOLE,
                   "report": stages.report(results)}}))

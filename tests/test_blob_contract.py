@@ -476,5 +476,5 @@ def test_a_base_chosen_by_a_put_is_safe_from_a_concurrent_gc(tmp_path):
 
 def test_a_blob_store_says_whether_its_commits_stay_on_this_host(blobs, request):
     """``local``, as for stores: a bucket's ``committing`` uploads, so a checkpoint that
-    writes to one commits after its capture's turn, never in it (world.py)."""
+    writes to one commits after its capture's turn, never in it (world/checkpoint.py)."""
     assert blobs.local is not request.node.callspec.params["blobs"].startswith("s3")

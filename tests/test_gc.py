@@ -255,7 +255,7 @@ def test_a_restore_set_aside_for_an_operator_keeps_its_target_from_gc(tmp_path):
 
 
 def _published(store, host: str = "a"):
-    """A fleet host's publication of its holds to ``store`` (World._publish_holds)."""
+    """A fleet host's publication of its holds to ``store`` (Core.publish_holds, world/core.py)."""
     def publish(held: set[str]) -> None:
         now = time.time()
         store.publish_holds(host, held, now + 30, now)

@@ -613,8 +613,8 @@ def test_a_daemon_keeps_nothing_of_the_sessions_it_no_longer_serves(tmp_path):
         "        c.delete_session(f.id)\n"
         "    kept.checkpoint()\n"
         "gc.collect()\n"
-        "w = d.world\n"
-        "print(json.dumps([len(forks), sorted(w._heads), sorted(w._workspace_of),"
+        "w = d.world.core\n"
+        "print(json.dumps([len(forks), sorted(w.heads), sorted(w.workspace_of),"
         " len(w._locks), kept.id]))\n"
         "d.stop()\n")
     (tmp_path / "kept").mkdir()

@@ -241,7 +241,7 @@ def test_the_restore_journal_finds_every_entry_it_or_an_earlier_daemon_wrote(tmp
     those the folder held when it was opened (a daemon that died mid-restore)."""
     import json
 
-    from worldline.daemon.capture.layers import RestoreJournal
+    from worldline.daemon.world.journal import RestoreJournal
     folder = tmp_path / "journal"
     RestoreJournal(str(folder)).write({"session": "left", "target": "c1"})
     journal = RestoreJournal(str(folder))  # the next daemon

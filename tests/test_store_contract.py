@@ -537,10 +537,25 @@ def test_a_checkpoints_bucket_objects_are_indexed_in_its_transaction(store):
 
 def test_a_store_says_whether_its_commits_stay_on_this_host(store, request):
     """``local``: a checkpoint's commit runs in its capture's turn only on a store whose
-    commit waits on nothing but this host's fsync (world.py). A fleet's database, whose
-    commits wait on the network, says False: in the turn, every session's commit would
-    queue behind the others' round trips."""
+    commit waits on nothing but this host's fsync (world/checkpoint.py). A fleet's
+    database, whose commits wait on the network, says False: in the turn, every
+    session's commit would queue behind the others' round trips."""
     assert store.local is (request.node.callspec.params["store"] != "postgres")
+
+
+def test_a_store_says_whether_a_commit_can_be_made_durable_later(store):
+    """``flush_later``: on a store of this host, a block whose commits return before they
+    are durable, and the callable that makes them so; a fleet's database, whose commit's
+    wait is the network's, has none (None)."""
+    later = store.flush_later()
+    if not store.local:
+        assert later is None
+        return
+    s, first = new_session(store)
+    with later as flush:
+        cp = store.append_checkpoint(make_cp(s.id, first.id), [], first.id, None, [])
+    flush()
+    assert store.get_session(s.id).head == cp.id
 
 
 def test_a_checkpoints_warnings_round_trip(store):

@@ -8,9 +8,9 @@ eight-session load on two cores (daemon CPU per checkpoint, checkpoints per seco
 every capture admitted, 7.6 ms and 154/s; two at a time, 6.4 ms and 166/s; one at a
 time, 5.0 ms and 198/s. So incremental captures take turns; on the embedded store the
 commit's Python work is part of the turn and only its fsync overlaps the next capture
-(4.1 ms of CPU a checkpoint against 4.7 when the whole commit overlapped it);
-full scans, which spend their time in system calls outside the lock, do not wait
-(world.py).
+(less CPU a checkpoint than when the whole commit overlapped it, which took the lock
+from the capture at each of its system calls); full scans, which spend their time in
+system calls outside the lock, do not wait (world/checkpoint.py).
 
 ``FairGate`` admits ``limit`` holders and queues the rest in arrival order, handing a
 freed place straight to the oldest waiter, so nobody is overtaken (the tail latency

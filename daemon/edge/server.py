@@ -23,6 +23,7 @@ from ..gates import Gates
 from ..observe import CHECKPOINTS
 from ..progress import Progress
 from ..records import Approval, AuditEvent, Checkpoint, Session, Task, ToolCall
+from ..session_spec import SessionSpec
 from ..storage.durable import out_of_space
 from ..world import World
 from . import callers
@@ -98,7 +99,7 @@ def session_pb(s: Session) -> pb.Session:
                       needs_attention=s.needs_attention or "", deleted_at=s.deleted_at or "",
                       host=s.host, lease_expires=s.lease_expires,
                       released_to=s.released_to or "",
-                      exclude=json.loads(s.spec or "{}").get("exclude", []))
+                      exclude=SessionSpec.parse(s.spec).patterns)
 
 
 def paths_pb(paths: list[str]) -> list[str]:

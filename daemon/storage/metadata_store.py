@@ -43,7 +43,7 @@ holds every one to this contract.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -56,9 +56,16 @@ class Store(LeaseStore, Protocol):
     """The world's records; the module's docstring is the contract."""
 
     # True when a commit writes only this host's disk, its one wait an fsync (which
-    # ``sqlite_store.flushes_deferred`` can take later); False for a fleet's database,
+    # ``flush_later`` can take later); False for a fleet's database,
     # whose every commit waits on the network.
     local: bool
+
+    def flush_later(self) -> AbstractContextManager[Callable[[], None]] | None:
+        """A block within which this thread's commits return before they are durable,
+        yielding the callable that makes them so: called after the block, before
+        anything is acknowledged (a checkpoint's commit is then CPU work in its capture's
+        turn, its fsync after). None when a commit waits on the network, which no block
+        can move out of the way."""
 
     def create_session(self, session: Session, first: Checkpoint, tasks: list[Task],
                        events: list[AuditEvent]) -> None: ...

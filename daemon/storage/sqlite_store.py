@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 
 from worldline.wire.errors import DataLoss, ResourceExhausted, Unavailable
@@ -194,8 +194,8 @@ def flushes_deferred() -> Iterator[Callable[[], None]]:
     those fsyncs (each a group commit, as ever): call it after the block, before
     anything is acknowledged. A checkpoint's commit is CPU work but for its fsync: it
     runs in the capture's turn at the admission gate, and the fsync after that turn
-    (world.py). A block that raises leaves its commits to the next fsync of the same
-    log (nothing was acknowledged)."""
+    (world/checkpoint.py). A block that raises leaves its commits to the next fsync of
+    the same log (nothing was acknowledged)."""
     if getattr(_DEFERRED, "commits", None) is not None:
         raise RuntimeError("fsyncs are deferred already on this thread")
     commits: dict[SqliteDatabase, int] = {}  # each file's latest: its fsync covers the rest
@@ -471,6 +471,9 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
 
     integrity_errors = (sqlite3.IntegrityError,)
     local = True
+
+    def flush_later(self) -> AbstractContextManager[Callable[[], None]]:
+        return flushes_deferred()
 
     def __init__(self, path: str) -> None:
         self._seen: dict[str, tuple[Session, tuple[Task, ...]]] = {}

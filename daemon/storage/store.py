@@ -7,7 +7,8 @@ the reads every caller of a ``Store`` shares (``with_gates``, ``calls_on_path``,
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 
 from worldline.wire.errors import (
@@ -83,6 +84,9 @@ class MemoryStore:
     """The reference store: plain dicts behind one lock."""
 
     local = True
+
+    def flush_later(self) -> AbstractContextManager[Callable[[], None]]:
+        return nullcontext(lambda: None)  # nothing to make durable
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

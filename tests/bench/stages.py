@@ -35,30 +35,32 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from worldline.client import Client
-from worldline.daemon import world
 from worldline.daemon.capture.layers import Layer
 from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
 from worldline.daemon.capture.tracker import WorkspaceTracker
 from worldline.daemon.main import Daemon
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
+from worldline.daemon.world.checkpoint import Checkpoints
+from worldline.daemon.world.core import Core
+from worldline.daemon.world.session_lock import SessionLock
 
 from .history import Replay, source
 from .trees import edit, wide_tree
 
 # (owner, method, the stage's name): what a checkpoint passes through, outermost first
 STAGES: list[tuple[object, str, str]] = [
-    (world.World, "checkpoint", "checkpoint (the daemon's whole answer but the wire)"),
-    (world.World, "_session_locked", "session lock and read, its release"),
-    (world.World, "layers", "layers"),
-    (world.World, "_admitted", "admission gate: the wait for a turn, its end"),
-    (world.World, "_capture", "capture (all layers, state, tasks)"),
+    (Checkpoints, "checkpoint", "checkpoint (the daemon's whole answer but the wire)"),
+    (SessionLock, "locked", "session lock and read, its release"),
+    (Core, "layers", "layers"),
+    (Checkpoints, "_admitted", "admission gate: the wait for a turn, its end"),
+    (Checkpoints, "_capture", "capture (all layers, state, tasks)"),
     (WorkspaceTracker, "prepare", "  tracker barrier and changes"),
     (WorkspaceSnapshotter, "capture", "  workspace capture"),
     (WorkspaceSnapshotter, "_update_dir", "    folders updated"),
     (WorkspaceSnapshotter, "_read_file", "    files read and put"),
     (LocalBlobStore, "put_bytes", "    puts (files and trees)"),
-    (world.World, "_commit", "commit"),
+    (Checkpoints, "_commit", "commit"),
     (LocalBlobStore, "sync", "  pack rows' transaction"),
     (SqliteStore, "append_checkpoint", "  checkpoint's transaction"),
     (SqliteDatabase, "_flush", "fsync of the log"),
