@@ -874,7 +874,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gateway-buffer-bytes", type=_size, default="256M", metavar="SIZE",
                    help="requests the gateway holds at once, all connections together; an"
                         " allowed user's at most half (default 256M)")
+    d.add_argument("--encryption-key", metavar="FILE",
+                   help="encrypt the data at rest with the key in FILE (32 bytes: raw, hex"
+                        " or base64; default: systemd's credential worldline-key when given;"
+                        " docs/encryption.md)")
     d.set_defaults(fn=None)
+
+    key = sub.add_parser("key", help="the encryption key of a data root (docs/encryption.md)")
+    keys = key.add_subparsers(dest="key_cmd", required=True, metavar="SUBCOMMAND")
+    rot = keys.add_parser("rotate", help="re-wrap the data key with a new key; the old one"
+                                         " opens nothing afterwards (the daemon may run)")
+    rot.add_argument("--new-key", metavar="FILE", required=True, help="the new key's file")
+    rot.add_argument("--encryption-key", metavar="FILE",
+                     help="the key in use (default: systemd's credential worldline-key)")
+    rot.add_argument("--root", help="data root (default $WORLDLINE_ROOT or"
+                                     " ~/.local/share/worldline)")
+    rot.add_argument("--store", metavar="URL", help="as the daemon's --store")
+    rot.add_argument("--blobs", metavar="URL", help="as the daemon's --blobs (a fleet's"
+                                                    " keyring is in its bucket)")
+    key.set_defaults(fn=None)
 
     comp = sub.add_parser("completion", help="print a shell completion script")
     comp.add_argument("shell", choices=["bash", "zsh"],
@@ -1235,7 +1253,7 @@ def _main(argv: list[str] | None = None) -> int:
         try:
             storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
                                             args.cache_bytes, args.lease_seconds,
-                                            args.advertise)
+                                            args.advertise, args.encryption_key)
         except WorldlineError as exc:
             return _failed(exc, False)
         return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
@@ -1247,6 +1265,8 @@ def _main(argv: list[str] | None = None) -> int:
                                    args.connections_per_uid, args.idle_seconds,
                                    args.gateway_max_line, args.gateway_buffer_bytes,
                                    args.calls_per_uid))
+    if args.command == "key":
+        return _key_rotate(args)
     out = Output(as_json)
     try:
         from ._client import Client
@@ -1257,6 +1277,25 @@ def _main(argv: list[str] | None = None) -> int:
         return _failed(exc, as_json)
     except KeyboardInterrupt:
         return 130
+
+
+def _key_rotate(args) -> int:
+    """``worldline key rotate``: on the keyring itself (daemon/storage/keyring.py), no
+    daemon call: the data key is re-wrapped, nothing else rewritten."""
+    from worldline.daemon.storage.config import StorageConfig
+    from worldline.daemon.storage.keyring import rotate
+
+    from .config import default_root
+    try:
+        storage = StorageConfig.resolve(args.store, args.blobs, encryption_key=args.encryption_key)
+        if not storage.encryption_key:
+            raise InvalidArgument("give the key in use: --encryption-key FILE")
+        new_id = rotate(os.path.abspath(args.root or default_root()), storage.store,
+                        storage.blobs, storage.encryption_key, args.new_key)
+    except WorldlineError as exc:
+        return _failed(exc, False)
+    print(f"the data key is wrapped with the new key (id {new_id}); start the daemon with it")
+    return 0
 
 
 def _failed(exc: WorldlineError, as_json: bool) -> int:

@@ -203,8 +203,10 @@ class Daemon:
         if freed:
             log.warning("%s", freed)
 
+        # the data key first: a missing or wrong key stops the start with nothing read
+        self.data_key = self.storage.open_data_key(self.root)
         self.store = self.storage.open_store(self.root)
-        self.blobs = self.storage.open_blobs(self.root, self.store)
+        self.blobs = self.storage.open_blobs(self.root, self.store, self.data_key)
         renamed, removed = getattr(self.blobs, "cache", self.blobs).recover()
         if renamed or removed:
             log.warning("blob recovery: finished %d interrupted rename(s), removed %d"

@@ -86,7 +86,7 @@ from .records import (
     tasks_to_json,
 )
 from .root_id import root_id
-from .storage.blobs import BlobStore, digest_of
+from .storage.blobs import BlobStore
 from .storage.durable import out_of_space
 from .storage.sqlite_store import flushes_deferred
 from .storage.statcache import StatCache
@@ -753,7 +753,7 @@ class World:
         tasks = tasks_to_json(task_list)
         # Unchanged since the head (the usual case): its blob is the head's, kept as the
         # state's is, with no put (a question to the pack) for it.
-        tasks_digest = (head.tasks_digest if digest_of(tasks) == head.tasks_digest
+        tasks_digest = (head.tasks_digest if self.blobs.address(tasks) == head.tasks_digest
                         else self.blobs.put_bytes(tasks, base=head.tasks_digest))
         return [c for _, c, _ in taken], state_digest, tasks_digest
 
@@ -937,11 +937,11 @@ class World:
             roots[1] = head.container
         tasks_json = tasks_to_json(tasks)
         bases = self._bases(head)[:len(roots)]
-        if roots == bases and digest_of(tasks_json) == head.tasks_digest:
+        if roots == bases and self.blobs.address(tasks_json) == head.tasks_digest:
             return None
         if any(p.unsaved for p in plans):
             return None
-        tasks_digest = (head.tasks_digest if digest_of(tasks_json) == head.tasks_digest
+        tasks_digest = (head.tasks_digest if self.blobs.address(tasks_json) == head.tasks_digest
                         else self.blobs.put_bytes(tasks_json, base=head.tasks_digest))
         cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
                         roots[0], plans[0].current.bytes, head.state_digest, tasks_digest,

@@ -1,0 +1,238 @@
+"""Encryption at rest of blobs, packs and the bucket (docs/encryption.md): a real
+daemon over its socket started with ``--encryption-key``; a wrong or missing key
+refused at start; ``worldline key rotate``; fsck finding a flipped byte in a sealed
+row; a fleet's bucket (moto's S3 server, an emulator) holding no plaintext."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from worldline.client.errors import DataLoss, InvalidArgument
+from worldline.daemon.storage import crypto
+from worldline.daemon.storage.blobs import LocalBlobStore
+
+from .conftest import WORLDLINE, DaemonProcess, pack_of
+
+CANARY = b"canary-7f3e9b21-do-not-leak"
+
+
+def _key(path: Path) -> str:
+    path.write_text(crypto.new_key().hex() + "\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_bytes(b"a line with " + CANARY + b"\n")
+    (ws / "big.bin").write_bytes(os.urandom(1 << 20) + CANARY + os.urandom(1 << 20))
+    for i in range(20):
+        (ws / f"m{i}.py").write_text(f"print({i})\n" * 50)
+    return ws
+
+
+def _files_holding(root: Path, needle: bytes, where=lambda p: True) -> list[str]:
+    return [str(p) for p in root.rglob("*")
+            if p.is_file() and where(p) and needle in p.read_bytes()]
+
+
+def _start_fails(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    res = subprocess.run(WORLDLINE + ["daemon", "--root", str(root), *extra],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0, res.stderr
+    return res
+
+
+def _checkpointed(d: DaemonProcess, ws: Path) -> tuple[str, str]:
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        c.record_tool_call(s.id, "write_file", {"path": "x", "text": CANARY.decode()})
+        cp = c.checkpoint(s.id, label="one",
+                          messages=[{"role": "user", "content": CANARY.decode()}])
+        (ws / "notes.txt").write_bytes(b"edited " + CANARY + b"\n")
+        c.checkpoint(s.id, label="two")
+        return s.id, cp.id
+
+
+def _blob_rows(root: Path) -> list[tuple[bytes, bytes]]:
+    db = sqlite3.connect(f"file:{pack_of(root / 'blobs')}?mode=ro", uri=True)
+    try:
+        return [(bytes(d), bytes(b)) for d, b in db.execute("SELECT digest, data FROM objects")]
+    finally:
+        db.close()
+
+
+def test_a_keyed_data_root_keeps_no_plaintext_in_its_blobs_and_refuses_other_keys(tmp_path):
+    root, ws = tmp_path / "root", _workspace(tmp_path)
+    key = _key(tmp_path / "key")
+    d = DaemonProcess(root, ["--encryption-key", key]).start()
+    try:
+        sid, first = _checkpointed(d, ws)
+        with d.client() as c:
+            c.restore(sid, first)
+        assert (ws / "notes.txt").read_bytes() == b"a line with " + CANARY + b"\n"
+    finally:
+        d.stop()
+    assert (root / "keyring").exists()
+    # blobs: the big file's blob file and every row of the pack are sealed
+    files = [p for p in (root / "blobs").rglob("*") if p.is_file() and len(p.parent.name) == 2]
+    assert files and not [p for p in files if CANARY in p.read_bytes()]
+    rows = _blob_rows(root)
+    assert rows and all(data[:1] == crypto.VERSION for _, data in rows)
+    assert not [d for d, data in rows if CANARY in data]
+    # the name of content is keyed: a guessed file's SHA-256 is not stored
+    import hashlib
+    guessed = hashlib.sha256((ws / "notes.txt").read_bytes()).digest()
+    assert guessed not in {d for d, _ in rows}
+
+    other = _key(tmp_path / "other")
+    for extra in ([], ["--encryption-key", other]):  # missing, then wrong: refused
+        res = _start_fails(root, *extra)
+        assert "error:" in res.stderr and "Traceback" not in res.stderr
+    # the right key opens it again, and rotation moves it to another key
+    rot = subprocess.run(WORLDLINE + ["key", "rotate", "--root", str(root),
+                                      "--encryption-key", key, "--new-key", other],
+                         capture_output=True, text=True, timeout=60)
+    assert rot.returncode == 0, rot.stderr
+    _start_fails(root, "--encryption-key", key)  # the old key opens nothing now
+    d = DaemonProcess(root, ["--encryption-key", other]).start()
+    try:
+        with d.client() as c:
+            c.restore(sid, first)
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+
+
+def test_whole_data_root_holds_no_canary(tmp_path):
+    """Every file of a keyed data root, its SQLite files and their write-ahead logs
+    included. The metadata store's columns (conversation, state, tool arguments) are
+    sealed by the metadata store's own change (enc-meta): until it is merged, only
+    the blob side is asserted, and the rest is expected to fail."""
+    root, ws = tmp_path / "root", _workspace(tmp_path)
+    d = DaemonProcess(root, ["--encryption-key", _key(tmp_path / "key")]).start()
+    try:
+        _checkpointed(d, ws)
+        leaks = _files_holding(root, CANARY)  # while running: the WAL files too
+    finally:
+        d.stop()
+    leaks += _files_holding(root, CANARY)
+    blob_leaks = [p for p in leaks if "/blobs/" in p or p.endswith("pack.db")]
+    assert blob_leaks == []
+    if leaks and not os.environ.get("WORLDLINE_ENC_META"):
+        pytest.xfail(f"the metadata store is sealed by enc-meta's change: {sorted(set(leaks))}")
+    assert leaks == []
+
+
+def test_a_data_root_in_the_clear_is_not_opened_with_a_key(tmp_path):
+    root, ws = tmp_path / "root", _workspace(tmp_path)
+    d = DaemonProcess(root).start()
+    try:
+        _checkpointed(d, ws)
+    finally:
+        d.stop()
+    res = _start_fails(root, "--encryption-key", _key(tmp_path / "key"))
+    assert "clear" in res.stderr
+    assert not (root / "keyring").exists()
+
+
+def test_fsck_names_a_sealed_row_with_one_byte_flipped(tmp_path):
+    root, ws = tmp_path / "root", _workspace(tmp_path)
+    d = DaemonProcess(root, ["--encryption-key", _key(tmp_path / "key")]).start()
+    try:
+        _checkpointed(d, ws)
+        with d.client() as c:
+            assert c.fsck()["ok"]
+    finally:
+        d.stop()
+    raw, data = max(_blob_rows(root), key=lambda r: len(r[1]))
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x01
+    db = sqlite3.connect(pack_of(root / "blobs"))
+    with db:
+        db.execute("UPDATE objects SET data = ? WHERE digest = ?", (bytes(flipped), raw))
+    db.close()
+    d.start()
+    try:
+        with d.client() as c:
+            report = c.fsck()
+    finally:
+        d.stop()
+    assert not report["ok"]
+    assert any(raw.hex() in p for p in report["problems"]), report["problems"]
+
+
+def test_a_sealed_blob_file_with_a_flipped_byte_is_data_loss(tmp_path):
+    key = crypto.DataKey(crypto.new_key())
+    blobs = LocalBlobStore(str(tmp_path / "b"), key=key)
+    data = os.urandom(3 << 20)
+    digest = blobs.put_bytes(data)
+    blobs.sync()
+    assert digest == key.address(data) and blobs.read_bytes(digest) == data
+    path = tmp_path / "b" / digest[:2] / digest[2:]
+    assert path.stat().st_size == len(data) + crypto.OVERHEAD
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0x01
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataLoss):
+        blobs.verify(digest)
+    fd = os.open(tmp_path / "sink", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(DataLoss):
+            blobs.copy_to_fd(digest, fd)
+    finally:
+        os.close(fd)
+    blobs.close()
+    with pytest.raises(DataLoss):  # another key's store: nothing opens
+        LocalBlobStore(str(tmp_path / "b"), key=crypto.DataKey(crypto.new_key())
+                       ).read_bytes(digest)
+
+
+def test_a_bad_key_file_is_invalid_argument(tmp_path):
+    from worldline.daemon.storage.keyring import open_data_key
+    bad = tmp_path / "bad"
+    bad.write_text("not a key\n")
+    with pytest.raises(InvalidArgument):
+        open_data_key(str(tmp_path / "root"), "sqlite", "local", str(bad))
+
+
+def test_a_keyed_fleet_keeps_no_plaintext_in_its_bucket(tmp_path, postgres_url, s3_server):
+    """Two hosts on one bucket, each started with the same key: the first makes the
+    fleet's keyring in the bucket, the second finds it; no object, staged or PUT,
+    holds the canary; a host with another key is refused."""
+    import boto3
+    bucket = s3_server.new_bucket()
+    key = _key(tmp_path / "key")
+    common = ["--store", postgres_url, "--blobs", f"s3://{bucket}/fleet",
+              "--lease-seconds", "2", "--encryption-key", key]
+    env = s3_server.env
+    a = DaemonProcess(tmp_path / "root-a", [*common, "--host-id", "a"], env=env).start()
+    b = DaemonProcess(tmp_path / "root-b", [*common, "--host-id", "b"], env=env)
+    ws = _workspace(tmp_path)
+    try:
+        sid, first = _checkpointed(a, ws)
+        b.start()
+        with b.client() as c:  # a fork on the other host reads the bucket through its key
+            fork = c.fork(first, str(tmp_path / "fork"))
+            assert CANARY in (tmp_path / "fork" / "notes.txt").read_bytes(), fork
+            assert c.fsck()["ok"]
+    finally:
+        a.stop()
+        if b.proc is not None:
+            b.stop()
+    s3 = boto3.client("s3")
+    names = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "fleet/keyring" in names and len(names) > 1
+    leaks = [n for n in names
+             if CANARY in s3.get_object(Bucket=bucket, Key=n)["Body"].read()]
+    assert leaks == []
+    for root in (a.root, b.root):  # the hosts' caches: sealed as a data root's blobs
+        assert _files_holding(root / "blobs", CANARY) == []
+    _start_fails(tmp_path / "root-c", *common[:-1], _key(tmp_path / "other"),
+                 "--host-id", "c")
