@@ -234,5 +234,96 @@ def test_a_keyed_fleet_keeps_no_plaintext_in_its_bucket(tmp_path, postgres_url, 
     assert leaks == []
     for root in (a.root, b.root):  # the hosts' caches: sealed as a data root's blobs
         assert _files_holding(root / "blobs", CANARY) == []
-    _start_fails(tmp_path / "root-c", *common[:-1], _key(tmp_path / "other"),
-                 "--host-id", "c")
+    other = _key(tmp_path / "other")
+    _start_fails(tmp_path / "root-c", *common[:-1], other, "--host-id", "c")
+    # rotation of the fleet's key: the keyring object re-wrapped; the old key refused
+    rot = subprocess.run(WORLDLINE + ["key", "rotate", "--store", postgres_url, "--blobs",
+                                      f"s3://{bucket}/fleet", "--root", str(tmp_path / "x"),
+                                      "--encryption-key", key, "--new-key", other],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert rot.returncode == 0, rot.stderr
+    _start_fails(tmp_path / "root-c", *common, "--host-id", "c")
+    c = DaemonProcess(tmp_path / "root-c", [*common[:-1], other, "--host-id", "c"],
+                      env=env).start()
+    try:
+        with c.client() as client:
+            client.fork(first, str(tmp_path / "fork-c"))
+        assert (tmp_path / "fork-c" / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()
+    finally:
+        c.stop()
+
+
+def test_the_idle_repack_of_a_keyed_pack_keeps_its_rows_sealed_and_readable(tmp_path):
+    """The repack reads rows through their seal and writes its new encodings sealed:
+    a renamed file's version becomes a small delta of its old one, and every blob
+    reads back from a fresh store with the key (and from none without it)."""
+    from worldline.daemon.storage.packs import DELTA, ZDELTA
+    from worldline.daemon.storage.repack import Repacker
+
+    from .test_storage_history import _names, _text
+    key = crypto.DataKey(crypto.new_key())
+    blobs = LocalBlobStore(str(tmp_path / "b"), key=key)
+    old = _text(2000, "settings")
+    d_old = blobs.put_bytes(old)
+    blobs.put_bytes(f"tree:settings.py={d_old}".encode())
+    blobs.sync()
+    new = old.replace(b"settings line 7:", b"settings line seven:")
+    d_new = blobs.put_bytes(new)
+    blobs.put_bytes(f"tree:settings.py={d_new}".encode())
+    blobs.sync()
+    whole = len(blobs.pack.row(d_new).data)
+    repacker = Repacker(blobs, _names)
+    while repacker.step():
+        pass
+    row = blobs.pack.row(d_new)
+    assert row.sealed and row.kind in (DELTA, ZDELTA) and row.base == d_old
+    assert len(row.data) < whole // 20 and repacker.rows_rewritten >= 1
+    blobs.close()
+    again = LocalBlobStore(str(tmp_path / "b"), key=key)
+    try:
+        assert again.read_bytes(d_new) == new and again.read_bytes(d_old) == old
+    finally:
+        again.close()
+    with pytest.raises(DataLoss):
+        LocalBlobStore(str(tmp_path / "b"), key=crypto.DataKey(crypto.new_key())
+                       ).read_bytes(d_new)
+
+
+def test_a_large_blob_alone_in_the_bucket_is_the_hosts_sealed_file(request, tmp_path,
+                                                                    s3_server):
+    """A blob over ALONE goes to the bucket as the cache's sealed stream; another host
+    fetches it through its tag and address into its cache, fsck's streamed check and
+    the uncached read open it, and one byte flipped in the bucket is named by both."""
+    import boto3
+    from worldline.daemon.storage.s3_blobs import ALONE
+    from worldline.daemon.storage.sqlite_store import SqliteStore
+
+    from .test_blob_contract import s3_blob_store
+    key = crypto.DataKey(crypto.new_key())
+    index = SqliteStore(str(tmp_path / "meta.db"))
+    request.addfinalizer(index.close)
+    a = s3_blob_store(request, tmp_path, host="a", index=index, key=key)
+    data = os.urandom(ALONE + 1)
+    digest = a.put_bytes(data)
+    a.sync()
+    bucket = a.url[5:].split("/", 1)[0]
+    s3 = boto3.client("s3")
+    (name,) = [k for k in s3_server.keys(bucket) if k.startswith("fleet/blobs/")]
+    body = s3.get_object(Bucket=bucket, Key=name)["Body"].read()
+    assert len(body) == len(data) + crypto.OVERHEAD and data[1000:1064] not in body
+    b = s3_blob_store(request, tmp_path, host="b", index=index, bucket=bucket, key=key)
+    assert b.read_bytes(digest) == data and b.cache.has(digest)
+    c = s3_blob_store(request, tmp_path, host="c", index=index, bucket=bucket, key=key)
+    assert c.read_uncached(digest) == data
+    assert not c.check_objects().broken
+    flipped = bytearray(body)
+    flipped[len(flipped) // 2] ^= 0x01
+    s3.put_object(Bucket=bucket, Key=name, Body=bytes(flipped))
+    assert [x.digest for x in c.check_objects().broken] == [digest]
+    d = s3_blob_store(request, tmp_path, host="d", index=index, bucket=bucket, key=key)
+    with pytest.raises(DataLoss):
+        d.read_bytes(digest)
+    with pytest.raises(DataLoss):
+        d.read_uncached(digest)
+    assert not [p for p in (tmp_path / "cache-d").rglob("*") if p.is_file()
+                and len(p.parent.name) == 2]  # nothing unverified reached its cache
