@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 
-from worldline.client.errors import InvalidArgument, NotFound
+from worldline.client.errors import InvalidArgument, NotFound, Unavailable
 
 from . import crypto
 from .durable import fsync_folder
+
+log = logging.getLogger("worldline.keyring")
 
 KEYRING = "keyring"  # the file in a data root, the object in a fleet's bucket
 FORMAT = 1
@@ -141,23 +144,37 @@ class _Bucket:
         self.bucket = s3_blobs.S3Store(name, prefix=prefix or None, client_options=options,
                                        retry_config=retry)
 
+    def _asking(self, what: str, fn):
+        """``fn()``; the bucket not answering is Unavailable (a line, no traceback)."""
+        from obstore.exceptions import AlreadyExistsError, BaseError
+        try:
+            return fn()
+        except (FileNotFoundError, AlreadyExistsError):
+            raise
+        except (BaseError, OSError) as exc:
+            raise Unavailable(f"the blob bucket {self.url} did not answer {what}:"
+                              f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
     def read(self) -> bytes | None:
         try:
-            return bytes(self.obstore.get(self.bucket, KEYRING).bytes())
+            return self._asking(f"GET {KEYRING}", lambda: bytes(
+                self.obstore.get(self.bucket, KEYRING).bytes()))
         except FileNotFoundError:
             return None
 
     def holds_data(self) -> bool:
-        for batch in self.obstore.list(self.bucket, chunk_size=10):
-            if any(meta["path"] != KEYRING for meta in batch):
-                return True
-        return False
+        def look() -> bool:
+            for batch in self.obstore.list(self.bucket, chunk_size=10):
+                if any(meta["path"] != KEYRING for meta in batch):
+                    return True
+            return False
+        return self._asking("LIST", look)
 
     def write(self, raw: bytes, create: bool) -> bytes:
         from obstore.exceptions import AlreadyExistsError
         try:
-            self.obstore.put(self.bucket, KEYRING, raw,
-                             mode="create" if create else "overwrite")
+            self._asking(f"PUT {KEYRING}", lambda: self.obstore.put(
+                self.bucket, KEYRING, raw, mode="create" if create else "overwrite"))
         except AlreadyExistsError:  # another host's first start wrote it: that one
             return self.read() or raw
         return raw
@@ -181,7 +198,13 @@ def open_data_key(root: str, store: str, blobs: str, kek_file: str) -> crypto.Da
     if not kek_file:
         if blobs.startswith("s3://") or store == "sqlite":
             place = _place(root, store, blobs)
-            if place.read() is not None:
+            try:
+                found = place.read()
+            except Unavailable as exc:  # a host starts with its bucket away, as before
+                log.warning("%s; starting without knowing whether the fleet is encrypted",
+                            exc.message)
+                found = None
+            if found is not None:
                 raise InvalidArgument(f"this data is encrypted ({place} holds its data key):"
                                       " start the daemon with --encryption-key FILE")
         return None
