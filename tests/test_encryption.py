@@ -285,3 +285,40 @@ def test_a_large_blob_alone_in_the_bucket_is_the_hosts_sealed_file(request, tmp_
         d.read_uncached(digest)
     assert not [p for p in (tmp_path / "cache-d").rglob("*") if p.is_file()
                 and len(p.parent.name) == 2]  # nothing unverified reached its cache
+
+
+def test_the_key_comes_from_systemds_credential_when_no_flag_names_one(tmp_path,
+                                                                       monkeypatch):
+    from worldline.daemon.storage.config import StorageConfig
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert StorageConfig.resolve().encryption_key == ""  # none there: the clear
+    _key(creds / "worldline-key")
+    assert StorageConfig.resolve().encryption_key == str(creds / "worldline-key")
+    assert StorageConfig.resolve(encryption_key="/k").encryption_key == "/k"
+
+
+def test_a_fleet_in_the_clear_is_not_opened_with_a_key_even_with_its_bucket_empty(
+        tmp_path, postgres_url, s3_server):
+    """A host killed with its checkpoint's pack staged in PostgreSQL leaves the bucket
+    empty: the data in the clear is found in the database, and a keyed start refused."""
+    bucket = s3_server.new_bucket()
+    common = ["--store", postgres_url, "--blobs", f"s3://{bucket}/fleet", "--host-id", "a"]
+    a = DaemonProcess(tmp_path / "root-a", common, env=s3_server.env).start()
+    try:
+        with a.client() as c:
+            ws = tmp_path / "small"
+            ws.mkdir()
+            (ws / "notes.txt").write_bytes(CANARY)  # a pack small enough to be staged
+            s = c.create_session(str(ws))
+            c.checkpoint(s.id)
+    finally:
+        a.kill()
+    assert s3_server.keys(bucket) == []
+    res = subprocess.run(WORLDLINE + ["daemon", "--root", str(tmp_path / "root-b"), *common,
+                                      "--encryption-key", _key(tmp_path / "key")],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **s3_server.env})
+    assert res.returncode != 0 and "clear" in res.stderr, res.stderr
+    assert s3_server.keys(bucket) == []  # no keyring made

@@ -133,8 +133,9 @@ class _Local:
 class _Bucket:
     """The keyring object of a fleet's bucket."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, store: str) -> None:
         from . import s3_blobs
+        self.store = store
         if s3_blobs.obstore is None:
             raise InvalidArgument("s3 blobs need obstore: pip install 'worldline[fleet]'")
         self.url = url
@@ -163,6 +164,11 @@ class _Bucket:
             return None
 
     def holds_data(self) -> bool:
+        """Anything stored already: an object in the bucket, or a session or an object
+        (a staged one, whose bytes are in the database) in the fleet's PostgreSQL."""
+        if self.store.startswith(("postgresql://", "postgres://")) and _rows_in(self.store):
+            return True
+
         def look() -> bool:
             for batch in self.obstore.list(self.bucket, chunk_size=10):
                 if any(meta["path"] != KEYRING for meta in batch):
@@ -183,9 +189,25 @@ class _Bucket:
         return f"{self.url}/{KEYRING}"
 
 
+def _rows_in(url: str) -> bool:
+    """A fleet's PostgreSQL database holds a session or a blob object already."""
+    import psycopg
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            for table in ("sessions", "blob_objects"):
+                try:
+                    if conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():
+                        return True
+                except psycopg.errors.UndefinedTable:  # a new database: nothing yet
+                    conn.rollback()
+    except psycopg.OperationalError as exc:
+        raise Unavailable(f"the metadata store did not answer: {exc}") from None
+    return False
+
+
 def _place(root: str, store: str, blobs: str):
     if blobs.startswith("s3://"):
-        return _Bucket(blobs)
+        return _Bucket(blobs, store)
     if store != "sqlite":
         raise InvalidArgument("encryption with a PostgreSQL store needs the fleet's blobs in a"
                               " bucket (--blobs s3://...), where every host finds the keyring")
