@@ -356,7 +356,7 @@ class LocalBlobStore:
         """What a blob file holds of ``chunks``: them, or with a key their sealed stream."""
         return chunks if self.key is None else self.key.seal_stream(chunks)
 
-    def _opening(self, chunks):
+    def opening(self, chunks):
         """The blob's bytes from what its file holds (``_sealing``'s inverse). With a
         key, DataLoss at the end if the tag does not verify: a caller uses nothing it
         was given before the iteration ends."""
@@ -365,7 +365,7 @@ class LocalBlobStore:
     def _file_digest(self, fd: int) -> tuple[str, int]:
         """(address, size) of the blob file open at ``fd``, opened (DataLoss: its tag)."""
         hasher, size = self.hasher(), 0
-        for chunk in self._opening(file_chunks(fd)):
+        for chunk in self.opening(file_chunks(fd)):
             hasher.update(chunk)
             size += len(chunk)
         return hasher.hexdigest(), size
@@ -543,7 +543,7 @@ class LocalBlobStore:
             return packed
         fd = self._open_verified(digest)
         try:
-            data = b"".join(self._opening(file_chunks(fd)))
+            data = b"".join(self.opening(file_chunks(fd)))
         finally:
             os.close(fd)
         if self.address(data) != digest:
@@ -574,7 +574,7 @@ class LocalBlobStore:
         size = 0
         try:  # (with a key, the tag is checked at the end: the caller's file is its own
             # temporary, renamed in only when this returns: apply.py)
-            for chunk in self._opening(file_chunks(fd)):
+            for chunk in self.opening(file_chunks(fd)):
                 hasher.update(chunk)
                 size += len(chunk)
                 _write_all(dst, chunk)

@@ -848,7 +848,7 @@ class S3BlobStore:
                 yield chunk
 
         try:
-            for chunk in self.cache._opening(counted()):
+            for chunk in self.cache.opening(counted()):
                 hasher.update(chunk)
                 size += len(chunk)
         except (BaseError, OSError) as exc:
