@@ -322,3 +322,24 @@ def test_a_fleet_in_the_clear_is_not_opened_with_a_key_even_with_its_bucket_empt
                          env={**os.environ, **s3_server.env})
     assert res.returncode != 0 and "clear" in res.stderr, res.stderr
     assert s3_server.keys(bucket) == []  # no keyring made
+
+
+def test_recovery_finishes_a_sealed_temporarys_rename_only_when_its_tag_verifies(tmp_path):
+    """A crash between a blob file's flush and its rename: the next start opens each
+    temporary named by a digest (tag and address) and renames only the whole ones."""
+    key = crypto.DataKey(crypto.new_key())
+    blobs = LocalBlobStore(str(tmp_path / "b"), key=key)
+    good, bad = os.urandom(2 << 20), os.urandom(2 << 20)
+    d_good, d_bad = blobs.put_bytes(good), blobs.put_bytes(bad)  # pending: not synced
+    blobs.close()
+    (damaged,) = (tmp_path / "b" / "tmp").glob(f"{d_bad}.*")
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    os.chmod(damaged, 0o644)
+    damaged.write_bytes(bytes(raw))
+    again = LocalBlobStore(str(tmp_path / "b"), key=key)  # as the next start
+    try:
+        assert again.recover() == (1, 1)
+        assert again.read_bytes(d_good) == good and not again.has(d_bad)
+    finally:
+        again.close()
