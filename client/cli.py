@@ -875,7 +875,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gateway-buffer-bytes", type=_size, default="256M", metavar="SIZE",
                    help="requests the gateway holds at once, all connections together; an"
                         " allowed user's at most half (default 256M)")
+    d.add_argument("--encryption-key", metavar="FILE",
+                   help="encrypt the data at rest with the key in FILE (32 bytes: raw, hex"
+                        " or base64; default: systemd's credential worldline-key when given;"
+                        " docs/encryption.md)")
     d.set_defaults(fn=None)
+
+    key = sub.add_parser("key", help="the encryption key of a data root (docs/encryption.md)")
+    keys = key.add_subparsers(dest="key_cmd", required=True, metavar="SUBCOMMAND")
+    rot = keys.add_parser("rotate", help="re-wrap the data key with a new key; the old one"
+                                         " opens nothing afterwards (the daemon may run)")
+    rot.add_argument("--new-key", metavar="FILE", required=True, help="the new key's file")
+    rot.add_argument("--encryption-key", metavar="FILE",
+                     help="the key in use (default: systemd's credential worldline-key)")
+    rot.add_argument("--root", help="data root (default $WORLDLINE_ROOT or"
+                                     " ~/.local/share/worldline)")
+    rot.add_argument("--store", metavar="URL", help="as the daemon's --store")
+    rot.add_argument("--blobs", metavar="URL", help="as the daemon's --blobs (a fleet's"
+                                                    " keyring is in its bucket)")
+    key.set_defaults(fn=None)
 
     comp = sub.add_parser("completion", help="print a shell completion script")
     comp.add_argument("shell", choices=["bash", "zsh"],
@@ -1223,6 +1241,8 @@ def _main(argv: list[str] | None = None) -> int:
             return daemon(args)
         except WorldlineError as exc:
             return _failed(exc, False)
+    if args.command == "key":
+        return _key_rotate(args)
     out = Output(as_json)
     try:
         from ._client import Client
@@ -1233,6 +1253,14 @@ def _main(argv: list[str] | None = None) -> int:
         return _failed(exc, as_json)
     except KeyboardInterrupt:
         return 130
+
+
+def _key_rotate(args) -> int:
+    from worldline.daemon.main import key_command
+    try:
+        return key_command(args)
+    except WorldlineError as exc:
+        return _failed(exc, False)
 
 
 def _failed(exc: WorldlineError, as_json: bool) -> int:

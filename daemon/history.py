@@ -32,7 +32,7 @@ from .capture.trees import (
     links_of,
 )
 from .records import Checkpoint, ToolCall
-from .storage.blob_store import BlobStore, digest_of
+from .storage.blob_store import BlobStore
 
 READ_LIMIT = 32 << 20  # bytes one ReadFile answers at most (half a message's limit)
 
@@ -232,7 +232,7 @@ class Graft:
 
     def _store(self, tree: Tree) -> str:
         data = encode(tree)
-        digest = digest_of(data)
+        digest = self.blobs.address(data)
         if self.persist:
             self.blobs.put_bytes(data)
             self.reader.remember(digest, tree, len(data))

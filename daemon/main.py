@@ -29,7 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from worldline.v1 import worldline_pb2 as pb
 from worldline.v1 import worldline_pb2_grpc as pb_grpc
 from worldline.wire.address import default_address, default_root, unix_path
-from worldline.wire.errors import Aborted, WorldlineError
+from worldline.wire.errors import Aborted, InvalidArgument, WorldlineError
 from worldline.wire.frames import MAX_MESSAGE
 from worldline.wire.policy import Policy
 
@@ -204,8 +204,10 @@ class Daemon:
         if freed:
             log.warning("%s", freed)
 
+        # the data key first: a missing or wrong key stops the start with nothing read
+        self.data_key = self.storage.open_data_key(self.root)
         self.store = self.storage.open_store(self.root)
-        self.blobs = self.storage.open_blobs(self.root, self.store)
+        self.blobs = self.storage.open_blobs(self.root, self.store, self.data_key)
         renamed, removed = getattr(self.blobs, "cache", self.blobs).recover()
         if renamed or removed:
             log.warning("blob recovery: finished %d interrupted rename(s), removed %d"
@@ -621,7 +623,8 @@ def command(args) -> int:
     limits = Limits(args.max_file_bytes, args.max_file_size, args.max_checkpoint_bytes,
                     args.min_free_bytes, args.max_entries)
     storage = StorageConfig.resolve(args.store, args.blobs, args.host_id,
-                                    args.cache_bytes, args.lease_seconds, args.advertise)
+                                    args.cache_bytes, args.lease_seconds, args.advertise,
+                                    args.encryption_key)
     return run(args.root, args.listen, args.policy, not args.no_tracker, args.max_watches,
                not args.copy_forks, args.tls_cert, args.tls_key, args.token_file,
                set(args.allow_uid), args.gc_grace, args.metrics_listen, args.log_format,
@@ -631,3 +634,18 @@ def command(args) -> int:
                                args.connections_per_uid, args.idle_seconds,
                                args.gateway_max_line, args.gateway_buffer_bytes,
                                args.calls_per_uid))
+
+
+def key_command(args) -> int:
+    """``worldline key rotate``: on the keyring itself (storage/keyring.py), no daemon
+    call: the data key is re-wrapped with the new key, nothing else rewritten. Prints
+    the new key's id; a setting that does not hold raises a ``WorldlineError``."""
+    from .storage.keyring import rotate
+
+    storage = StorageConfig.resolve(args.store, args.blobs, encryption_key=args.encryption_key)
+    if not storage.encryption_key:
+        raise InvalidArgument("give the key in use: --encryption-key FILE")
+    new_id = rotate(os.path.abspath(args.root or default_root()), storage.store,
+                    storage.blobs, storage.encryption_key, args.new_key)
+    print(f"the data key is wrapped with the new key (id {new_id}); start the daemon with it")
+    return 0

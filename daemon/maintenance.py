@@ -229,7 +229,8 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
     if repair_from and not (repair and bucket):
         raise InvalidArgument("--repair-from mends a fleet's bucket: give it with --repair,"
                               " without --cached")
-    sources = _data_root_blobs(repair_from) if repair_from else []
+    sources = (_data_root_blobs(repair_from, getattr(world.blobs, "key", None))
+               if repair_from else [])
     try:
         report = FsckReport(source="bucket" if bucket else "local" if blobs.local else "cache",
                             subset=share.text)
@@ -276,15 +277,17 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
             source.close()
 
 
-def _data_root_blobs(root: str):
-    """The blob store of a data root (another host's, a backup), for --repair-from."""
+def _data_root_blobs(root: str, key=None):
+    """The blob store of a data root (another host's, a backup), for --repair-from;
+    ``key``: this daemon's data key (a fleet's hosts share it)."""
     from .storage.blobs import LocalBlobStore
     from .storage.config import pack_file
     found = pack_file(root)
     if not os.path.isdir(os.path.join(root, "blobs")) or not os.path.isfile(found):
         raise InvalidArgument(f"--repair-from {root!r} is not a worldline data root (no"
                               " blobs folder, or no pack beside it)")
-    return [LocalBlobStore(os.path.join(root, "blobs"), durable=False, pack_file=found)]
+    return [LocalBlobStore(os.path.join(root, "blobs"), durable=False, pack_file=found,
+                           key=key)]
 
 
 def _check_bucket(world: World, report: FsckReport, share: Subset) -> set[str]:

@@ -11,6 +11,7 @@ import zstandard
 from worldline.client.errors import DataLoss, InvalidArgument, NotFound
 from worldline.daemon.storage.blob_index import is_staged
 from worldline.daemon.storage.blobs import LocalBlobStore, MemoryBlobStore
+from worldline.daemon.storage.crypto import DataKey, new_key
 from worldline.daemon.storage.packs import (
     COPIES,
     DELTA,
@@ -32,7 +33,7 @@ BIG = MAX_BLOB + 1  # bigger than the pack takes: stored as a file
 
 
 def s3_blob_store(request, tmp_path, host: str = "a", cache_bytes: int = 1 << 30,
-                  bucket: str | None = None, index=None, stage_bytes: int = 0):
+                  bucket: str | None = None, index=None, stage_bytes: int = 0, key=None):
     """An S3BlobStore on the session's S3 emulator: a new bucket (or ``bucket``), its
     index in a SQLite store (or ``index``), a cache of its own. It stages nothing
     unless ``stage_bytes`` says (the daemon's default stages a checkpoint's small pack:
@@ -42,29 +43,36 @@ def s3_blob_store(request, tmp_path, host: str = "a", cache_bytes: int = 1 << 30
     server = request.getfixturevalue("s3_server")
     bucket = bucket or server.new_bucket()
     index = index or SqliteStore(str(tmp_path / f"meta-{host}.db"))
-    return S3BlobStore(f"s3://{bucket}/fleet", LocalBlobStore(str(tmp_path / f"cache-{host}")),
+    return S3BlobStore(f"s3://{bucket}/fleet",
+                       LocalBlobStore(str(tmp_path / f"cache-{host}"), key=key),
                        index, host, cache_bytes=cache_bytes, stage_bytes=stage_bytes)
 
 
-def local_in_store(request, tmp_path) -> LocalBlobStore:
+def local_in_store(request, tmp_path, key=None) -> LocalBlobStore:
     """A data root's blob store from 0.7.7 on: its pack in the metadata store's file."""
     from worldline.daemon.storage.sqlite_store import SqliteStore
     store = SqliteStore(str(tmp_path / "meta.db"))
     request.addfinalizer(store.close)
     return LocalBlobStore(str(tmp_path / "blobs"), pack_file=store.path,
-                          store_lock=store.write_lock)
+                          store_lock=store.write_lock, key=key)
 
 
-@pytest.fixture(params=["memory", "local", "local-in-store", "s3", "s3-staged"])
+@pytest.fixture(params=["memory", "local", "local-in-store", "s3", "s3-staged",
+                        "memory-keyed", "local-keyed", "local-in-store-keyed", "s3-keyed",
+                        "s3-staged-keyed"])
 def blobs(request, tmp_path):
-    if request.param == "s3":
-        return s3_blob_store(request, tmp_path)
-    if request.param == "s3-staged":  # small packs staged in the index's store, as the daemon's
+    """Every store, in the clear and with a data key (``-keyed``: --encryption-key)."""
+    kind, keyed, _ = request.param.partition("-keyed")
+    key = DataKey(new_key()) if keyed else None
+    if kind == "s3":
+        return s3_blob_store(request, tmp_path, key=key)
+    if kind == "s3-staged":  # small packs staged in the index's store, as the daemon's
         from worldline.daemon.storage.s3_blobs import STAGE_BYTES
-        return s3_blob_store(request, tmp_path, stage_bytes=STAGE_BYTES)
-    if request.param == "local-in-store":
-        return local_in_store(request, tmp_path)
-    return MemoryBlobStore() if request.param == "memory" else LocalBlobStore(str(tmp_path / "b"))
+        return s3_blob_store(request, tmp_path, stage_bytes=STAGE_BYTES, key=key)
+    if kind == "local-in-store":
+        return local_in_store(request, tmp_path, key)
+    return (MemoryBlobStore(key) if kind == "memory"
+            else LocalBlobStore(str(tmp_path / "b"), key=key))
 
 
 def corrupt_in_bucket(blobs, digest: str) -> None:
@@ -90,7 +98,8 @@ def corrupt_in_bucket(blobs, digest: str) -> None:
 
 def test_put_read_is_content_addressed(blobs):
     d = blobs.put_bytes(b"hello")
-    assert d == hashlib.sha256(b"hello").hexdigest()
+    assert d == blobs.address(b"hello")
+    assert (d == hashlib.sha256(b"hello").hexdigest()) == (getattr(blobs, "key", None) is None)
     assert blobs.put_bytes(b"hello") == d
     assert blobs.has(d) and blobs.read_bytes(d) == b"hello" and blobs.size(d) == 5
     assert list(blobs.digests()) == [d]
@@ -144,8 +153,8 @@ def test_a_base_is_a_hint_and_reads_back_the_same(blobs):
     blobs.sync()
     for d, v in zip(digests, versions, strict=True):
         assert blobs.read_bytes(d) == v and blobs.size(d) == len(v)
-    assert blobs.put_bytes(b"other", base="c" * 64) == hashlib.sha256(b"other").hexdigest()
-    assert blobs.read_bytes(hashlib.sha256(b"other").hexdigest()) == b"other"
+    assert blobs.put_bytes(b"other", base="c" * 64) == blobs.address(b"other")
+    assert blobs.read_bytes(blobs.address(b"other")) == b"other"
 
 
 def test_corruption_is_data_loss(blobs, tmp_path):
@@ -222,7 +231,7 @@ def test_put_fd_within_a_limit_stores_nothing_past_it(blobs, tmp_path):
             blobs.put_fd(fd, 1 << 20)
     finally:
         os.close(fd)
-    assert not blobs.has(hashlib.sha256(data + b"more").hexdigest())
+    assert not blobs.has(blobs.address(data + b"more"))
     local = getattr(blobs, "cache", blobs)  # a bucket's store copies through its cache
     if isinstance(local, LocalBlobStore):  # only the stored blob's is there, if any
         assert all(name.startswith(digest) for name in os.listdir(local.tmp))

@@ -7,8 +7,10 @@ import hashlib
 import os
 import random
 
+import pytest
 from worldline.daemon.storage import repack
 from worldline.daemon.storage.blobs import LocalBlobStore
+from worldline.daemon.storage.crypto import DataKey, new_key
 from worldline.daemon.storage.packs import (
     COPIES,
     DELTA,
@@ -76,7 +78,7 @@ def _text(n: int, seed: str) -> bytes:
 
 
 def _all_read_back(blobs, expected: dict[str, bytes]) -> None:
-    again = LocalBlobStore(blobs.root)
+    again = LocalBlobStore(blobs.root, key=blobs.key)
     try:
         for digest, data in expected.items():
             assert again.read_bytes(digest) == data
@@ -117,11 +119,13 @@ def test_the_repack_makes_a_checkpoints_copies_smaller(tmp_path):
     _all_read_back(blobs, dict(zip(digests, versions, strict=True)))
 
 
-def test_the_repack_gives_a_renamed_file_its_old_version_as_base(tmp_path):
+@pytest.mark.parametrize("keyed", [False, True])
+def test_the_repack_gives_a_renamed_file_its_old_version_as_base(tmp_path, keyed):
     """A file moved to another folder and edited is stored whole by its checkpoint (its
     new path has no history); the repack finds the version of the same name and makes
-    the row a small delta of it. Every blob still reads back, from a fresh process."""
-    blobs = LocalBlobStore(str(tmp_path / "b"))
+    the row a small delta of it. Every blob still reads back, from a fresh process.
+    With a data key the repack reads rows through their seal and writes them sealed."""
+    blobs = LocalBlobStore(str(tmp_path / "b"), key=DataKey(new_key()) if keyed else None)
     old = _text(2000, "settings")
     d_old = blobs.put_bytes(old)
     blobs.put_bytes(f"tree:settings.py={d_old}".encode())
@@ -136,6 +140,7 @@ def test_the_repack_gives_a_renamed_file_its_old_version_as_base(tmp_path):
         pass
     row = blobs.pack.row(d_new)
     assert row.kind in (DELTA, ZDELTA) and row.base == d_old and len(row.data) < whole // 20
+    assert row.sealed == keyed
     assert repacker.rows_rewritten >= 1 and repacker.bytes_saved > 0
     _all_read_back(blobs, {d_old: old, d_new: new})
 

@@ -98,14 +98,15 @@ def either(*rules: Exclusions | None) -> Exclusions | Either | None:
     return None if not found else found[0] if len(found) == 1 else Either(*found)
 
 
-def read(root_fd: int, session_patterns: tuple[str, ...] | list[str]
+def read(root_fd: int, session_patterns: tuple[str, ...] | list[str], address=digest_of
          ) -> tuple[Exclusions | None, list[str], str | None]:
     """The exclusions in force in the workspace open at ``root_fd`` (None: none), the
     warnings about a .worldlineignore that is ignored, and the file's ``key``: the
     digest of a regular .worldlineignore within the size limit (None: none), what the
-    rules follow from (a capture whose base had another examines everything)."""
+    rules follow from (a capture whose base had another examines everything); the
+    digest is ``address``'s, the blob store's (BlobStore.address)."""
     warnings: list[str] = []
-    text, digest = _read_file(root_fd, warnings)
+    text, digest = _read_file(root_fd, warnings, address)
     return _rules(session_patterns, text, warnings), warnings, digest
 
 
@@ -143,7 +144,8 @@ def _rules(session_patterns, text: str | None, warnings: list[str]) -> Exclusion
         return Exclusions(list(session_patterns)) if session_patterns else None
 
 
-def _read_file(root_fd: int, warnings: list[str]) -> tuple[str | None, str | None]:
+def _read_file(root_fd: int, warnings: list[str], address=digest_of
+               ) -> tuple[str | None, str | None]:
     """The text of .worldlineignore and its content digest, (None, None) if there is
     none or it is not one to obey (said in ``warnings``)."""
     try:
@@ -169,4 +171,4 @@ def _read_file(root_fd: int, warnings: list[str]) -> tuple[str | None, str | Non
     if len(data) > MAX_FILE:
         warnings.append(f"{IGNORE_FILE} ignored: larger than {MAX_FILE} bytes")
         return None, None
-    return data.decode("utf-8", "surrogateescape"), digest_of(data)
+    return data.decode("utf-8", "surrogateescape"), address(data)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from worldline.wire.errors import FailedPrecondition
 
 from ..faults import crash_point
-from ..storage.blob_store import BlobStore, Overread, digest_of
+from ..storage.blob_store import BlobStore, Overread
 from ..storage.blobs import CHUNK, file_chunks, within
 from . import exclude, sparse
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
@@ -151,7 +150,7 @@ class WorkspaceSnapshotter:
         trust = changes is None or not changes.distrust  # the stat cache may vouch
         root_fd = self._open_root()
         try:
-            excluded, warnings, key = (exclude.read(root_fd, self.exclude)
+            excluded, warnings, key = (exclude.read(root_fd, self.exclude, self.blobs.address)
                                        if self.exclude is not None else (None, [], None))
             if self.watcher is not None:
                 self.watcher.excluded = excluded
@@ -589,13 +588,13 @@ class WorkspaceSnapshotter:
         if size_hint <= SMALL_FILE:
             data = read_small(fd, size_hint, limit)
             if not persist:
-                return digest_of(data), len(data)
-            if kept is not None and kept.size == len(data) and digest_of(data) == kept.ref:
+                return self.blobs.address(data), len(data)
+            if kept is not None and kept.size == len(data) and self.blobs.address(data) == kept.ref:
                 return kept.ref, len(data)
             return self.blobs.put_bytes(data, base=previous), len(data)
         if persist:
             return self.blobs.put_fd(fd, limit)
-        hasher, size = hashlib.sha256(), 0
+        hasher, size = self.blobs.hasher(), 0
         for chunk in file_chunks(fd, limit):
             hasher.update(chunk)
             size += len(chunk)
@@ -616,16 +615,16 @@ class WorkspaceSnapshotter:
         holding hard links are, and found unchanged) is the base's blob, which the head
         names and so keeps: no put (a question to the pack; on a fleet, to its index)."""
         if scan.persist and base is None:
-            digest = digest_of(data)
+            digest = self.blobs.address(data)
             scan.deferred.append(data)
             self.trees.remember(digest, tree, len(data))
         elif scan.persist:
-            digest = digest_of(data)
+            digest = self.blobs.address(data)
             if digest != base:
                 self.blobs.put_bytes(data, base=base)
             self.trees.remember(digest, tree, len(data))
         else:
-            digest = digest_of(data)
+            digest = self.blobs.address(data)
             scan.trees[digest] = tree
         return digest
 
@@ -636,7 +635,7 @@ class WorkspaceSnapshotter:
         links = ""
         if groups:
             body = json.dumps(groups, separators=(",", ":")).encode()
-            links = digest_of(body)
+            links = self.blobs.address(body)
             if scan.persist and links != known:
                 self.blobs.put_bytes(body)
             elif not scan.persist:  # readable from the capture, as its trees are
@@ -652,8 +651,9 @@ class WorkspaceSnapshotter:
         removed: list[str] = []
         root_fd = self._open_root()
         try:
-            excluded = (exclude.read(root_fd, self.exclude)[0] if self.exclude is not None
-                        else None)  # never written by a restore: nothing of ours there
+            # never written by a restore: nothing of ours there
+            excluded = (exclude.read(root_fd, self.exclude, self.blobs.address)[0]
+                        if self.exclude is not None else None)
             skip = (lambda rel: excluded(rel, True)) if excluded is not None else None
             for fd, rel, entries in folders_below(root_fd, MAX_DEPTH, skip=skip):
                 for de in entries:
@@ -907,7 +907,8 @@ class MemorySnapshotter:
         for name, node in nested.items():
             if isinstance(node, MemoryFile):
                 if node.kind == FILE:
-                    d = self.blobs.put_bytes(node.data) if scan.persist else digest_of(node.data)
+                    d = self.blobs.put_bytes(node.data) if scan.persist else self.blobs.address(
+                        node.data)
                     tree[name] = Entry(FILE, node.mode, d, len(node.data))
                     total += len(node.data)
                 else:
@@ -920,7 +921,7 @@ class MemorySnapshotter:
         if scan.persist:
             digest = self.blobs.put_bytes(data)
         else:
-            digest = digest_of(data)
+            digest = self.blobs.address(data)
             scan.trees[digest] = tree
         return digest, total
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from worldline.wire.errors import DataLoss
 
-from ..storage.blob_store import BlobStore, digest_of
+from ..storage.blob_store import BlobStore
 
 PIECE = 4 << 20
 OVERLAYFS_SUPER_MAGIC = 0x794C7630
@@ -93,11 +93,11 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool,
             data = os.pread(fd, n, offset)
             if len(data) < n:
                 n = len(data)  # the file shrank while we read: what was there
-            pieces.append([offset, n, blobs.put_bytes(data) if persist else digest_of(data)])
+            pieces.append([offset, n, blobs.put_bytes(data) if persist else blobs.address(data)])
             data_bytes += n
     body = json.dumps({"pieces": pieces, "size": size}, sort_keys=True,
                       separators=(",", ":")).encode()
-    return (blobs.put_bytes(body) if persist else digest_of(body)), data_bytes
+    return (blobs.put_bytes(body) if persist else blobs.address(body)), data_bytes
 
 
 def read_map(blobs: BlobStore, digest: str) -> tuple[int, list[tuple[int, int, str]]]:

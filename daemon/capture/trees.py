@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from worldline.wire.errors import DataLoss, InvalidArgument
 
-from ..storage.blob_store import BlobStore, digest_of
+from ..storage.blob_store import BlobStore
 
 FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only
@@ -180,7 +180,6 @@ def files_named(data: bytes) -> list[tuple[str, str]] | None:
 
 
 EMPTY_TREE = encode({})
-EMPTY_TREE_DIGEST = digest_of(EMPTY_TREE)
 
 
 ROWS_FROM = 64  # entries from which a folder's encoded rows are kept for its next version

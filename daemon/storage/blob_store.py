@@ -4,6 +4,11 @@ Terms
 - A *blob* is a byte string; its *digest* is the lowercase hex SHA-256 of those bytes
   (``digest_of``), and the blob's only name. A string that is not 64 lowercase hex
   digits is no digest (``check_digest``: InvalidArgument).
+- Keys: a store given a data key (crypto.DataKey: ``--encryption-key``) names blobs by
+  their *keyed* address (HMAC-SHA256 under the key's address subkey) instead of the
+  SHA-256, and keeps every byte it writes sealed (AES-256-GCM): ``address(data)`` and
+  ``hasher()`` are how every caller computes a name, never a hash of its own
+  (``digest_of`` is the unkeyed address, for stores without a key).
 
 Lifecycle
 - ``put_*`` makes a blob readable under its digest; it stays readable, unchanged,
@@ -72,6 +77,12 @@ class BlobStore(Protocol):
     # True when ``committing`` writes only this host's disk; False for a bucket (it
     # uploads, and waits on the network).
     local: bool
+
+    def address(self, data: bytes) -> str:
+        """The digest ``data`` is stored under (a keyed store's: its keyed address)."""
+
+    def hasher(self):
+        """An incremental hasher (``update``, ``hexdigest``) whose digest is ``address``'s."""
 
     def has(self, digest: str) -> bool: ...
 

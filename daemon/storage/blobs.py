@@ -27,6 +27,7 @@ from worldline.wire.errors import (
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
 from .blob_store import DestinationFull, Overread, check_digest, digest_of
+from .crypto import OVERHEAD, DataKey
 from .durable import fsync_folder, out_of_space
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
 
@@ -66,10 +67,17 @@ class LocalBlobStore:
     local = True
 
     def __init__(self, root: str, durable: bool = True, pack_file: str = "",
-                 store_lock: threading.RLock | None = None) -> None:
+                 store_lock: threading.RLock | None = None, key: DataKey | None = None
+                 ) -> None:
         """``pack_file``: where the pack is when not ``<root>/pack.db``: the metadata
         store's SQLite file (``store_lock`` its write lock), whose checkpoint commit
-        then makes the pack's new rows durable with its own fsync (``committing``)."""
+        then makes the pack's new rows durable with its own fsync (``committing``).
+        ``key``: blobs are named by keyed addresses, and rows and files are sealed
+        (a file as one sealed stream: ``VERSION || nonce || ciphertext || tag``)."""
+        self.key = key
+        self.address = key.address if key is not None else digest_of
+        self.hasher = key.hasher if key is not None else hashlib.sha256
+        self._overhead = OVERHEAD if key is not None else 0
         self.root = root
         self.tmp = os.path.join(root, "tmp")
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
@@ -80,7 +88,7 @@ class LocalBlobStore:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time: each waits for the last
         self.failed: str | None = None  # why no sync is taken any more (``broken``)
-        self.pack = Pack(pack_file or os.path.join(root, "pack.db"), durable, store_lock)
+        self.pack = Pack(pack_file or os.path.join(root, "pack.db"), durable, store_lock, key)
         self.pack_in_store = bool(pack_file)
 
     def close(self) -> None:
@@ -133,13 +141,13 @@ class LocalBlobStore:
         return False
 
     def put_bytes(self, data: bytes, base: str | None = None) -> str:
-        digest = digest_of(data)
+        digest = self.address(data)
         if self._reuse(digest, len(data)):
             BLOB_REUSED.inc(len(data))
             return digest
         BLOB_WRITTEN.inc(len(data))
         if len(data) > MAX_BLOB:
-            self._add_pending(digest, self._write_temp([data], digest))
+            self._add_pending(digest, self._write_temp(self._sealing([data]), digest))
             return digest
         usable = base is not None and base != digest and _DIGEST_RE.match(base) is not None
         if usable:
@@ -181,7 +189,7 @@ class LocalBlobStore:
                 self.pack.pending[digest] = row
 
     def put_many(self, blobs: list[bytes]) -> list[str]:
-        digests = [digest_of(data) for data in blobs]
+        digests = [self.address(data) for data in blobs]
         now = time.time()
         with self._lock:  # as _reuse: noted first, so what is found stays found
             fresh = {d for d in digests if not self._in_flight(d)}
@@ -206,7 +214,7 @@ class LocalBlobStore:
         first, so content that is already stored is recognised before a copy of it is
         written anywhere; only new content is read again and copied aside (each pass
         within ``limit``: a temporary cut short by Overread is removed)."""
-        hasher, size = hashlib.sha256(), 0
+        hasher, size = self.hasher(), 0
         for chunk in file_chunks(src, limit):
             hasher.update(chunk)
             size += len(chunk)
@@ -214,7 +222,7 @@ class LocalBlobStore:
         if self._reuse(digest):
             BLOB_REUSED.inc(size)
             return digest, size
-        hasher, size = hashlib.sha256(), 0
+        hasher, size = self.hasher(), 0
 
         def copied():
             nonlocal size
@@ -223,7 +231,7 @@ class LocalBlobStore:
                 size += len(chunk)
                 yield chunk
 
-        tmp = self._write_temp(copied())
+        tmp = self._write_temp(self._sealing(copied()))
         digest = hasher.hexdigest()  # what was copied (the file may have changed between)
         if self._reuse(digest):
             BLOB_REUSED.inc(size)
@@ -234,6 +242,48 @@ class LocalBlobStore:
             os.rename(tmp, named)  # now recoverable by its name
             self._add_pending(digest, named)
         return digest, size
+
+    def _sealing(self, chunks):
+        """What a blob file holds of ``chunks``: them, or with a key their sealed stream."""
+        return chunks if self.key is None else self.key.seal_stream(chunks)
+
+    def opening(self, chunks):
+        """The blob's bytes from what its file holds (``_sealing``'s inverse). With a
+        key, DataLoss at the end if the tag does not verify: a caller uses nothing it
+        was given before the iteration ends."""
+        return chunks if self.key is None else self.key.open_stream(chunks)
+
+    def _file_digest(self, fd: int) -> tuple[str, int]:
+        """(address, size) of the blob file open at ``fd``, opened (DataLoss: its tag)."""
+        hasher, size = self.hasher(), 0
+        for chunk in self.opening(file_chunks(fd)):
+            hasher.update(chunk)
+            size += len(chunk)
+        return hasher.hexdigest(), size
+
+    def put_sealed_file(self, digest: str, path: str) -> int:
+        """Take the file at ``path`` (in ``tmp``), which holds what this store's blob file
+        of ``digest`` holds (a bucket's object of it, fetched), as that blob: verified
+        (its tag and its address; DataLoss otherwise, and it is removed), then renamed
+        to a pending temporary. Returns the blob's size."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                got, size = self._file_digest(fd)
+            finally:
+                os.close(fd)
+            if got != digest:
+                raise DataLoss(f"blob {digest} does not match its digest")
+        except BaseException:
+            os.unlink(path)
+            raise
+        if self._reuse(digest):
+            os.unlink(path)
+            return size
+        named = os.path.join(self.tmp, f"{digest}.{os.urandom(8).hex()}")
+        os.rename(path, named)
+        self._add_pending(digest, named)
+        return size
 
     def _add_pending(self, digest: str, tmp: str) -> None:
         with self._lock:
@@ -363,7 +413,7 @@ class LocalBlobStore:
     def open_blob(self, digest: str) -> int:
         """A read-only descriptor of a blob stored as a file (one over ``MAX_BLOB``), for
         a caller that streams it and has verified it (``verify``); NotFound if it is
-        not a file here."""
+        not a file here. With a key it reads the sealed stream the file holds."""
         return self._open_verified(digest)
 
     def _packed(self, digest: str, cached: bool = True) -> bytes | None:
@@ -372,7 +422,7 @@ class LocalBlobStore:
             data = self.pack.read(check_digest(digest), cached)
         except NotFound:
             return None
-        if digest_of(data) != digest:
+        if self.address(data) != digest:
             self.pack.forget(digest)
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         self.pack.remember(digest, data)  # verified: the next read, or version, is cheap
@@ -384,13 +434,10 @@ class LocalBlobStore:
             return packed
         fd = self._open_verified(digest)
         try:
-            chunks = []
-            while chunk := os.read(fd, CHUNK):
-                chunks.append(chunk)
+            data = b"".join(self.opening(file_chunks(fd)))
         finally:
             os.close(fd)
-        data = b"".join(chunks)
-        if digest_of(data) != digest:
+        if self.address(data) != digest:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         return data
 
@@ -399,8 +446,7 @@ class LocalBlobStore:
             return
         fd = self._open_verified(digest)
         try:
-            with os.fdopen(os.dup(fd), "rb") as f:
-                actual = hashlib.file_digest(f, "sha256").hexdigest()
+            actual = self._file_digest(fd)[0]
         finally:
             os.close(fd)
         if actual != digest:
@@ -415,10 +461,11 @@ class LocalBlobStore:
                 raise _disk_full(exc, DestinationFull) from exc
             return len(packed)
         fd = self._open_verified(digest)
-        hasher = hashlib.sha256()
+        hasher = self.hasher()
         size = 0
-        try:
-            while chunk := os.read(fd, CHUNK):
+        try:  # (with a key, the tag is checked at the end: the caller's file is its own
+            # temporary, renamed in only when this returns: apply.py)
+            for chunk in self.opening(file_chunks(fd)):
                 hasher.update(chunk)
                 size += len(chunk)
                 _write_all(dst, chunk)
@@ -440,7 +487,7 @@ class LocalBlobStore:
 
     def size(self, digest: str) -> int:
         row = self.pack.row(check_digest(digest))
-        return row.size if row is not None else self._stat(digest).st_size
+        return row.size if row is not None else self._stat(digest).st_size - self._overhead
 
     def stored_at(self, digest: str) -> float:
         with self._lock:
@@ -525,7 +572,8 @@ class LocalBlobStore:
             for rest in os.listdir(os.path.join(self.root, prefix)):
                 if _DIGEST_RE.match(prefix + rest):
                     try:
-                        yield prefix + rest, os.stat(os.path.join(self.root, prefix, rest)).st_size
+                        yield prefix + rest, os.stat(
+                            os.path.join(self.root, prefix, rest)).st_size - self._overhead
                     except FileNotFoundError:
                         continue
 
@@ -538,13 +586,19 @@ class LocalBlobStore:
             path = os.path.join(self.tmp, name)
             digest = name.split(".", 1)[0]
             if _DIGEST_RE.match(digest) and not os.path.exists(self._path(digest)):
-                with open(path, "rb") as f:
-                    if hashlib.file_digest(f, "sha256").hexdigest() == digest:
-                        os.makedirs(os.path.dirname(self._path(digest)), mode=0o700,
-                                    exist_ok=True)
-                        os.rename(path, self._path(digest))
-                        renamed += 1
-                        continue
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    whole = self._file_digest(fd)[0] == digest
+                except DataLoss:
+                    whole = False
+                finally:
+                    os.close(fd)
+                if whole:
+                    os.makedirs(os.path.dirname(self._path(digest)), mode=0o700,
+                                exist_ok=True)
+                    os.rename(path, self._path(digest))
+                    renamed += 1
+                    continue
             os.unlink(path)
             removed += 1
         if renamed:
@@ -624,19 +678,23 @@ class MemoryBlobStore:
 
     local = True
 
-    def __init__(self) -> None:
-        self._blobs: dict[str, bytes] = {}
+    def __init__(self, key: DataKey | None = None) -> None:
+        self._blobs: dict[str, bytes] = {}  # with a key: sealed, the digest bound to it
         self._stored_at: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.key = key
+        self.address = key.address if key is not None else digest_of
+        self.hasher = key.hasher if key is not None else hashlib.sha256
 
     def has(self, digest: str) -> bool:
         return check_digest(digest) in self._blobs
 
     def put_bytes(self, data: bytes, base: str | None = None) -> str:
-        digest = digest_of(data)  # the reference store keeps every blob whole
+        digest = self.address(data)  # the reference store keeps every blob whole
         with self._lock:
             if digest not in self._blobs:
-                self._blobs[digest] = bytes(data)
+                self._blobs[digest] = (bytes(data) if self.key is None else
+                                       self.key.seal_blob(data, bytes.fromhex(digest)))
             self._stored_at[digest] = time.time()  # stored or reused: gc's clock
         return digest
 
@@ -652,7 +710,9 @@ class MemoryBlobStore:
             data = self._blobs[check_digest(digest)]
         except KeyError:
             raise NotFound(f"blob {digest} does not exist") from None
-        if digest_of(data) != digest:
+        if self.key is not None:
+            data = self.key.open_blob(data, bytes.fromhex(digest))
+        if self.address(data) != digest:
             raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
         return data
 

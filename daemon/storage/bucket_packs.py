@@ -31,14 +31,13 @@ bytes that do not decode, or decode to anything else, are ``DataLoss``, never da
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from collections.abc import Callable, Iterable
 
 import zstandard
 from worldline.wire.errors import DataLoss
 
-from . import packs
+from . import blobs, packs
 from .packs import _read_varint, _varint
 
 DELTA = "delta"  # the codec of an entry stored as a delta from another (header above)
@@ -66,9 +65,11 @@ class ObjectReader:
     entry's bytes unverified against its own digest (the caller knows it); the bases it
     rebuilds on the way are verified against the digests their headers name."""
 
-    def __init__(self, body: bytes, name: str) -> None:
+    def __init__(self, body: bytes, name: str, address=blobs.digest_of) -> None:
+        """``address``: how the store names content (BlobStore.address)."""
         self.body = body
         self.name = name
+        self.address = address
         self._bases: dict[int, bytes] = {}  # offset -> verified bytes of a base read
 
     def entry(self, off: int, length: int, codec: str, size: int, digest: str) -> bytes:
@@ -103,7 +104,7 @@ class ObjectReader:
         base = self._bases.get(base_off)
         if base is None:
             base = self._decode(base_off, base_len, base_codec, base_size, depth + 1)
-            if hashlib.sha256(base).hexdigest() != base_digest:
+            if self.address(base) != base_digest:
                 raise ValueError(f"a delta's base at {base_off} is not {base_digest}")
             self._bases[base_off] = base
         payload = raw[at:]
@@ -195,7 +196,7 @@ def decode_all(reader: ObjectReader,
     out: dict[str, bytes] = {}
     for digest, off, length, codec, size in wanted:
         data = reader.entry(off, length, codec, size, digest)
-        if hashlib.sha256(data).hexdigest() != digest:
+        if reader.address(data) != digest:
             raise DataLoss(f"blob {digest} in {reader.name} does not match its digest")
         out[digest] = data
     return out

@@ -9,6 +9,9 @@
   (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ...).
 - host id: ``--host-id`` or ``$WORLDLINE_HOST_ID``; on PostgreSQL, the hostname when
   not given. The embedded default has none: one data root is one host.
+- encryption key: ``--encryption-key FILE``, or systemd's credential
+  ``$CREDENTIALS_DIRECTORY/worldline-key``; "" keeps the data in the clear
+  (keyring.py says where the data key is kept).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from worldline.wire.errors import InvalidArgument
 
 from .blobs import LocalBlobStore
+from .crypto import DataKey
+from .keyring import key_file, open_data_key
 from .urls import redact
 
 DEFAULT_CACHE_BYTES = 16 << 30
@@ -34,11 +39,13 @@ class StorageConfig:
     cache_bytes: int = DEFAULT_CACHE_BYTES
     lease_seconds: float = 30.0
     advertise: str = ""  # the address other hosts' users reach this daemon at
+    encryption_key: str = ""  # the file of the key-encryption key (keyring.py), or none
 
     @classmethod
     def resolve(cls, store: str | None = None, blobs: str | None = None,
                 host_id: str | None = None, cache_bytes: int | None = None,
-                lease_seconds: float = 30.0, advertise: str | None = None) -> StorageConfig:
+                lease_seconds: float = 30.0, advertise: str | None = None,
+                encryption_key: str | None = None) -> StorageConfig:
         """Flags first, then the environment, then the defaults; checked."""
         env = os.environ
         store = store or env.get("WORLDLINE_STORE") or "sqlite"
@@ -56,7 +63,7 @@ class StorageConfig:
             raise InvalidArgument(f"lease of {lease_seconds} s: from 1 to 3600 seconds")
         advertise = advertise or env.get("WORLDLINE_ADVERTISE") or ""
         return cls(store, blobs, host_id, cache_bytes or DEFAULT_CACHE_BYTES, lease_seconds,
-                   advertise)
+                   advertise, key_file(encryption_key))
 
     @property
     def shown_store(self) -> str:
@@ -76,16 +83,21 @@ class StorageConfig:
         from .graph_store import PostgresGraphStore
         return PostgresGraphStore(self.store)
 
-    def open_blobs(self, root: str, store):
+    def open_data_key(self, root: str) -> DataKey | None:
+        """The data key (keyring.py), before anything else of the data root is opened:
+        InvalidArgument for a missing or wrong key; None for data kept in the clear."""
+        return open_data_key(root, self.store, self.blobs, self.encryption_key)
+
+    def open_blobs(self, root: str, store, key: DataKey | None = None):
         if self.blobs == "local":
             found = pack_file(root) if self.store == "sqlite" else ""
             if found == store.path:
                 return LocalBlobStore(os.path.join(root, "blobs"), pack_file=found,
-                                      store_lock=store.write_lock)
-            return LocalBlobStore(os.path.join(root, "blobs"))
+                                      store_lock=store.write_lock, key=key)
+            return LocalBlobStore(os.path.join(root, "blobs"), key=key)
         from .s3_blobs import S3BlobStore
         # A cache: the bucket holds what is durable, so its pack skips the fsync.
-        local = LocalBlobStore(os.path.join(root, "blobs"), durable=False)
+        local = LocalBlobStore(os.path.join(root, "blobs"), durable=False, key=key)
         return S3BlobStore(self.blobs, local, store, self.host_id or socket.gethostname(),
                            self.cache_bytes)
 

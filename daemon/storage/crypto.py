@@ -28,9 +28,11 @@ import binascii
 import hashlib
 import hmac
 import os
+from collections.abc import Iterable, Iterator
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from worldline.wire.errors import DataLoss, InvalidArgument
@@ -41,6 +43,9 @@ TAG = 16
 OVERHEAD = len(VERSION) + NONCE + TAG
 KEY_BYTES = 32
 _WRAP_CONTEXT = b"worldline data key"
+# The associated data of a streamed blob: its address is known only once it is read,
+# after its first bytes are sealed; the reader checks the address of what it opened.
+STREAM_CONTEXT = b"worldline stream"
 
 
 def read_kek(path: str) -> bytes:
@@ -74,16 +79,20 @@ def key_id(kek: bytes) -> str:
     return hmac.new(kek, b"worldline key id", hashlib.sha256).hexdigest()[:16]
 
 
-def _seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:
+def _seal(key: bytes | AESGCM, plaintext: bytes, context: bytes) -> bytes:
+    """``key``: raw, or an AESGCM made once from it (a blob's seal then costs no key
+    schedule)."""
     nonce = os.urandom(NONCE)
-    return VERSION + nonce + AESGCM(key).encrypt(nonce, plaintext, context)
+    aead = key if isinstance(key, AESGCM) else AESGCM(key)
+    return VERSION + nonce + aead.encrypt(nonce, plaintext, context)
 
 
-def _open(key: bytes, sealed: bytes, context: bytes) -> bytes:
+def _open(key: bytes | AESGCM, sealed: bytes, context: bytes) -> bytes:
     if len(sealed) < OVERHEAD or sealed[:1] != VERSION:
         raise DataLoss("a sealed value is malformed (not written with this format)")
+    aead = key if isinstance(key, AESGCM) else AESGCM(key)
     try:
-        return AESGCM(key).decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
+        return aead.decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
     except InvalidTag:
         raise DataLoss("a sealed value fails its authentication tag"
                        " (damaged, moved, or sealed with another key)") from None
@@ -111,7 +120,7 @@ def _subkey(data_key: bytes, purpose: bytes) -> bytes:
 class DataKey:
     """The subkeys of one data key, and what is done with them."""
 
-    __slots__ = ("_address", "_blob", "_meta")
+    __slots__ = ("_address", "_blob", "_blob_aead", "_meta", "_meta_aead", "_prepared")
 
     def __init__(self, data_key: bytes) -> None:
         if len(data_key) != KEY_BYTES:
@@ -119,22 +128,78 @@ class DataKey:
         self._blob = _subkey(data_key, b"blob")
         self._meta = _subkey(data_key, b"meta")
         self._address = _subkey(data_key, b"address")
+        # Made once: a checkpoint seals and addresses a dozen small blobs, and the key
+        # schedule of an AESGCM or an HMAC costs more than sealing a few KB.
+        self._blob_aead = AESGCM(self._blob)
+        self._meta_aead = AESGCM(self._meta)
+        self._prepared = hmac.new(self._address, digestmod=hashlib.sha256)
 
     def address(self, data: bytes) -> str:
-        return hmac.new(self._address, data, hashlib.sha256).hexdigest()
+        h = self._prepared.copy()
+        h.update(data)
+        return h.hexdigest()
 
     def hasher(self):
         """An incremental keyed hasher (``update``, ``hexdigest``) for streamed content."""
-        return hmac.new(self._address, digestmod=hashlib.sha256)
+        return self._prepared.copy()
 
     def seal_blob(self, plaintext: bytes, context: bytes) -> bytes:
-        return _seal(self._blob, plaintext, context)
+        return _seal(self._blob_aead, plaintext, context)
 
     def open_blob(self, sealed: bytes, context: bytes) -> bytes:
-        return _open(self._blob, sealed, context)
+        return _open(self._blob_aead, sealed, context)
 
     def seal_meta(self, plaintext: bytes, context: bytes) -> bytes:
-        return _seal(self._meta, plaintext, context)
+        return _seal(self._meta_aead, plaintext, context)
 
     def open_meta(self, sealed: bytes, context: bytes) -> bytes:
-        return _open(self._meta, sealed, context)
+        return _open(self._meta_aead, sealed, context)
+
+    # -- streams: blobs too big to hold whole (files over the pack's MAX_BLOB) ----------
+    def seal_stream(self, chunks: Iterable[bytes], context: bytes = STREAM_CONTEXT
+                    ) -> Iterator[bytes]:
+        """The sealed form of the concatenated ``chunks``, in pieces: the same layout
+        as ``seal_blob``'s (``VERSION || nonce || ciphertext || tag``), so
+        ``open_stream`` or, for a small one, ``open_blob`` reads it."""
+        nonce = os.urandom(NONCE)
+        enc = Cipher(algorithms.AES(self._blob), modes.GCM(nonce)).encryptor()
+        enc.authenticate_additional_data(context)
+        yield VERSION + nonce
+        for chunk in chunks:
+            yield enc.update(chunk)
+        yield enc.finalize() + enc.tag
+
+    def open_stream(self, chunks: Iterable[bytes], context: bytes = STREAM_CONTEXT
+                    ) -> Iterator[bytes]:
+        """The plaintext of a sealed stream, in pieces. The tag is checked only after
+        the last piece: a caller must not use what it was given (it writes to a file
+        of its own, renamed in only once this generator ends) before the generator is
+        exhausted; a bad tag, or a stream cut short, raises DataLoss then."""
+        header = b""
+        tail = b""
+        dec = None
+        for chunk in chunks:
+            if dec is None:
+                header += chunk
+                if len(header) < 1 + NONCE:
+                    continue
+                if header[:1] != VERSION:
+                    raise DataLoss("a sealed stream is malformed (not written with this"
+                                   " format)")
+                dec = Cipher(algorithms.AES(self._blob),
+                             modes.GCM(header[1:1 + NONCE])).decryptor()
+                dec.authenticate_additional_data(context)
+                chunk, header = header[1 + NONCE:], b""
+            buf = tail + chunk
+            if len(buf) <= TAG:
+                tail = buf
+                continue
+            tail = buf[-TAG:]
+            yield dec.update(buf[:-TAG])
+        if dec is None or len(tail) < TAG:
+            raise DataLoss("a sealed stream is cut short")
+        try:
+            yield dec.finalize_with_tag(tail)
+        except InvalidTag:
+            raise DataLoss("a sealed stream fails its authentication tag"
+                           " (damaged, or sealed with another key)") from None

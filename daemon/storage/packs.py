@@ -43,6 +43,12 @@ Rules that keep every blob readable:
 
 Durability is the blob store's: rows are *pending* (readable by this process) until
 ``commit``, one transaction per sync, in WAL mode.
+
+With a data key (``--encryption-key``) every row's bytes are sealed as they are
+committed (AES-256-GCM, the row's digest as associated data: a row copied under
+another digest does not open), after their compression or delta, so both still work;
+a row read back is opened before it is decoded, and a bad tag is ``DataLoss``.
+Pending rows, in memory, stay open.
 """
 
 from __future__ import annotations
@@ -126,6 +132,7 @@ class Row:
     size: int
     stored_at: float
     data: bytes
+    sealed: bool = False  # ``data`` as the pack file holds it, sealed (Pack.key)
 
 
 _BLOCK = 4096
@@ -539,9 +546,11 @@ class Pack(SqliteDatabase):
     ``committing`` changes and every ``delete``; reads take no lock of the store's."""
 
     def __init__(self, path: str, durable: bool = True,
-                 lock: threading.RLock | None = None) -> None:
-        """``lock``: the metadata store's write lock when the pack lives in its file."""
+                 lock: threading.RLock | None = None, key=None) -> None:
+        """``lock``: the metadata store's write lock when the pack lives in its file;
+        ``key``: a crypto.DataKey that seals every row's bytes."""
         super().__init__(path, SCHEMA, FIRST, lock, flush=False)
+        self.key = key
         self._convert_to_incremental_vacuum()
         # Commits are made durable by an fsync of the WAL (``commit``); deletions need
         # none: one lost to a crash only leaves garbage for the next gc. A cache in
@@ -611,7 +620,24 @@ class Pack(SqliteDatabase):
         if r is None:
             return None
         self._remember_id(digest, r[6])
-        return Row(r[0], r[1].hex() if r[1] is not None else None, r[2], r[3], r[4], r[5])
+        return Row(r[0], r[1].hex() if r[1] is not None else None, r[2], r[3], r[4], r[5],
+                   self.key is not None)
+
+    def _seal(self, digest: str | bytes, data: bytes) -> bytes:
+        """A row's bytes as the file holds them (sealed with a key: ``row``)."""
+        if self.key is None:
+            return data
+        raw = digest if isinstance(digest, bytes) else bytes.fromhex(digest)
+        return self.key.seal_blob(data, raw)
+
+    def _opened(self, digest: str, row: Row) -> bytes:
+        if not row.sealed:
+            return row.data
+        try:
+            return self.key.open_blob(row.data, bytes.fromhex(digest))
+        except DataLoss:
+            raise DataLoss(f"blob {digest} is corrupt: its row fails its authentication tag"
+                           " (damaged, or sealed with another key)") from None
 
     def has(self, digest: str) -> bool:
         if digest in self.pending or digest in self.committing or digest in self._cache:
@@ -654,15 +680,16 @@ class Pack(SqliteDatabase):
 
     def _rebuilt(self, digest: str, row: Row, cached: bool) -> bytes:
         """The bytes of the blob stored as ``row`` (its base read as ``read`` does)."""
+        stored = self._opened(digest, row)
         try:
             if row.kind in WHOLE:
-                data = decode_whole(row.kind, row.data, row.size)
+                data = decode_whole(row.kind, stored, row.size)
             elif row.kind == COPIES:
-                data = apply_copies_row(self.read(row.base, cached), row.data, row.size)
+                data = apply_copies_row(self.read(row.base, cached), stored, row.size)
             elif row.kind == ZDELTA:
-                data = zstd_apply(self.read(row.base, cached), row.data, row.size)
+                data = zstd_apply(self.read(row.base, cached), stored, row.size)
             elif row.kind == DELTA:
-                data = apply_delta(self.read(row.base, cached), row.data)
+                data = apply_delta(self.read(row.base, cached), stored)
             else:
                 raise DataLoss(f"blob {digest} has an unknown encoding {row.kind}")
         except (zlib.error, zstandard.ZstdError, ValueError) as exc:
@@ -771,7 +798,7 @@ class Pack(SqliteDatabase):
                     bases.append((base_id,))
                 inserted[digest] = next_id
                 values.append((next_id, key[1], r.kind, base_id, r.depth, r.size,
-                               math.ceil(r.stored_at * 1000), r.data))
+                               math.ceil(r.stored_at * 1000), self._seal(key[1], r.data)))
                 next_id += 1
                 self._bloom.add(key[1])  # before the commit: "absent" must stay certain
             db.executemany("INSERT INTO objects (id, digest, kind, base, depth, size, stored_ms,"
@@ -861,7 +888,8 @@ class Pack(SqliteDatabase):
                 if max(deepest, cur[3]) + shift > MAX_DEPTH:
                     continue
                 db.execute("UPDATE objects SET kind = ?, base = ?, depth = ?, data = ?"
-                           " WHERE id = ?", (c.kind, c.base_id, new_depth, c.data, c.row_id))
+                           " WHERE id = ?", (c.kind, c.base_id, new_depth,
+                                             self._seal(c.digest, c.data), c.row_id))
                 if cur[1] is not None:
                     db.execute("UPDATE objects SET dependents = dependents - 1 WHERE id = ?",
                                (cur[1],))

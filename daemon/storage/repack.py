@@ -27,7 +27,6 @@ transaction is a few row updates.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -130,7 +129,7 @@ class Repacker:
             data = self.pack.read(digest)
         except Exception:
             return None
-        return data if hashlib.sha256(data).hexdigest() == digest else None
+        return data if self.store.address(data) == digest else None
 
     def _learn_names(self, data: bytes) -> None:
         if self.names_of is None:

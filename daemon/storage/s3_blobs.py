@@ -63,6 +63,15 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   holds back under new write-once names, and points the rows at them as a rewrite
   does (only rows that still name the broken object).
 
+- **With a data key** (the cache's, ``--encryption-key``): a pack object, staged or
+  PUT, is sealed whole (AES-256-GCM) after its entries are compressed, and opened as
+  it is read, before any entry is decoded; its name carries the keyed address of its
+  content. A large blob's object holds the cache's file as it is, a sealed stream,
+  and a fetched one is verified (tag and keyed address) before the cache takes it.
+  Every entry is checked against its keyed address as without a key, which also
+  binds a sealed object to the rows that name it. The fleet's keyring is the object
+  ``KEYRING`` (keyring.py), which no sweep deletes.
+
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
 """
@@ -88,8 +97,10 @@ from ..faults import crash_point
 from ..observe import BUCKET_REQUESTS, MOVED_OBJECTS, STAGED_BYTES
 from . import bucket_packs, packs
 from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
-from .blob_store import check_digest
+from .blob_store import check_digest, digest_of
 from .blobs import LocalBlobStore
+from .crypto import OVERHEAD, STREAM_CONTEXT
+from .keyring import KEYRING
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +172,16 @@ class _Vanished(Exception):
     """An object was deleted after its rows were read (a repack moved them)."""
 
 
-def pack_name(body: bytes) -> str:
+OBJECT_CONTEXT = b"worldline bucket object"  # a sealed pack object's associated data
+
+
+def pack_name(body: bytes, address=digest_of) -> str:
     """A new pack object's name: its content's SHA-256 and a random part. Never the
     name of an object that exists or existed: a delete (gc's sweep of an object no row
     names, a rewrite's of the objects it replaced) decided on an earlier look can only
     hit the object it looked at, never one a host has just uploaded the same bytes as
     and is about to record (0.7.16; before, a pack was named by its content alone)."""
-    return f"packs/{hashlib.sha256(body).hexdigest()}-{os.urandom(8).hex()}.pack"
+    return f"packs/{address(body)}-{os.urandom(8).hex()}.pack"
 
 
 def content_of(name: str) -> str | None:
@@ -248,6 +262,8 @@ class S3BlobStore:
             raise InvalidArgument(f"blob store {url}: the environment's AWS_* settings are"
                                   f" not valid: {str(exc).splitlines()[0]}") from None
         self.cache = cache
+        self.key = cache.key  # seals what goes to the bucket, as the cache's files
+        self.address, self.hasher = cache.address, cache.hasher  # names: the cache's
         self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
         self.index = index
         self.host = host
@@ -336,9 +352,26 @@ class S3BlobStore:
             raise Unavailable(f"the blob bucket {self.url} did not answer {what}:"
                               f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
+    def _sealed(self, body: bytes) -> bytes:
+        """A pack object's bytes as the bucket (or its staged row) holds them."""
+        return body if self.key is None else self.key.seal_blob(body, OBJECT_CONTEXT)
+
+    def _opened(self, name: str, body: bytes) -> bytes:
+        if self.key is None:
+            return body
+        try:
+            return self.key.open_blob(body, OBJECT_CONTEXT)
+        except DataLoss:
+            raise DataLoss(f"object {name} of {self.url} fails its authentication tag"
+                           " (damaged, or sealed with another key)") from None
+
+    def _pack_name(self, body: bytes) -> str:
+        return pack_name(body, self.cache.address)
+
     def _put_object(self, name: str, body) -> None:
         """A pack: one PUT under a name of its own (pack_name), write-once
-        (If-None-Match: *)."""
+        (If-None-Match: *); sealed with a key."""
+        body = self._sealed(body)
         self._count("put")
         try:
             self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
@@ -352,15 +385,17 @@ class S3BlobStore:
         self._call(f"PUT {name} (multipart)", obstore.put, self.bucket, name, body,
                    use_multipart=True, chunk_size=PART_BYTES)
 
-    def _get_object(self, name: str) -> bytes:
+    def _get_object(self, name: str, opened: bool = True) -> bytes:
+        """A pack object's bytes (``opened``: as they were before ``_sealed``)."""
         if is_staged(name):  # its bytes are its row's; no row: moved to the bucket
             body = self.index.staged_body(name)
             if body is None:
                 raise _Vanished(name)
-            return body
+            return self._opened(name, body) if opened else body
         self._count("get")
         try:
-            return bytes(self._call(f"GET {name}", obstore.get, self.bucket, name).bytes())
+            body = bytes(self._call(f"GET {name}", obstore.get, self.bucket, name).bytes())
+            return self._opened(name, body) if opened else body
         except FileNotFoundError:
             if self.index.object_entries(name):
                 raise DataLoss(f"object {name} of {self.url} is indexed but missing") from None
@@ -513,10 +548,11 @@ class S3BlobStore:
             # A name of its own, never a content's: a checkpoint recording a pack of the
             # very bytes of one being moved meanwhile must not find that one's row and
             # then lose it to the move.
-            self._uploaded(StoredObject(f"{STAGED}{os.urandom(16).hex()}.pack", len(body),
-                                        self.host, now, entries, body))
+            sealed = self._sealed(body)
+            self._uploaded(StoredObject(f"{STAGED}{os.urandom(16).hex()}.pack", len(sealed),
+                                        self.host, now, entries, sealed))
             return
-        name = pack_name(body)
+        name = self._pack_name(body)
         self._put_object(name, body)
         crash_point("blobs.after_put")
         self._uploaded(StoredObject(name, len(body), self.host, now, entries))
@@ -527,6 +563,17 @@ class S3BlobStore:
 
     def _upload_alone(self, digest: str, size: int, now: float) -> None:
         name = f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}"
+        if self.key is not None:  # the cache's file as it is: sealed, verified first
+            self.cache.verify(digest)
+            fd = self.cache.open_blob(digest)
+            try:
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    self._put_parts(name, f)
+            finally:
+                os.close(fd)
+            self._uploaded(StoredObject(name, size + OVERHEAD, self.host, now,
+                                        [(digest, 0, size + OVERHEAD, size, "raw")]))
+            return
         fd, tmp = self._scratch()
         try:
             self.cache.copy_to_fd(digest, fd)
@@ -601,7 +648,7 @@ class S3BlobStore:
         """digest -> bytes of ``entries`` of object ``name`` (its ``body``), each
         verified against its digest (DataLoss otherwise)."""
         return bucket_packs.decode_all(
-            bucket_packs.ObjectReader(body, f"{name} of {self.url}"),
+            bucket_packs.ObjectReader(body, f"{name} of {self.url}", self.cache.address),
             [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in entries])
 
     def _fetch_alone(self, digest: str, loc: Location) -> None:
@@ -623,12 +670,20 @@ class S3BlobStore:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
+            if self.key is not None:  # the cache's file as it is: it verifies it, takes it
+                os.close(fd)
+                fd = -1
+                size = self.cache.put_sealed_file(digest, tmp)
+                with self._lock:
+                    self._used(digest, size)
+                return
             if hasher.hexdigest() != digest:
                 raise DataLoss(f"object {loc.object} of {self.url} does not match its digest")
             got, size = self.cache.put_fd(fd)
         finally:
-            os.close(fd)
-            os.unlink(tmp)
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(tmp)
         if got != digest:  # the temporary is ours alone: this would be a local fault
             raise DataLoss(f"blob {digest} changed on its way into the cache")
         with self._lock:
@@ -750,7 +805,7 @@ class S3BlobStore:
             if alone:
                 body, got = None, self._stream_digest(name, check)
             else:
-                body = self._get_object(name)
+                body = self._get_object(name, opened=False)
                 check.bytes_read += len(body)
         except (_Vanished, DataLoss):  # a rewrite deleted it after the listing, or lost
             body = got = None
@@ -768,6 +823,11 @@ class S3BlobStore:
                     check.broken.append(Broken(digest, name, "damaged", f"object {name}"
                                                " does not match its digest"))
             return
+        try:
+            body = self._opened(name, body)
+        except DataLoss as exc:  # every entry is in the sealed whole: each is damaged
+            check.broken.extend(Broken(d, name, "damaged", exc.message) for d, _ in entries)
+            return
         for digest, found in self._decode_each(name, body, entries).items():
             if isinstance(found, DataLoss):
                 check.broken.append(Broken(digest, name, "damaged", found.message))
@@ -780,15 +840,25 @@ class S3BlobStore:
             result = self._call(f"GET {name}", obstore.get, self.bucket, name)
         except FileNotFoundError:
             raise _Vanished(name) from None
-        hasher, size = hashlib.sha256(), 0
-        try:
+        hasher, size, read = self.cache.hasher(), 0, 0
+
+        def counted():
+            nonlocal read
             for chunk in result.stream(min_chunk_size=1 << 20):
+                read += len(chunk)
+                yield chunk
+
+        try:
+            for chunk in self.cache.opening(counted()):
                 hasher.update(chunk)
                 size += len(chunk)
         except (BaseError, OSError) as exc:
             raise Unavailable(f"the blob bucket {self.url} did not answer GET {name}:"
                               f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
-        check.bytes_read += size
+        except DataLoss:  # its tag: no digest of it matches
+            check.bytes_read += read
+            return "", size
+        check.bytes_read += read
         return hasher.hexdigest(), size
 
     def _decode_each(self, name: str, body: bytes, entries: list[tuple[str, Location]]
@@ -797,7 +867,7 @@ class S3BlobStore:
         DataLoss that entry alone raised (one damaged entry spoils only itself and the
         entries built on it)."""
         out: dict[str, bytes | DataLoss] = {}
-        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}")
+        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}", self.cache.address)
         for digest, loc in entries:
             try:
                 out[digest] = bucket_packs.decode_all(
@@ -827,7 +897,13 @@ class S3BlobStore:
                 except FileNotFoundError:
                     raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
                                    " missing") from None
-                if hashlib.sha256(body).hexdigest() != digest:
+                if self.key is not None:
+                    try:
+                        body = self.key.open_blob(body, STREAM_CONTEXT)
+                    except DataLoss:
+                        raise DataLoss(f"object {loc.object} of {self.url} fails its"
+                                       " authentication tag") from None
+                if self.cache.address(body) != digest:
                     raise DataLoss(f"object {loc.object} of {self.url} does not match its"
                                    " digest")
                 return body
@@ -894,15 +970,15 @@ class S3BlobStore:
         try:
             for group in filter(None, groups):
                 body, entries = bucket_packs.build(group, {})
-                self._mended(pack_name(body), body, entries, broken, done, parts=False)
+                self._mended(self._pack_name(body), body, entries, broken, done, parts=False)
             for digest, source in large.items():
-                fd = source.open_blob(digest)
+                fd = source.open_blob(digest)  # (with a key: sealed, as the bucket's)
                 try:
                     with os.fdopen(fd, "rb", closefd=False) as f:
                         size = os.fstat(fd).st_size
                         self._mended(f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}",
-                                     f, [(digest, 0, size, size, "raw")], broken, done,
-                                     parts=True)
+                                     f, [(digest, 0, size, source.size(digest), "raw")],
+                                     broken, done, parts=True)
                 finally:
                     os.close(fd)
         except Unavailable as exc:  # the bucket or the index away: the rest waits
@@ -995,6 +1071,7 @@ class S3BlobStore:
                 removed += 1
                 freed += nbytes - live
             known = {row[0] for row in self.index.blob_objects()}  # rewrites included
+            known.add(KEYRING)  # not a blob's: the fleet's data key, wrapped
             for batch in self._call("LIST", obstore.list, self.bucket):
                 for meta in batch:
                     if (meta["path"] in known
@@ -1114,7 +1191,7 @@ class S3BlobStore:
             body, entries = bucket_packs.build(blobs, bases, keep_going=keep_going)
         except bucket_packs.GaveUp:
             return None
-        new = pack_name(body)
+        new = self._pack_name(body)
         if content_of(new) in {content_of(name) for name in names}:
             # the very bytes of one of them: nothing to gain (nor to try again, if moved)
             with self._lock:
@@ -1201,7 +1278,8 @@ class S3BlobStore:
             entries: list[tuple[str, int, int, int, str]] = []
             read_from: dict[str, str] = {}
             off = 0
-            for name, (body, rows) in self.index.staged_entries(names).items():
+            for name, (sealed, rows) in self.index.staged_entries(names).items():
+                body = self._opened(name, sealed)
                 for digest, loc in rows:
                     if loc.codec in bucket_packs.CODECS:  # whole: its bytes as they are
                         chunk, codec = body[loc.off:loc.off + loc.len], loc.codec
@@ -1214,7 +1292,7 @@ class S3BlobStore:
                     off += len(chunk)
             body = b"".join(parts)
             if entries:
-                new = pack_name(body)
+                new = self._pack_name(body)
                 self._put_object(new, body)
                 crash_point("blobs.flush_after_put")
                 self.index.rewrite_blobs(

@@ -24,7 +24,6 @@ from ..capture.snapshotter import Capture
 from ..faults import crash_point
 from ..observe import ADMISSION_TURN, ADMISSION_TURN_CPU, ADMISSION_WAIT
 from ..records import AuditEvent, Checkpoint, Session, Task, tasks_to_json
-from ..storage.blob_store import digest_of
 from ..validate import check_text, check_warnings, parse_messages, parse_resume, parse_state
 from .core import Core
 from .hold import ContainerHold
@@ -160,7 +159,7 @@ class Checkpoints:
         tasks = tasks_to_json(task_list)
         # Unchanged since the head (the usual case): its blob is the head's, kept as the
         # state's is, with no put (a question to the pack) for it.
-        tasks_digest = (head.tasks_digest if digest_of(tasks) == head.tasks_digest
+        tasks_digest = (head.tasks_digest if core.blobs.address(tasks) == head.tasks_digest
                         else core.blobs.put_bytes(tasks, base=head.tasks_digest))
         return [c for _, c, _ in taken], state_digest, tasks_digest
 

@@ -36,7 +36,6 @@ from ..records import (
     tasks_from_json,
     tasks_to_json,
 )
-from ..storage.blob_store import digest_of
 from ..storage.durable import out_of_space
 from .checkpoint import checkpoint_detail
 from .core import Core
@@ -211,11 +210,12 @@ class Restores:
         if revived and len(roots) > 1:
             roots[1] = head.container
         tasks_json = tasks_to_json(tasks)
-        if roots == bases(head)[:len(roots)] and digest_of(tasks_json) == head.tasks_digest:
+        same_tasks = core.blobs.address(tasks_json) == head.tasks_digest
+        if roots == bases(head)[:len(roots)] and same_tasks:
             return None
         if any(p.unsaved for p in plans):
             return None
-        tasks_digest = (head.tasks_digest if digest_of(tasks_json) == head.tasks_digest
+        tasks_digest = (head.tasks_digest if same_tasks
                         else core.blobs.put_bytes(tasks_json, base=head.tasks_digest))
         cp = Checkpoint(ids.new_id(), session.id, 0, head.id, "checkpoint", ids.now(),
                         roots[0], plans[0].current.bytes, head.state_digest, tasks_digest,
