@@ -43,6 +43,7 @@ TAG = 16
 OVERHEAD = len(VERSION) + NONCE + TAG
 KEY_BYTES = 32
 _WRAP_CONTEXT = b"worldline data key"
+KEYRING = "keyring"  # the wrapped data key: a file in a data root, an object in a bucket
 # The associated data of a streamed blob: its address is known only once it is read,
 # after its first bytes are sealed; the reader checks the address of what it opened.
 STREAM_CONTEXT = b"worldline stream"

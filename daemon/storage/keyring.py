@@ -32,11 +32,11 @@ import os
 from worldline.wire.errors import InvalidArgument, NotFound, Unavailable
 
 from . import crypto
+from .crypto import KEYRING
 from .durable import fsync_folder
 
 log = logging.getLogger("worldline.keyring")
 
-KEYRING = "keyring"  # the file in a data root, the object in a fleet's bucket
 FORMAT = 1
 CREDENTIAL = "worldline-key"  # systemd's LoadCredential= name for the KEK
 

@@ -99,8 +99,7 @@ from . import bucket_packs, packs
 from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
 from .blob_store import check_digest, digest_of
 from .blobs import LocalBlobStore
-from .crypto import OVERHEAD, STREAM_CONTEXT
-from .keyring import KEYRING
+from .crypto import KEYRING, OVERHEAD, STREAM_CONTEXT
 
 log = logging.getLogger(__name__)
 
