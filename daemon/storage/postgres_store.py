@@ -17,8 +17,10 @@ from worldline.client.errors import Aborted
 
 from . import blob_index
 from .blob_index import BlobIndexSql, StoredObject
+from .crypto import DataKey
 from .migrations import Migration, latest, migrate
 from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_GC, LOCK_MIGRATIONS, PostgresDatabase, psycopg
+from .sealed import Columns
 from .sql_store import SqlStore
 
 SCHEMA = """
@@ -120,14 +122,20 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     IN_LIST = "{column} = ANY(?)"
     local = False  # every commit waits on the network (Store.local)
 
-    def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0,
+                 key: DataKey | None = None) -> None:
+        """``key``: the data key whose ``meta`` subkey seals the agent's content
+        (sealed.py: as base64 text, which a TEXT column takes); None keeps every value
+        in the clear."""
         PostgresDatabase.__init__(self, url, pool_size=pool_size,
                                   connect_timeout=connect_timeout)
         self.integrity_errors = (psycopg.IntegrityError,)
+        self.sealed = Columns(key, as_text=True)
         with self.advisory_lock(LOCK_MIGRATIONS):
             self.schema_found, self.schema_version = migrate(
                 self._tx, lambda db: db.execute(SCHEMA + blob_index.PG_SCHEMA), MIGRATIONS,
                 f"metadata store {self.path}")
+        self._bind_key()
 
     @contextmanager
     def gc_lock(self):

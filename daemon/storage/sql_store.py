@@ -10,16 +10,27 @@ dialect hooks:
 - ``IN_LIST``: a test of a column against one parameter holding a list;
 - ``integrity_errors``: what a unique or key violation raises;
 - ``_lock_chain(db)``: serialises writers of the audit chain (the chain stays one
-  chain with several daemons writing; SQLite: its write lock already does).
+  chain with several daemons writing; SQLite: its write lock already does);
+- ``sealed``: the store's ``sealed.Columns``: with a data key, the columns holding
+  what the agent controls are sealed as they are written and opened as they are read
+  (the list: docs/encryption-metadata.md); without one, values pass as they are.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.client.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.client.errors import (
+    Aborted,
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 
 from ..ids import clock
 from ..records import (
@@ -32,6 +43,7 @@ from ..records import (
     ToolCall,
     chain_hash,
 )
+from .sealed import Columns
 from .store import check_claim_fields
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
@@ -44,6 +56,7 @@ _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, stat
             " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume,"
             " warnings")
 _CP_N = len(_CP_COLS.split(","))
+_KEY_CHECK = b"worldline metadata store"  # meta.sealed: this, sealed (SqlStore._bind_key)
 
 
 def digest_in(digest: str | None) -> bytes | str | None:
@@ -62,40 +75,88 @@ def digest_out(value) -> str | None:
     return bytes(value).hex() if isinstance(value, (bytes, memoryview)) else value
 
 
-def _cp(row) -> Checkpoint:
+def _cp(row, sealed: Columns) -> Checkpoint:
     (id_, session_id, seq, parent_id, kind, created_at, tree, size, state_digest, tasks_digest,
-     *middle, container, acknowledged, pruned, resume, warnings) = row
+     conversation_parent, messages_added, message_count, label, reasoning, trace_id,
+     restored_from, container, acknowledged, pruned, resume, warnings) = row
+    label, reasoning, resume, warnings = (
+        sealed.open_text(v, "checkpoints", c, id_) for v, c in (
+            (label, "label"), (reasoning, "reasoning"), (resume, "resume"),
+            (warnings, "warnings")))
     return Checkpoint(id_, session_id, seq, parent_id, kind, created_at, digest_out(tree), size,
-                      digest_out(state_digest), digest_out(tasks_digest), *middle,
+                      digest_out(state_digest), digest_out(tasks_digest), conversation_parent,
+                      messages_added, message_count, label, reasoning, trace_id, restored_from,
                       digest_out(container), acknowledged=tuple(json.loads(acknowledged)),
                       pruned=bool(pruned), resume=resume,
                       warnings=tuple(json.loads(warnings)) if warnings else ())
 
 
-def _cp_row(cp: Checkpoint) -> tuple:
+def _cp_row(cp: Checkpoint, sealed: Columns) -> tuple:
+    label, reasoning, resume, warnings = (
+        sealed.seal_text(v, "checkpoints", c, cp.id) for v, c in (
+            (cp.label, "label"), (cp.reasoning, "reasoning"), (cp.resume, "resume"),
+            (json.dumps(list(cp.warnings)) if cp.warnings else "", "warnings")))
     return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at,
             digest_in(cp.tree), cp.bytes, digest_in(cp.state_digest),
             digest_in(cp.tasks_digest), cp.conversation_parent, cp.messages_added,
-            cp.message_count, cp.label, cp.reasoning, cp.trace_id, cp.restored_from,
+            cp.message_count, label, reasoning, cp.trace_id, cp.restored_from,
             digest_in(cp.container), json.dumps(list(cp.acknowledged)), int(cp.pruned),
-            cp.resume, json.dumps(list(cp.warnings)) if cp.warnings else "")
+            resume, warnings)
 
 
-def _event(row) -> AuditEvent:
+def _event(row, sealed: Columns) -> AuditEvent:
     seq, kind, session_id, subject_id, detail, created_at, prev_hash, hash_ = row
-    return AuditEvent(kind, session_id, subject_id, json.loads(detail), created_at, seq,
+    detail = json.loads(sealed.open_text(detail, "audit", "detail", seq))
+    return AuditEvent(kind, session_id, subject_id, detail, created_at, seq,
                       digest_out(prev_hash), digest_out(hash_))
 
 
-def _approval_row(a: Approval) -> tuple:
-    return (a.id, a.session_id, a.tool, a.args_json, a.status, a.checkpoint_id, a.created_at,
-            a.expires_at, a.reason, a.decided_at)
+def _approval_row(a: Approval, sealed: Columns) -> tuple:
+    return (a.id, a.session_id, a.tool, sealed.seal_text(a.args_json, "approvals", "args_json",
+                                                         a.id),
+            a.status, a.checkpoint_id, a.created_at, a.expires_at, a.reason, a.decided_at)
+
+
+def _approval(row, sealed: Columns) -> Approval:
+    id_, session_id, tool, args_json, *rest = row
+    return Approval(id_, session_id, tool,
+                    sealed.open_text(args_json, "approvals", "args_json", id_), *rest)
+
+
+def _tool_call_row(call: ToolCall, sealed: Columns) -> tuple:
+    return (call.id, call.session_id, call.name,
+            sealed.seal_text(call.args_json, "tool_calls", "args_json", call.id),
+            sealed.seal_text(call.result_json, "tool_calls", "result_json", call.id),
+            call.effect,
+            sealed.seal_text(call.idempotency_key, "tool_calls", "idempotency_key", call.id),
+            call.checkpoint_id, call.created_at, call.rule, call.approval_id)
+
+
+def _tool_call(row, sealed: Columns) -> ToolCall:
+    id_, session_id, name, args_json, result_json, effect, key, *rest = row
+    return ToolCall(id_, session_id, name,
+                    sealed.open_text(args_json, "tool_calls", "args_json", id_),
+                    sealed.open_text(result_json, "tool_calls", "result_json", id_), effect,
+                    sealed.open_text(key, "tool_calls", "idempotency_key", id_), *rest)
+
+
+def _task_row(session_id: str, position: int, t: Task, sealed: Columns) -> tuple:
+    return (session_id, t.id, position,
+            sealed.seal_text(t.title, "tasks", "title", session_id, t.id), t.parent, t.status,
+            sealed.seal_text(t.note, "tasks", "note", session_id, t.id), t.updated_at)
+
+
+def _task(session_id: str, row, sealed: Columns) -> Task:
+    id_, title, parent, status, note, updated_at = row
+    return Task(id_, sealed.open_text(title, "tasks", "title", session_id, id_), parent, status,
+                sealed.open_text(note, "tasks", "note", session_id, id_), updated_at)
 
 
 class SqlStore:
     FOR_UPDATE = ""
     IN_LIST = "{column} IN (SELECT value FROM json_each(?))"
     integrity_errors: tuple[type[Exception], ...] = ()
+    sealed = Columns()  # a backend given a data key sets its own
 
     def _lock_chain(self, db) -> None:
         """Hold the audit chain's tail until this transaction ends."""
@@ -103,6 +164,44 @@ class SqlStore:
     @contextmanager
     def gc_lock(self):
         yield  # SQLite: one data root, one daemon (its lock file)
+
+    def _bind_key(self) -> None:
+        """Check at open that the store is opened as it was made: a store made with a
+        data key records a value sealed with it (``meta.sealed``), which the key given
+        must open (else ``InvalidArgument``: a wrong key, nothing read); one made
+        without a key and already holding records takes no key (its records are in the
+        clear), and a sealed one is not opened without its key (``FailedPrecondition``
+        both). A store refused is closed."""
+        try:
+            self._check_key()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_key(self) -> None:
+        key = self.sealed.key
+        row = self._one("SELECT value FROM meta WHERE key = 'sealed'", ())
+        if row is None and key is None:
+            return
+        if row is None:
+            with self._tx() as db:
+                if db.execute("SELECT 1 FROM sessions UNION ALL SELECT 1 FROM audit"
+                              " LIMIT 1").fetchone() is not None:
+                    raise FailedPrecondition(
+                        f"the metadata store {self.path} holds records written without a"
+                        " data key: it cannot be opened with one")
+                check = base64.b64encode(key.seal_meta(_KEY_CHECK, _KEY_CHECK)).decode()
+                db.execute("INSERT INTO meta VALUES ('sealed', ?) ON CONFLICT (key)"
+                           " DO NOTHING", (check,))
+            row = self._one("SELECT value FROM meta WHERE key = 'sealed'", ())
+        if key is None:
+            raise FailedPrecondition(f"the metadata store {self.path} is encrypted: start"
+                                     " the daemon with its encryption key")
+        try:
+            key.open_meta(base64.b64decode(row[0]), _KEY_CHECK)
+        except (DataLoss, ValueError):
+            raise InvalidArgument(f"the encryption key does not open the metadata store"
+                                  f" {self.path} (a wrong key); nothing was read") from None
 
     @staticmethod
     def _list_arg(values: list[str]):
@@ -119,7 +218,7 @@ class SqlStore:
                             session.needs_attention, session.deleted_at, session.host,
                             session.lease_expires, session.released_to))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * _CP_N)})", _cp_row(first))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(first, self.sealed))
             except self.integrity_errors:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
@@ -141,7 +240,8 @@ class SqlStore:
         if not rows:
             raise NotFound(f"session {session_id} does not exist")
         n = _SESSION_N  # the session's columns, then the task's
-        return Session(*rows[0][:n]), [Task(*r[n:]) for r in rows if r[n] is not None]
+        return Session(*rows[0][:n]), [_task(session_id, r[n:], self.sealed) for r in rows
+                                       if r[n] is not None]
 
     def list_sessions(self):
         return [Session(*r) for r in self._all(
@@ -243,9 +343,11 @@ class SqlStore:
                 if objects:
                     self.add_objects(db, objects)  # the blob index (BlobIndexSql)
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * _CP_N)})", _cp_row(cp))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(cp, self.sealed))
+                seal = self.sealed.seal_text
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
-                               [(cp.id, i, m) for i, m in enumerate(messages)])
+                               [(cp.id, i, seal(m, "messages", "body", cp.id, i))
+                                for i, m in enumerate(messages)])
                 db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
                 if tasks is not None:
                     self._replace_tasks(db, cp.session_id, tasks)
@@ -258,7 +360,7 @@ class SqlStore:
         row = self._one(f"SELECT {_CP_COLS} FROM checkpoints WHERE id = ?", (checkpoint_id,))
         if row is None:
             raise NotFound(f"checkpoint {checkpoint_id} does not exist")
-        return _cp(row)
+        return _cp(row, self.sealed)
 
     def list_checkpoints(self, session_id=None, limit=None, before_seq=None):
         if session_id is None:
@@ -278,7 +380,7 @@ class SqlStore:
                 sql += " LIMIT ?"
                 args.append(limit)
             rows = self._all(sql, tuple(args))[::-1]
-        return [_cp(r) for r in rows]
+        return [_cp(r, self.sealed) for r in rows]
 
     def count_checkpoints(self, session_id):
         self.get_session(session_id)
@@ -298,9 +400,13 @@ class SqlStore:
             " SELECT ?, 0 UNION ALL"
             " SELECT c.conversation_parent, chain.depth + 1 FROM checkpoints c"
             " JOIN chain ON c.id = chain.id WHERE c.conversation_parent IS NOT NULL)"
-            " SELECT m.body FROM chain JOIN messages m ON m.checkpoint_id = chain.id"
+            " SELECT m.body, m.checkpoint_id, m.idx FROM chain"
+            " JOIN messages m ON m.checkpoint_id = chain.id"
             " ORDER BY chain.depth DESC, m.idx", (checkpoint_id,))
-        return [r[0] for r in rows]
+        if self.sealed.key is None:
+            return [r[0] for r in rows]
+        return [self.sealed.open_text(body, "messages", "body", cid, idx)
+                for body, cid, idx in rows]
 
     def lineage(self, checkpoint_id):
         self.get_checkpoint(checkpoint_id)
@@ -325,9 +431,7 @@ class SqlStore:
                     raise FailedPrecondition(f"approval {call.approval_id} was already used"
                                              f" by tool call {used[0]}")
             db.execute("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (call.id, call.session_id, call.name, call.args_json, call.result_json,
-                        call.effect, call.idempotency_key, call.checkpoint_id, call.created_at,
-                        call.rule, call.approval_id))
+                       _tool_call_row(call, self.sealed))
             self._append_audit(db, events)
 
     def list_tool_calls(self, session_id=None, checkpoint_ids=None):
@@ -341,7 +445,8 @@ class SqlStore:
                 return []
             sql += " AND " + self.IN_LIST.format(column="checkpoint_id")
             args.append(self._list_arg(ids))
-        return [ToolCall(*r) for r in self._all(sql + " ORDER BY id", tuple(args))]
+        return [_tool_call(r, self.sealed)
+                for r in self._all(sql + " ORDER BY id", tuple(args))]
 
     # -- tasks ---------------------------------------------------------------------------
     def set_task(self, session_id, task, events):
@@ -355,8 +460,7 @@ class SqlStore:
                 "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id)"
                 " DO UPDATE SET title = excluded.title, parent = excluded.parent,"
                 " status = excluded.status, note = excluded.note, updated_at = excluded.updated_at",
-                (session_id, task.id, pos, task.title, task.parent, task.status, task.note,
-                 task.updated_at))
+                _task_row(session_id, pos, task, self.sealed))
             self._append_audit(db, events)
 
     def list_tasks(self, session_id):
@@ -365,21 +469,21 @@ class SqlStore:
     def _replace_tasks(self, db, session_id: str, tasks: list[Task]) -> None:
         db.execute("DELETE FROM tasks WHERE session_id = ?", (session_id,))
         db.executemany("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [(session_id, t.id, i, t.title, t.parent, t.status, t.note, t.updated_at)
+                       [_task_row(session_id, i, t, self.sealed)
                         for i, t in enumerate(tasks, 1)])
 
     # -- approvals ---------------------------------------------------------------------------
     def add_approval(self, approval, events):
         with self._tx() as db:
             db.execute("INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       _approval_row(approval))
+                       _approval_row(approval, self.sealed))
             self._append_audit(db, events)
 
     def get_approval(self, approval_id):
         row = self._one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         if row is None:
             raise NotFound(f"approval {approval_id} does not exist")
-        return Approval(*row)
+        return _approval(row, self.sealed)
 
     def decide_approval(self, approval_id, status, reason, decided_at, events):
         with self._tx() as db:
@@ -393,8 +497,8 @@ class SqlStore:
                     raise NotFound(f"approval {approval_id} does not exist")
                 raise FailedPrecondition(f"approval {approval_id} is already {row[0]}")
             self._append_audit(db, events)
-            return Approval(*db.execute("SELECT * FROM approvals WHERE id = ?",
-                                        (approval_id,)).fetchone())
+            return _approval(db.execute("SELECT * FROM approvals WHERE id = ?",
+                                        (approval_id,)).fetchone(), self.sealed)
 
     def list_approvals(self, session_id=None, status=None):
         sql, args = "SELECT * FROM approvals WHERE 1=1", []
@@ -404,7 +508,8 @@ class SqlStore:
         if status is not None:
             sql += " AND status = ?"
             args.append(status)
-        return [Approval(*r) for r in self._all(sql + " ORDER BY id", tuple(args))]
+        return [_approval(r, self.sealed)
+                for r in self._all(sql + " ORDER BY id", tuple(args))]
 
     # -- audit -------------------------------------------------------------------------------
     def append_audit(self, events):
@@ -430,7 +535,8 @@ class SqlStore:
             digest = chain_hash(prev, event)
             db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (seq, event.kind, event.session_id, event.subject_id,
-                        json.dumps(event.detail, sort_keys=True), event.created_at,
+                        self.sealed.seal_text(json.dumps(event.detail, sort_keys=True),
+                                              "audit", "detail", seq), event.created_at,
                         digest_in(prev), digest_in(digest)))
             prev = digest
 
@@ -452,5 +558,5 @@ class SqlStore:
             rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))[::-1]
         else:
             rows = self._all(sql + " ORDER BY seq", tuple(args))
-        return [_event(r) for r in rows]
+        return [_event(r, self.sealed) for r in rows]
 

@@ -35,8 +35,10 @@ from ..observe import METADATA_FSYNC
 from ..records import Session, Task
 from . import blob_index, reserve, wal
 from .blob_index import BlobIndexSql
+from .crypto import DataKey
 from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
+from .sealed import Columns
 from .sql_store import SqlStore, digest_in
 
 log = logging.getLogger(__name__)
@@ -514,7 +516,10 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
     integrity_errors = (sqlite3.IntegrityError,)
     local = True
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: DataKey | None = None) -> None:
+        """``key``: the data key whose ``meta`` subkey seals the agent's content
+        (sealed.py); None keeps every value in the clear."""
+        self.sealed = Columns(key)
         self._seen: dict[str, tuple[Session, tuple[Task, ...]]] = {}
         self._seen_lock = threading.Lock()
         self._commits_seen = 0  # write transactions committed: a read's snapshot's age
@@ -524,6 +529,7 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
         super().__init__(path, SCHEMA + blob_index.SCHEMA, FIRST)
         self.schema_found, self.schema_version = migrate(
             self._tx, lambda db: None, MIGRATIONS, f"metadata store {path}")
+        self._bind_key()
 
     def get_session_and_tasks(self, session_id):
         with self._seen_lock:

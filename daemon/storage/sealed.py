@@ -1,0 +1,87 @@
+"""Sealed columns: what the agent said and did, encrypted in the metadata stores when
+the daemon has a data key (crypto.py).
+
+With a ``DataKey``, each value of a column that holds agent-controlled content (the
+conversation, tool arguments and results, checkpoint labels, task text, approval
+arguments, audit details, graph checkpoints) is sealed with the key's ``meta`` subkey
+(AES-256-GCM). Its *context*, the associated data, names the table, the column and
+the row's key, so a value moved to another row or column does not open: reading it
+is ``DataLoss``, as is a value written in the clear where a sealed one belongs, or
+one sealed with another key. No query filters on a sealed column (ids, times,
+statuses, kinds and sizes stay in the clear: docs/encryption-metadata.md lists both).
+
+Without a key every value passes as it is: the same schema, the same bytes as a store
+that never heard of keys.
+
+A sealed text value is kept as its bytes where the database takes bytes in a text
+column (SQLite: a BLOB in a TEXT column), as base64 text where it does not
+(PostgreSQL: ``as_text``). A bytes column (BLOB, BYTEA) keeps the sealed bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from worldline.client.errors import DataLoss
+
+from .crypto import DataKey
+
+
+def context(table: str, column: str, row: tuple) -> bytes:
+    """The associated data of one value: its table, column and row key, each part
+    prefixed by its length so that no two places share a context."""
+    return "".join(f"{len(p)}:{p}" for p in (table, column, *map(str, row))).encode()
+
+
+class Columns:
+    """Seals and opens the values of sealed columns (identity without a key)."""
+
+    __slots__ = ("as_text", "key")
+
+    def __init__(self, key: DataKey | None = None, as_text: bool = False) -> None:
+        self.key = key
+        self.as_text = as_text
+
+    def seal_text(self, value: str | None, table: str, column: str, *row):
+        """``value`` as its column keeps it; None stays NULL."""
+        if self.key is None or value is None:
+            return value
+        sealed = self.key.seal_meta(value.encode("utf-8"), context(table, column, row))
+        return base64.b64encode(sealed).decode("ascii") if self.as_text else sealed
+
+    def open_text(self, value, table: str, column: str, *row) -> str | None:
+        if self.key is None or value is None:
+            return value
+        if self.as_text:
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError, TypeError):
+                raise _clear(table, column, row) from None
+        elif isinstance(value, (bytes, memoryview)):
+            raw = bytes(value)
+        else:
+            raise _clear(table, column, row)
+        return self._open(raw, table, column, row).decode("utf-8")
+
+    def seal_bytes(self, value: bytes, table: str, column: str, *row) -> bytes:
+        if self.key is None:
+            return value
+        return self.key.seal_meta(bytes(value), context(table, column, row))
+
+    def open_bytes(self, value, table: str, column: str, *row) -> bytes:
+        if self.key is None:
+            return bytes(value)
+        return self._open(bytes(value), table, column, row)
+
+    def _open(self, raw: bytes, table: str, column: str, row: tuple) -> bytes:
+        try:
+            return self.key.open_meta(raw, context(table, column, row))
+        except DataLoss as exc:
+            raise DataLoss(f"{table}.{column} of row {'/'.join(map(str, row))}:"
+                           f" {exc.message}") from None
+
+
+def _clear(table: str, column: str, row: tuple) -> DataLoss:
+    return DataLoss(f"{table}.{column} of row {'/'.join(map(str, row))} is not sealed"
+                    " (written without the data key, or altered)")
