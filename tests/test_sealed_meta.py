@@ -219,14 +219,15 @@ def test_a_graph_value_moved_to_another_thread_is_data_loss(tmp_path):
 
 # -- through a real daemon -----------------------------------------------------------------
 # The daemon started as it runs (daemon.main.run over a real socket), its stores opened
-# with a data key the way the daemon's start gives them one (StorageConfig.open_store).
+# with a data key the way the daemon's start gives them one (StorageConfig.open_store);
+# with no key given, as without one (a like-for-like peer: tests/sealed_cost.py).
 KEYED_DAEMON = """
 import sys
 from worldline.daemon.main import run
 from worldline.daemon.storage.config import StorageConfig
 from worldline.daemon.storage.crypto import DataKey
 
-KEY = DataKey(bytes.fromhex(sys.argv[3]))
+KEY = DataKey(bytes.fromhex(sys.argv[3])) if sys.argv[3] else None
 
 
 class Keyed(StorageConfig):
@@ -242,12 +243,17 @@ sys.exit(run(sys.argv[1], sys.argv[2], storage=Keyed()))
 
 
 class KeyedDaemon(DaemonProcess):
+    def __init__(self, root: Path, key: bytes | None = bytes(range(32))) -> None:
+        super().__init__(root)
+        self.key = key
+
     def start(self, wait: bool = True) -> KeyedDaemon:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", KEYED_DAEMON, str(self.root), self.address,
-                 bytes(range(32)).hex()], stdout=subprocess.DEVNULL, stderr=log, env=self.env)
+                 self.key.hex() if self.key else ""], stdout=subprocess.DEVNULL, stderr=log,
+                env=self.env)
         if wait:
             self.wait_serving()
         return self

@@ -74,16 +74,22 @@ def key_id(kek: bytes) -> str:
     return hmac.new(kek, b"worldline key id", hashlib.sha256).hexdigest()[:16]
 
 
-def _seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:
+def _aead(key: bytes | AESGCM) -> AESGCM:
+    """The cipher of ``key``; one made already is used as it is (making one costs more
+    than sealing a short value: the metadata's subkey keeps its own)."""
+    return key if isinstance(key, AESGCM) else AESGCM(key)
+
+
+def _seal(key: bytes | AESGCM, plaintext: bytes, context: bytes) -> bytes:
     nonce = os.urandom(NONCE)
-    return VERSION + nonce + AESGCM(key).encrypt(nonce, plaintext, context)
+    return VERSION + nonce + _aead(key).encrypt(nonce, plaintext, context)
 
 
-def _open(key: bytes, sealed: bytes, context: bytes) -> bytes:
+def _open(key: bytes | AESGCM, sealed: bytes, context: bytes) -> bytes:
     if len(sealed) < OVERHEAD or sealed[:1] != VERSION:
         raise DataLoss("a sealed value is malformed (not written with this format)")
     try:
-        return AESGCM(key).decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
+        return _aead(key).decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
     except InvalidTag:
         raise DataLoss("a sealed value fails its authentication tag"
                        " (damaged, moved, or sealed with another key)") from None
@@ -117,7 +123,7 @@ class DataKey:
         if len(data_key) != KEY_BYTES:
             raise InvalidArgument("a data key is 32 bytes")
         self._blob = _subkey(data_key, b"blob")
-        self._meta = _subkey(data_key, b"meta")
+        self._meta = AESGCM(_subkey(data_key, b"meta"))
         self._address = _subkey(data_key, b"address")
 
     def address(self, data: bytes) -> str:

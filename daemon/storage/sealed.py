@@ -29,9 +29,10 @@ from .crypto import DataKey
 
 
 def context(table: str, column: str, row: tuple) -> bytes:
-    """The associated data of one value: its table, column and row key, each part
-    prefixed by its length so that no two places share a context."""
-    return "".join(f"{len(p)}:{p}" for p in (table, column, *map(str, row))).encode()
+    """The associated data of one value: its table and column (names of this code),
+    then the parts of the row's key, each prefixed by its length, so that no two
+    places share a context whatever the keys hold."""
+    return "\0".join([table, column, *[f"{len(p)}:{p}" for p in map(str, row)]]).encode()
 
 
 class Columns:

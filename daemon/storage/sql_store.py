@@ -79,23 +79,29 @@ def _cp(row, sealed: Columns) -> Checkpoint:
     (id_, session_id, seq, parent_id, kind, created_at, tree, size, state_digest, tasks_digest,
      conversation_parent, messages_added, message_count, label, reasoning, trace_id,
      restored_from, container, acknowledged, pruned, resume, warnings) = row
-    label, reasoning, resume, warnings = (
-        sealed.open_text(v, "checkpoints", c, id_) for v, c in (
-            (label, "label"), (reasoning, "reasoning"), (resume, "resume"),
-            (warnings, "warnings")))
+    if sealed.key is None:
+        warnings = json.loads(warnings) if warnings else ()
+    else:  # the four texts, sealed as one (_cp_row)
+        label, reasoning, resume, warnings = json.loads(
+            sealed.open_text(label, "checkpoints", "label", id_))
     return Checkpoint(id_, session_id, seq, parent_id, kind, created_at, digest_out(tree), size,
                       digest_out(state_digest), digest_out(tasks_digest), conversation_parent,
                       messages_added, message_count, label, reasoning, trace_id, restored_from,
                       digest_out(container), acknowledged=tuple(json.loads(acknowledged)),
-                      pruned=bool(pruned), resume=resume,
-                      warnings=tuple(json.loads(warnings)) if warnings else ())
+                      pruned=bool(pruned), resume=resume, warnings=tuple(warnings))
 
 
 def _cp_row(cp: Checkpoint, sealed: Columns) -> tuple:
-    label, reasoning, resume, warnings = (
-        sealed.seal_text(v, "checkpoints", c, cp.id) for v, c in (
-            (cp.label, "label"), (cp.reasoning, "reasoning"), (cp.resume, "resume"),
-            (json.dumps(list(cp.warnings)) if cp.warnings else "", "warnings")))
+    if sealed.key is None:
+        label, reasoning, resume = cp.label, cp.reasoning, cp.resume
+        warnings = json.dumps(list(cp.warnings)) if cp.warnings else ""
+    else:
+        # The label, reasoning, resume point and warnings sealed as one value (a JSON
+        # array) in the label's column, the other three '': a checkpoint costs one seal
+        # and each read of it one open (a history of 400 is read whole).
+        label = sealed.seal_text(json.dumps([cp.label, cp.reasoning, cp.resume,
+                                             list(cp.warnings)]), "checkpoints", "label", cp.id)
+        reasoning = resume = warnings = ""
     return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at,
             digest_in(cp.tree), cp.bytes, digest_in(cp.state_digest),
             digest_in(cp.tasks_digest), cp.conversation_parent, cp.messages_added,
@@ -344,10 +350,8 @@ class SqlStore:
                     self.add_objects(db, objects)  # the blob index (BlobIndexSql)
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
                            f" ({', '.join('?' * _CP_N)})", _cp_row(cp, self.sealed))
-                seal = self.sealed.seal_text
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
-                               [(cp.id, i, seal(m, "messages", "body", cp.id, i))
-                                for i, m in enumerate(messages)])
+                               self._message_rows(cp.id, messages))
                 db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
                 if tasks is not None:
                     self._replace_tasks(db, cp.session_id, tasks)
@@ -405,8 +409,21 @@ class SqlStore:
             " ORDER BY chain.depth DESC, m.idx", (checkpoint_id,))
         if self.sealed.key is None:
             return [r[0] for r in rows]
-        return [self.sealed.open_text(body, "messages", "body", cid, idx)
-                for body, cid, idx in rows]
+        out = []
+        for body, cid, idx in rows:  # each checkpoint's messages, one sealed array
+            out.extend(json.loads(self.sealed.open_text(body, "messages", "body", cid, idx)))
+        return out
+
+    def _message_rows(self, checkpoint_id: str, messages: list[str]) -> list[tuple]:
+        """The ``messages`` rows of a checkpoint: one a message; with a data key, one
+        for them all (row 0: a JSON array of the messages, sealed), so a conversation
+        read back costs an open a checkpoint, not a message."""
+        if self.sealed.key is None:
+            return [(checkpoint_id, i, m) for i, m in enumerate(messages)]
+        if not messages:
+            return []
+        return [(checkpoint_id, 0, self.sealed.seal_text(json.dumps(list(messages)),
+                                                         "messages", "body", checkpoint_id, 0))]
 
     def lineage(self, checkpoint_id):
         self.get_checkpoint(checkpoint_id)
