@@ -134,6 +134,24 @@ def test_no_canary_in_what_the_store_keeps_with_a_key(kind, keyed, request, tmp_
         assert found_in_postgres(request.getfixturevalue("postgres_url")) is not keyed
 
 
+@pytest.mark.parametrize("keyed", [True, False])
+def test_the_audit_chains_hashes_are_not_kept_in_the_clear_with_a_key(keyed, tmp_path):
+    """A chain hash is SHA-256 of its event in the clear: kept as it is, it would let
+    whoever holds the file confirm a guess of an event's detail."""
+    store = SqliteStore(str(tmp_path / "meta.db"), key=KEY if keyed else None)
+    new_session(store)
+    store.append_audit([AuditEvent("gc", None, "gc", {"n": i}, ids.now()) for i in range(3)])
+    events = store.list_audit()
+    store.close()
+    kept = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("meta.db"))
+    assert all((bytes.fromhex(e.hash) in kept) is not keyed for e in events)
+    store = SqliteStore(str(tmp_path / "meta.db"), key=KEY if keyed else None)
+    assert store.list_audit() == events  # the chain reads back whole, and goes on from it
+    store.append_audit([AuditEvent("gc", None, "gc", {}, ids.now())])
+    assert store.list_audit()[-1].prev_hash == events[-1].hash
+    store.close()
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_wrong_or_missing_key_is_refused_at_open(kind, request, tmp_path):
     store = open_store(kind, request, tmp_path, KEY)

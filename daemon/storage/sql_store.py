@@ -112,9 +112,31 @@ def _cp_row(cp: Checkpoint, sealed: Columns) -> tuple:
 
 def _event(row, sealed: Columns) -> AuditEvent:
     seq, kind, session_id, subject_id, detail, created_at, prev_hash, hash_ = row
-    detail = json.loads(sealed.open_text(detail, "audit", "detail", seq))
-    return AuditEvent(kind, session_id, subject_id, detail, created_at, seq,
-                      digest_out(prev_hash), digest_out(hash_))
+    if sealed.key is None:
+        detail, prev_hash, hash_ = json.loads(detail), digest_out(prev_hash), digest_out(hash_)
+    else:
+        detail, prev_hash, hash_ = _sealed_link(seq, detail, sealed)
+    return AuditEvent(kind, session_id, subject_id, detail, created_at, seq, prev_hash, hash_)
+
+
+def _audit_row(event: AuditEvent, prev: str, digest: str, sealed: Columns) -> tuple:
+    if sealed.key is None:
+        detail, prev_hash, hash_ = (json.dumps(event.detail, sort_keys=True),
+                                    digest_in(prev), digest_in(digest))
+    else:
+        # The detail and the event's two links sealed as one value, the hash columns
+        # empty: a chain hash is SHA-256 of the event in the clear, which would let
+        # whoever holds the store confirm a guess of a detail.
+        detail = sealed.seal_text(json.dumps([event.detail, prev, digest], sort_keys=True),
+                                  "audit", "detail", event.seq)
+        prev_hash = hash_ = b""
+    return (event.seq, event.kind, event.session_id, event.subject_id, detail,
+            event.created_at, prev_hash, hash_)
+
+
+def _sealed_link(seq: int, detail, sealed: Columns) -> tuple[dict, str, str]:
+    """(detail, previous hash, hash) of the audit event ``seq`` written with a key."""
+    return tuple(json.loads(sealed.open_text(detail, "audit", "detail", seq)))
 
 
 def _approval_row(a: Approval, sealed: Columns) -> tuple:
@@ -537,7 +559,7 @@ class SqlStore:
         """The audit chain locked for this transaction, and its last link asked for: a
         cursor, whose row a pipelined transaction reads with the next round trip."""
         self._lock_chain(db)
-        return db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+        return db.execute("SELECT seq, hash, detail FROM audit ORDER BY seq DESC LIMIT 1")
 
     def _append_audit(self, db, events: list[AuditEvent], chain=None) -> None:
         """Append ``events`` to the chain (``chain``: ``_chain_end``'s cursor, when the
@@ -545,16 +567,18 @@ class SqlStore:
         if not events:
             return
         row = (chain if chain is not None else self._chain_end(db)).fetchone()
-        seq, prev = (row[0], digest_out(row[1])) if row else (0, GENESIS_HASH)
+        if row is None:
+            seq, prev = 0, GENESIS_HASH
+        elif self.sealed.key is None:
+            seq, prev = row[0], digest_out(row[1])
+        else:
+            seq, prev = row[0], _sealed_link(row[0], row[2], self.sealed)[2]
         for event in events:
             seq += 1
             event = replace(event, seq=seq)
             digest = chain_hash(prev, event)
             db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (seq, event.kind, event.session_id, event.subject_id,
-                        self.sealed.seal_text(json.dumps(event.detail, sort_keys=True),
-                                              "audit", "detail", seq), event.created_at,
-                        digest_in(prev), digest_in(digest)))
+                       _audit_row(event, prev, digest, self.sealed))
             prev = digest
 
     def list_audit(self, session_id=None, kind=None, limit=0, since=None, after_seq=None):
