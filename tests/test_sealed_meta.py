@@ -217,6 +217,41 @@ def test_a_sealed_row_read_with_another_key_is_data_loss(tmp_path):
     store.close()
 
 
+def test_sealed_problems_name_every_value_that_does_not_open(tmp_path):
+    store, a, b = sealed_store(tmp_path)
+    store.set_task(a.session_id, Task("t", "title", None, "pending", "", ids.now()), [])
+    store.add_tool_call(ToolCall(ids.new_id(), a.session_id, "search", "{}", None,
+                                 "read_only", None, b.id, ids.now()), [])
+    assert store.sealed_problems() == []
+    raw(tmp_path, "UPDATE tool_calls SET args_json = (SELECT title FROM tasks)")
+    raw(tmp_path, "UPDATE messages SET body = x'00' WHERE checkpoint_id = ?", (a.id,))
+    problems = store.sealed_problems()
+    assert len(problems) == 2
+    assert any("tool_calls.args_json" in p for p in problems)
+    assert any(f"messages.body of row {a.id}/0" in p for p in problems)
+    store.close()
+
+
+def test_fsck_checks_every_sealed_value_through_a_daemon(tmp_path, workspace):
+    root = tmp_path / "root"
+    daemon = KeyedDaemon(root).start()
+    try:
+        client = daemon.client()
+        session = client.create_session(str(workspace))
+        client.record_tool_call(session.id, "search", {"q": 1}, effect="read_only")
+        assert client.fsck()["ok"]
+    finally:
+        daemon.stop()
+    raw(root, "UPDATE tool_calls SET result_json = args_json")  # moved to another column
+    daemon.start()
+    try:
+        report = daemon.client().fsck()
+        assert not report["ok"]
+        assert any("tool_calls.result_json" in p for p in report["problems"])
+    finally:
+        daemon.stop()
+
+
 def test_a_graph_value_moved_to_another_thread_is_data_loss(tmp_path):
     from worldline.daemon.storage.graph_store import SqliteGraphStore
     graphs = SqliteGraphStore(str(tmp_path / "graphs.db"), key=KEY)

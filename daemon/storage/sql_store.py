@@ -206,6 +206,28 @@ class SqlStore:
             self.close()
             raise
 
+    def sealed_problems(self) -> list[str]:
+        """Every sealed value read and its tag checked (fsck): a line for each that does
+        not open; none without a key."""
+        if self.sealed.key is None:
+            return []
+        sealed, problems = self.sealed, []
+        for sql, read in (
+                (f"SELECT {_CP_COLS} FROM checkpoints", lambda r: _cp(r, sealed)),
+                ("SELECT body, checkpoint_id, idx FROM messages",
+                 lambda r: sealed.open_text(r[0], "messages", "body", r[1], r[2])),
+                ("SELECT * FROM tool_calls", lambda r: _tool_call(r, sealed)),
+                ("SELECT session_id, id, title, parent, status, note, updated_at FROM tasks",
+                 lambda r: _task(r[0], r[1:], sealed)),
+                ("SELECT * FROM approvals", lambda r: _approval(r, sealed)),
+                ("SELECT * FROM audit", lambda r: _event(r, sealed))):
+            for row in self._all(sql):
+                try:
+                    read(row)
+                except DataLoss as exc:
+                    problems.append(exc.message)
+        return problems
+
     def _check_key(self) -> None:
         key = self.sealed.key
         row = self._one("SELECT value FROM meta WHERE key = 'sealed'", ())

@@ -159,6 +159,10 @@ class Store(Protocol):
         event's time is taken before its transaction, and on a fleet by another host's
         clock: a later seq may carry an earlier time)."""
 
+    def sealed_problems(self) -> list[str]:
+        """With a data key (sealed.py): every sealed value read and its tag checked, a
+        line for each that does not open (fsck); none without a key."""
+
     def close(self) -> None: ...
 
 
@@ -470,6 +474,9 @@ class MemoryStore:
                       and (since is None or e.created_at >= since)
                       and (after_seq is None or e.seq > after_seq)]
             return events[-limit:] if limit else events
+
+    def sealed_problems(self):
+        return []  # nothing sealed: the memory store keeps no data at rest
 
     def close(self):
         return None
