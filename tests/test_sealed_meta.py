@@ -291,22 +291,25 @@ class Keyed(StorageConfig):
         return super().open_graph_store(root, key=KEY)
 
 
-sys.exit(run(sys.argv[1], sys.argv[2], storage=Keyed()))
+config = StorageConfig.resolve(store=sys.argv[4] or None)
+sys.exit(run(sys.argv[1], sys.argv[2], storage=Keyed(**vars(config))))
 """
 
 
 class KeyedDaemon(DaemonProcess):
-    def __init__(self, root: Path, key: bytes | None = bytes(range(32))) -> None:
+    def __init__(self, root: Path, key: bytes | None = bytes(range(32)),
+                 store: str = "") -> None:
         super().__init__(root)
         self.key = key
+        self.store = store  # "": sqlite; or a postgresql:// URL
 
     def start(self, wait: bool = True) -> KeyedDaemon:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", KEYED_DAEMON, str(self.root), self.address,
-                 self.key.hex() if self.key else ""], stdout=subprocess.DEVNULL, stderr=log,
-                env=self.env)
+                 self.key.hex() if self.key else "", self.store], stdout=subprocess.DEVNULL,
+                stderr=log, env=self.env)
         if wait:
             self.wait_serving()
         return self
@@ -318,9 +321,12 @@ def meta_files_hold_canary(root: Path) -> bool:
 
 
 @pytest.mark.parametrize("keyed", [True, False])
-def test_no_canary_in_the_data_roots_metadata_through_a_daemon(keyed, tmp_path, workspace):
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_no_canary_in_the_data_roots_metadata_through_a_daemon(kind, keyed, request, tmp_path,
+                                                               workspace):
     root = tmp_path / "root"
-    daemon = (KeyedDaemon if keyed else DaemonProcess)(root).start()
+    url = request.getfixturevalue("postgres_url") if kind == "postgres" else ""
+    daemon = KeyedDaemon(root, bytes(range(32)) if keyed else None, url).start()
     try:
         client = daemon.client()
         session = client.create_session(str(workspace))
@@ -334,10 +340,14 @@ def test_no_canary_in_the_data_roots_metadata_through_a_daemon(keyed, tmp_path, 
         shown = client.show(cp.id)
         assert shown.label == f"label {CANARY}"
         assert CANARY in json.dumps(shown.messages)
-        assert meta_files_hold_canary(root) is not keyed  # the log, as the daemon runs
+        if not url:
+            assert meta_files_hold_canary(root) is not keyed  # the log, as the daemon runs
     finally:
         assert daemon.stop() == 0
-    assert meta_files_hold_canary(root) is not keyed  # the file, once the log is in it
+    if url:
+        assert found_in_postgres(url) is not keyed
+    else:
+        assert meta_files_hold_canary(root) is not keyed  # the file, the log now in it
     if keyed:  # and the sealed store does not open without its key
         with pytest.raises(RuntimeError, match="exited 1"):
-            DaemonProcess(root).start()
+            KeyedDaemon(root, None, url).start()
