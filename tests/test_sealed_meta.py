@@ -164,13 +164,14 @@ def test_a_wrong_or_missing_key_is_refused_at_open(kind, request, tmp_path):
     open_store(kind, request, tmp_path, KEY).close()
 
 
-def test_a_store_with_records_in_the_clear_takes_no_key(tmp_path):
-    store = SqliteStore(str(tmp_path / "meta.db"))
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_store_with_records_in_the_clear_takes_no_key(kind, request, tmp_path):
+    store = open_store(kind, request, tmp_path, None)
     new_session(store)
     store.close()
     with pytest.raises(FailedPrecondition):
-        SqliteStore(str(tmp_path / "meta.db"), key=KEY)
-    SqliteStore(str(tmp_path / "meta.db")).close()  # and is left as it was
+        open_store(kind, request, tmp_path, KEY)
+    open_store(kind, request, tmp_path, None).close()  # and is left as it was
 
 
 def sealed_store(tmp_path):

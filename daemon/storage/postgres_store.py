@@ -113,6 +113,10 @@ MIGRATIONS = (
     Migration(14, "0.8: a checkpoint's warnings (checkpoints.warnings, a JSON list or '')",
               lambda db: db.execute("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS"
                                     " warnings TEXT NOT NULL DEFAULT ''")),
+    # No change: a host that knows no data key would read sealed values as text and
+    # write its own in the clear among them; the version makes it refuse the store.
+    Migration(15, "0.8: the agent's content may be sealed with a data key (meta.sealed)",
+              lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 
