@@ -243,12 +243,12 @@ def test_fsck_checks_every_sealed_value_through_a_daemon(tmp_path, workspace):
         assert client.fsck()["ok"]
     finally:
         daemon.stop()
-    raw(root, "UPDATE tool_calls SET result_json = args_json")  # moved to another column
+    raw(root, "UPDATE tool_calls SET args_json = (SELECT label FROM checkpoints LIMIT 1)")
     daemon.start()
     try:
         report = daemon.client().fsck()
         assert not report["ok"]
-        assert any("tool_calls.result_json" in p for p in report["problems"])
+        assert any("tool_calls.args_json" in p for p in report["problems"])
     finally:
         daemon.stop()
 

@@ -152,32 +152,38 @@ def _approval(row, sealed: Columns) -> Approval:
 
 
 def _tool_call_row(call: ToolCall, sealed: Columns) -> tuple:
-    return (call.id, call.session_id, call.name,
-            sealed.seal_text(call.args_json, "tool_calls", "args_json", call.id),
-            sealed.seal_text(call.result_json, "tool_calls", "result_json", call.id),
-            call.effect,
-            sealed.seal_text(call.idempotency_key, "tool_calls", "idempotency_key", call.id),
+    args, result, key = call.args_json, call.result_json, call.idempotency_key
+    if sealed.key is not None:
+        # The arguments, result and idempotency key sealed as one value (a JSON array)
+        # in the arguments' column, the other two NULL: a call costs one seal, and each
+        # read of it one open (an idempotency key is matched over every call on a path).
+        args = sealed.seal_text(json.dumps([args, result, key]), "tool_calls", "args_json",
+                                call.id)
+        result = key = None
+    return (call.id, call.session_id, call.name, args, result, call.effect, key,
             call.checkpoint_id, call.created_at, call.rule, call.approval_id)
 
 
 def _tool_call(row, sealed: Columns) -> ToolCall:
-    id_, session_id, name, args_json, result_json, effect, key, *rest = row
-    return ToolCall(id_, session_id, name,
-                    sealed.open_text(args_json, "tool_calls", "args_json", id_),
-                    sealed.open_text(result_json, "tool_calls", "result_json", id_), effect,
-                    sealed.open_text(key, "tool_calls", "idempotency_key", id_), *rest)
+    id_, session_id, name, args, result, effect, key, *rest = row
+    if sealed.key is not None:
+        args, result, key = json.loads(sealed.open_text(args, "tool_calls", "args_json", id_))
+    return ToolCall(id_, session_id, name, args, result, effect, key, *rest)
 
 
 def _task_row(session_id: str, position: int, t: Task, sealed: Columns) -> tuple:
-    return (session_id, t.id, position,
-            sealed.seal_text(t.title, "tasks", "title", session_id, t.id), t.parent, t.status,
-            sealed.seal_text(t.note, "tasks", "note", session_id, t.id), t.updated_at)
+    title, note = t.title, t.note
+    if sealed.key is not None:  # both as one value in the title's column, the note ''
+        title = sealed.seal_text(json.dumps([title, note]), "tasks", "title", session_id, t.id)
+        note = ""
+    return (session_id, t.id, position, title, t.parent, t.status, note, t.updated_at)
 
 
 def _task(session_id: str, row, sealed: Columns) -> Task:
     id_, title, parent, status, note, updated_at = row
-    return Task(id_, sealed.open_text(title, "tasks", "title", session_id, id_), parent, status,
-                sealed.open_text(note, "tasks", "note", session_id, id_), updated_at)
+    if sealed.key is not None:
+        title, note = json.loads(sealed.open_text(title, "tasks", "title", session_id, id_))
+    return Task(id_, title, parent, status, note, updated_at)
 
 
 class SqlStore:
