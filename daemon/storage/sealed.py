@@ -32,7 +32,11 @@ def context(table: str, column: str, row: tuple) -> bytes:
     """The associated data of one value: its table and column (names of this code),
     then the parts of the row's key, each prefixed by its length, so that no two
     places share a context whatever the keys hold."""
-    return "\0".join([table, column, *[f"{len(p)}:{p}" for p in map(str, row)]]).encode()
+    out = f"{table}\0{column}"
+    for part in row:
+        part = str(part)
+        out += f"\0{len(part)}:{part}"
+    return out.encode()
 
 
 class Columns:
