@@ -98,7 +98,7 @@ def _cp_row(cp: Checkpoint, sealed: Columns) -> tuple:
     else:
         # The label, reasoning, resume point and warnings sealed as one value (a JSON
         # array) in the label's column, the other three '': a checkpoint costs one seal
-        # and each read of it one open (a history of 400 is read whole).
+        # and each read of it one open (a session's history is read whole).
         label = sealed.seal_text(json.dumps([cp.label, cp.reasoning, cp.resume,
                                              list(cp.warnings)]), "checkpoints", "label", cp.id)
         reasoning = resume = warnings = ""
