@@ -153,25 +153,18 @@ def test_the_audit_chains_hashes_are_not_kept_in_the_clear_with_a_key(keyed, tmp
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_a_wrong_or_missing_key_is_refused_at_open(kind, request, tmp_path):
-    store = open_store(kind, request, tmp_path, KEY)
+@pytest.mark.parametrize("made_with, opened_with, error", [
+    (KEY, OTHER, InvalidArgument),  # a wrong key
+    (KEY, None, FailedPrecondition),  # a sealed store, no key
+    (None, KEY, FailedPrecondition)])  # records in the clear, a key
+def test_a_store_opens_only_with_the_key_it_was_made_with(kind, made_with, opened_with, error,
+                                                          request, tmp_path):
+    store = open_store(kind, request, tmp_path, made_with)
     new_session(store)
     store.close()
-    with pytest.raises(InvalidArgument):
-        open_store(kind, request, tmp_path, OTHER)
-    with pytest.raises(FailedPrecondition):
-        open_store(kind, request, tmp_path, None)
-    open_store(kind, request, tmp_path, KEY).close()
-
-
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_a_store_with_records_in_the_clear_takes_no_key(kind, request, tmp_path):
-    store = open_store(kind, request, tmp_path, None)
-    new_session(store)
-    store.close()
-    with pytest.raises(FailedPrecondition):
-        open_store(kind, request, tmp_path, KEY)
-    open_store(kind, request, tmp_path, None).close()  # and is left as it was
+    with pytest.raises(error):
+        open_store(kind, request, tmp_path, opened_with)
+    open_store(kind, request, tmp_path, made_with).close()  # and is left as it was
 
 
 def sealed_store(tmp_path):
