@@ -10,7 +10,8 @@ round is bench's checkpoint-small: three files edited, then a checkpoint (with t
 messages and a label, which are sealed). Then the history: ``log`` of the session
 (every checkpoint's row read and opened). Then the store alone, without the daemon's
 capture around it: ``SqliteStore.append_checkpoint`` of four messages and an audit
-event, and ``conversation`` read back. Medians, and the ratio keyed / clear.
+event, and ``conversation`` read back. Medians, and the ratio keyed / clear; and the
+size of each daemon's meta.db once stopped.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def daemons(rounds: int, tmp: Path) -> None:
     finally:
         for d in started.values():
             d.stop()
+    sizes = {name: sum(p.stat().st_size for p in (tmp / name).iterdir()
+                       if p.name.startswith("meta.db")) for name in started}
+    print(f"{'daemon: meta.db (its pack included), stopped':<44} keyed {sizes['keyed']:8d} B"
+          f"    clear {sizes['clear']:8d} B    ratio {sizes['keyed'] / sizes['clear']:5.2f}")
 
 
 def stores(rounds: int, tmp: Path) -> None:
