@@ -246,6 +246,20 @@ def test_fsck_checks_every_sealed_value_through_a_daemon(tmp_path, workspace):
         daemon.stop()
 
 
+def test_texts_kept_once_opened_stay_within_their_budget_and_their_place(monkeypatch):
+    from worldline.daemon.storage import sealed
+    monkeypatch.setattr(sealed, "MEMO_BYTES", 2000)
+    columns = Columns(KEY)
+    values = [columns.seal_text(f"text {i}" * 20, "t", "c", i) for i in range(100)]
+    for _ in range(2):
+        assert [columns.open_text(v, "t", "c", i) for i, v in enumerate(values)] == [
+            f"text {i}" * 20 for i in range(100)]
+    assert 0 < columns._memo_bytes <= 2000 and len(columns._memo) < 20
+    # a value kept for its own row does not open in another
+    with pytest.raises(DataLoss):
+        columns.open_text(values[99], "t", "c", 98)
+
+
 def test_a_graph_value_moved_to_another_thread_is_data_loss(tmp_path):
     from worldline.daemon.storage.graph_store import SqliteGraphStore
     graphs = SqliteGraphStore(str(tmp_path / "graphs.db"), key=KEY)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 
 from worldline.client.errors import DataLoss
 
@@ -39,14 +40,32 @@ def context(table: str, column: str, row: tuple) -> bytes:
     return out.encode()
 
 
-class Columns:
-    """Seals and opens the values of sealed columns (identity without a key)."""
+# Texts opened are kept (``Columns.open_text``), up to this many bytes in all: a
+# history, a log, the console's timeline, a conversation read the same records again
+# and again.
+MEMO_BYTES = 32 << 20
+# A longer value is opened at each read rather than push out many shorter ones.
+MEMO_VALUE = 16 << 10
 
-    __slots__ = ("as_text", "key")
+
+class Columns:
+    """Seals and opens the values of sealed columns (identity without a key).
+
+    What ``open_text`` opened is kept by the value as stored and its place (table,
+    column, row key): the same bytes in the same place open to the same text, so a
+    read of them again needs no second check of their tag; a value changed, moved or
+    planted is other bytes or another place, and is opened (and checked) anew. The
+    texts kept are in the clear in the daemon's memory, as every value it reads is
+    (encryption at rest keeps the disk, the bucket and backups, not a running host)."""
+
+    __slots__ = ("_memo", "_memo_bytes", "_memo_lock", "as_text", "key")
 
     def __init__(self, key: DataKey | None = None, as_text: bool = False) -> None:
         self.key = key
         self.as_text = as_text
+        self._memo: dict[tuple, str] = {}
+        self._memo_bytes = 0
+        self._memo_lock = threading.Lock()
 
     def seal_text(self, value: str | None, table: str, column: str, *row):
         """``value`` as its column keeps it; None stays NULL."""
@@ -58,13 +77,34 @@ class Columns:
     def open_text(self, value, table: str, column: str, *row) -> str | None:
         if self.key is None or value is None:
             return value
+        if isinstance(value, memoryview):
+            value = bytes(value)
+        place = (value, table, column, row) if len(value) <= MEMO_VALUE else None
+        text = self._memo.get(place) if place is not None else None
+        if text is None:
+            text = self._open_text(value, table, column, row)
+            if place is not None:
+                self._keep(place, text)
+        return text
+
+    def _keep(self, place: tuple, text: str) -> None:
+        with self._memo_lock:
+            if place in self._memo:
+                return
+            self._memo[place] = text
+            self._memo_bytes += len(place[0]) + len(text)
+            while self._memo_bytes > MEMO_BYTES:  # the oldest go
+                old = next(iter(self._memo))
+                self._memo_bytes -= len(old[0]) + len(self._memo.pop(old))
+
+    def _open_text(self, value, table: str, column: str, row: tuple) -> str:
         if self.as_text:
             try:
                 raw = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError, TypeError):
                 raise _clear(table, column, row) from None
-        elif isinstance(value, (bytes, memoryview)):
-            raw = bytes(value)
+        elif isinstance(value, bytes):
+            raw = value
         else:
             raise _clear(table, column, row)
         return self._open(raw, table, column, row).decode("utf-8")
