@@ -206,7 +206,7 @@ class Daemon:
 
         # the data key first: a missing or wrong key stops the start with nothing read
         self.data_key = self.storage.open_data_key(self.root)
-        self.store = self.storage.open_store(self.root)
+        self.store = self.storage.open_store(self.root, key=self.data_key)
         self.blobs = self.storage.open_blobs(self.root, self.store, self.data_key)
         renamed, removed = getattr(self.blobs, "cache", self.blobs).recover()
         if renamed or removed:
@@ -231,7 +231,7 @@ class Daemon:
             self.leases.start(self.storage.advertise or (
                 self.listen if unix_path(self.listen) is None else ""))
         self.gates = Gates(self.world, policy)
-        self.graph_store = self.storage.open_graph_store(self.root)
+        self.graph_store = self.storage.open_graph_store(self.root, key=self.data_key)
 
         # what an --allow-uid caller may call
         rules = Rules(self.world, self.gates, self.approvals_by_owner)

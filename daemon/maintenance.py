@@ -235,6 +235,7 @@ def fsck(world: World, repair: bool = False, cached: bool = False, subset: str =
         report = FsckReport(source="bucket" if bucket else "local" if blobs.local else "cache",
                             subset=share.text)
         store = world.store
+        report.problems.extend(store.sealed_problems())  # with a key: every tag checked
         checkpoints = store.list_checkpoints()
         known = {cp.id for cp in checkpoints}
         for session in store.list_sessions():

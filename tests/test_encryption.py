@@ -112,9 +112,8 @@ def test_a_keyed_data_root_keeps_no_plaintext_in_its_blobs_and_refuses_other_key
 
 def test_whole_data_root_holds_no_canary(tmp_path):
     """Every file of a keyed data root, its SQLite files and their write-ahead logs
-    included. The metadata store's columns (conversation, state, tool arguments) are
-    sealed by the metadata store's own change (enc-meta): until it is merged, only
-    the blob side is asserted, and the rest is expected to fail."""
+    included: blobs and pack rows (blobs.py, packs.py) and the metadata store's columns
+    (the conversation, state, tool arguments: sealed.py)."""
     root, ws = tmp_path / "root", _workspace(tmp_path)
     d = DaemonProcess(root, ["--encryption-key", _key(tmp_path / "key")]).start()
     try:
@@ -123,11 +122,7 @@ def test_whole_data_root_holds_no_canary(tmp_path):
     finally:
         d.stop()
     leaks += _files_holding(root, CANARY)
-    blob_leaks = [p for p in leaks if "/blobs/" in p or p.endswith("pack.db")]
-    assert blob_leaks == []
-    if leaks and not os.environ.get("WORLDLINE_ENC_META"):
-        pytest.xfail(f"the metadata store is sealed by enc-meta's change: {sorted(set(leaks))}")
-    assert leaks == []
+    assert sorted(set(leaks)) == []
 
 
 def test_a_data_root_in_the_clear_is_not_opened_with_a_key(tmp_path):

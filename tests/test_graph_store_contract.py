@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from worldline.daemon.storage.crypto import DataKey
 from worldline.daemon.storage.graph_checkpoints import (
     GraphBlob,
     GraphCheckpoint,
@@ -15,14 +16,19 @@ from worldline.daemon.storage.graph_checkpoints import (
 )
 from worldline.daemon.storage.graph_store import MemoryGraphStore, SqliteGraphStore
 
+KEY = DataKey(bytes(range(32)))
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "sqlite+key", "postgres+key"])
 def store(request, tmp_path):
-    if request.param == "postgres":
+    """"+key": values sealed with a data key (sealed.py), the contract the same."""
+    kind, _, keyed = request.param.partition("+")
+    key = KEY if keyed else None
+    if kind == "postgres":
         from worldline.daemon.storage.graph_store import PostgresGraphStore
-        s = PostgresGraphStore(request.getfixturevalue("postgres_url"))
-    elif request.param == "sqlite":
-        s = SqliteGraphStore(str(tmp_path / "graphs.db"))
+        s = PostgresGraphStore(request.getfixturevalue("postgres_url"), key=key)
+    elif kind == "sqlite":
+        s = SqliteGraphStore(str(tmp_path / "graphs.db"), key=key)
     else:
         s = MemoryGraphStore()
     yield s

@@ -24,6 +24,7 @@ from worldline.daemon.records import (
     ToolCall,
     chain_hash,
 )
+from worldline.daemon.storage.crypto import DataKey
 from worldline.daemon.storage.sql_store import SqlStore
 from worldline.daemon.storage.sqlite_store import SqliteStore
 from worldline.daemon.storage.store import MemoryStore, ordered_tasks
@@ -31,16 +32,23 @@ from worldline.daemon.storage.store import MemoryStore, ordered_tasks
 D = "0" * 64
 
 
+KEY = DataKey(bytes(range(32)))
+
+
 def make_store(kind: str, request, tmp_path):
+    """``kind``: memory, sqlite or postgres; "+key": the agent's content sealed with
+    a data key (sealed.py), the contract the same."""
+    kind, _, keyed = kind.partition("+")
+    key = KEY if keyed else None
     if kind == "memory":
         return MemoryStore()
     if kind == "sqlite":
-        return SqliteStore(str(tmp_path / "meta.db"))
+        return SqliteStore(str(tmp_path / "meta.db"), key=key)
     from worldline.daemon.storage.postgres_store import PostgresStore
-    return PostgresStore(request.getfixturevalue("postgres_url"))
+    return PostgresStore(request.getfixturevalue("postgres_url"), key=key)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "sqlite+key", "postgres+key"])
 def store(request, tmp_path):
     s = make_store(request.param, request, tmp_path)
     yield s
@@ -540,7 +548,7 @@ def test_a_store_says_whether_its_commits_stay_on_this_host(store, request):
     commit waits on nothing but this host's fsync (world/checkpoint.py). A fleet's
     database, whose commits wait on the network, says False: in the turn, every
     session's commit would queue behind the others' round trips."""
-    assert store.local is (request.node.callspec.params["store"] != "postgres")
+    assert store.local is (not request.node.callspec.params["store"].startswith("postgres"))
 
 
 def test_a_store_says_whether_a_commit_can_be_made_durable_later(store):

@@ -69,19 +69,20 @@ class StorageConfig:
     def shown_store(self) -> str:
         return redact(self.store)
 
-    def open_store(self, root: str):
+    def open_store(self, root: str, key=None):
+        """``key``: the ``crypto.DataKey`` sealing the agent's content, or None."""
         if self.store == "sqlite":
             from .sqlite_store import SqliteStore
-            return SqliteStore(os.path.join(root, "meta.db"))
+            return SqliteStore(os.path.join(root, "meta.db"), key=key)
         from .postgres_store import PostgresStore
-        return PostgresStore(self.store)
+        return PostgresStore(self.store, key=key)
 
-    def open_graph_store(self, root: str):
+    def open_graph_store(self, root: str, key=None):
         if self.store == "sqlite":
             from .graph_store import SqliteGraphStore
-            return SqliteGraphStore(os.path.join(root, "graphs.db"))
+            return SqliteGraphStore(os.path.join(root, "graphs.db"), key=key)
         from .graph_store import PostgresGraphStore
-        return PostgresGraphStore(self.store)
+        return PostgresGraphStore(self.store, key=key)
 
     def open_data_key(self, root: str) -> DataKey | None:
         """The data key (keyring.py), before anything else of the data root is opened:

@@ -80,20 +80,22 @@ def key_id(kek: bytes) -> str:
     return hmac.new(kek, b"worldline key id", hashlib.sha256).hexdigest()[:16]
 
 
+def _aead(key: bytes | AESGCM) -> AESGCM:
+    """The cipher of ``key``; one made already is used as it is (making one costs more
+    than sealing a short value: the metadata's subkey keeps its own)."""
+    return key if isinstance(key, AESGCM) else AESGCM(key)
+
+
 def _seal(key: bytes | AESGCM, plaintext: bytes, context: bytes) -> bytes:
-    """``key``: raw, or an AESGCM made once from it (a blob's seal then costs no key
-    schedule)."""
     nonce = os.urandom(NONCE)
-    aead = key if isinstance(key, AESGCM) else AESGCM(key)
-    return VERSION + nonce + aead.encrypt(nonce, plaintext, context)
+    return VERSION + nonce + _aead(key).encrypt(nonce, plaintext, context)
 
 
 def _open(key: bytes | AESGCM, sealed: bytes, context: bytes) -> bytes:
     if len(sealed) < OVERHEAD or sealed[:1] != VERSION:
         raise DataLoss("a sealed value is malformed (not written with this format)")
-    aead = key if isinstance(key, AESGCM) else AESGCM(key)
     try:
-        return aead.decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
+        return _aead(key).decrypt(sealed[1:1 + NONCE], sealed[1 + NONCE:], context)
     except InvalidTag:
         raise DataLoss("a sealed value fails its authentication tag"
                        " (damaged, moved, or sealed with another key)") from None

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 
+from .crypto import DataKey
 from .graph_checkpoints import (
     GraphBlob,
     GraphCheckpoint,
@@ -19,6 +20,7 @@ from .graph_checkpoints import (
     matches,
 )
 from .schema import POSTGRESQL, SQLITE, ddl
+from .sealed import Columns
 from .sqlite_store import SqliteDatabase
 
 
@@ -164,10 +166,41 @@ _GCP_COLS = ("thread_id, ns, checkpoint_id, parent_id, type, data, metadata, ver
              " world_checkpoint_id, created_at")
 
 
-def _gcp(row) -> GraphCheckpoint:
+def _gcp(row, sealed: Columns) -> GraphCheckpoint:
     thread, ns, cid, parent, type_, data, metadata, versions, world, created = row
-    return GraphCheckpoint(thread, ns, cid, parent, Typed(type_, bytes(data)), metadata,
-                           json.loads(versions), world, created)
+    key = (thread, ns, cid)
+    return GraphCheckpoint(
+        thread, ns, cid, parent,
+        Typed(type_, sealed.open_bytes(data, "graph_checkpoints", "data", *key)),
+        sealed.open_text(metadata, "graph_checkpoints", "metadata", *key),
+        json.loads(versions), world, created)
+
+
+def _gcp_row(cp: GraphCheckpoint, sealed: Columns) -> tuple:
+    """The row of ``cp``, in the order of _GCP_COLS and then run_id."""
+    return (*cp.key, cp.parent_id, cp.checkpoint.type,
+            sealed.seal_bytes(cp.checkpoint.data, "graph_checkpoints", "data", *cp.key),
+            sealed.seal_text(cp.metadata_json, "graph_checkpoints", "metadata", *cp.key),
+            json.dumps(cp.versions), cp.world_checkpoint_id, cp.created_at, cp.run_id)
+
+
+def _blob_row(b: GraphBlob, sealed: Columns) -> tuple:
+    key = (b.thread_id, b.ns, b.channel, b.version)
+    return (*key, b.value.type, sealed.seal_bytes(b.value.data, "graph_blobs", "data", *key))
+
+
+def _write_row(w: GraphWrite, sealed: Columns) -> tuple:
+    key = (w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx)
+    return (*key, w.channel, w.value.type,
+            sealed.seal_bytes(w.value.data, "graph_writes", "data", *key), w.task_path)
+
+
+def _write(thread_id: str, ns: str, checkpoint_id: str, row, sealed: Columns) -> GraphWrite:
+    task, idx, channel, type_, data, path = row
+    data = sealed.open_bytes(data, "graph_writes", "data", thread_id, ns, checkpoint_id,
+                             task, idx)
+    return GraphWrite(thread_id, ns, checkpoint_id, task, idx, channel, Typed(type_, data),
+                      path)
 
 
 _REPLACE_CHECKPOINT = (
@@ -183,7 +216,11 @@ _REPLACE_WRITE = (
 
 class SqlGraphStore:
     """The GraphStore statements, written once for SQLite and PostgreSQL (the database
-    class mixed in gives ``_tx``, ``_one`` and ``_all`` with ``?`` placeholders)."""
+    class mixed in gives ``_tx``, ``_one`` and ``_all`` with ``?`` placeholders).
+    ``sealed``: with a data key, a checkpoint's value and metadata, blobs' and writes'
+    values are sealed, each bound to its row's key (sealed.py)."""
+
+    sealed = Columns()
 
     def bind_thread(self, thread_id, session_id):
         with self._tx() as db:
@@ -201,17 +238,13 @@ class SqlGraphStore:
             db.execute(
                 f"INSERT INTO graph_checkpoints ({_GCP_COLS}, run_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + _REPLACE_CHECKPOINT,
-                (*cp.key, cp.parent_id, cp.checkpoint.type, cp.checkpoint.data,
-                 cp.metadata_json, json.dumps(cp.versions), cp.world_checkpoint_id,
-                 cp.created_at, cp.run_id))
+                _gcp_row(cp, self.sealed))
             db.executemany("INSERT INTO graph_blobs VALUES (?, ?, ?, ?, ?, ?)"
                            " ON CONFLICT DO NOTHING",
-                           [(b.thread_id, b.ns, b.channel, b.version, b.value.type,
-                             b.value.data) for b in blobs])
+                           [_blob_row(b, self.sealed) for b in blobs])
 
     def put_writes(self, writes):
-        rows = [(w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx, w.channel,
-                 w.value.type, w.value.data, w.task_path) for w in writes]
+        rows = [_write_row(w, self.sealed) for w in writes]
         with self._tx() as db:
             db.executemany("INSERT INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)"
                            + _REPLACE_WRITE, [r for r in rows if r[4] < 0])
@@ -236,7 +269,7 @@ class SqlGraphStore:
                " ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC")
         if not query.filter:
             sql += f" LIMIT {int(query.limit)}"
-        rows = (_gcp(r) for r in self._all(sql, tuple(args)))
+        rows = (_gcp(r, self.sealed) for r in self._all(sql, tuple(args)))
         return _select(rows, query)
 
     def blobs(self, thread_id, ns, versions):
@@ -245,16 +278,16 @@ class SqlGraphStore:
             row = self._one("SELECT type, data FROM graph_blobs WHERE thread_id = ? AND ns = ?"
                             " AND channel = ? AND version = ?", (thread_id, ns, channel, version))
             if row is not None:
-                out.append(GraphBlob(thread_id, ns, channel, version, Typed(row[0], bytes(row[1]))))
+                data = self.sealed.open_bytes(row[1], "graph_blobs", "data", thread_id, ns,
+                                              channel, version)
+                out.append(GraphBlob(thread_id, ns, channel, version, Typed(row[0], data)))
         return out
 
     def writes(self, thread_id, ns, checkpoint_id):
         rows = self._all("SELECT task_id, idx, channel, type, data, task_path FROM graph_writes"
                          " WHERE thread_id = ? AND ns = ? AND checkpoint_id = ?"
                          " ORDER BY task_id, idx", (thread_id, ns, checkpoint_id))
-        return [GraphWrite(thread_id, ns, checkpoint_id, task, idx, channel,
-                           Typed(type_, bytes(data)), path)
-                for task, idx, channel, type_, data, path in rows]
+        return [_write(thread_id, ns, checkpoint_id, r, self.sealed) for r in rows]
 
     def _delete(self, db, keys: list[tuple[str, str, str]]) -> int:
         db.executemany("DELETE FROM graph_checkpoints WHERE thread_id = ? AND ns = ?"
@@ -297,6 +330,8 @@ class SqlGraphStore:
                 set(thread_ids)))
 
     def copy_thread(self, source, target):
+        if self.sealed.key is not None:
+            return self._copy_sealed(source, target)
         with self._tx() as db:
             n = db.execute(
                 f"INSERT INTO graph_checkpoints ({_GCP_COLS}, run_id)"
@@ -310,11 +345,39 @@ class SqlGraphStore:
                        " WHERE thread_id = ? ON CONFLICT DO NOTHING", (target, source))
             return n
 
+    def _copy_sealed(self, source: str, target: str) -> int:
+        """copy_thread with a data key: each value is opened and sealed again for its
+        new row (a sealed value is bound to its row's key, thread included)."""
+        sealed = self.sealed
+        with self._tx() as db:
+            cps = [_gcp(r, sealed) for r in db.execute(
+                f"SELECT {_GCP_COLS} FROM graph_checkpoints WHERE thread_id = ?",
+                (source,)).fetchall()]
+            blobs = [GraphBlob(source, ns, ch, v, Typed(type_, sealed.open_bytes(
+                data, "graph_blobs", "data", source, ns, ch, v)))
+                for ns, ch, v, type_, data in db.execute(
+                    "SELECT ns, channel, version, type, data FROM graph_blobs"
+                    " WHERE thread_id = ?", (source,)).fetchall()]
+            writes = [_write(source, r[0], r[1], r[2:], sealed) for r in db.execute(
+                "SELECT ns, checkpoint_id, task_id, idx, channel, type, data, task_path"
+                " FROM graph_writes WHERE thread_id = ?", (source,)).fetchall()]
+            db.executemany(f"INSERT INTO graph_checkpoints ({_GCP_COLS}, run_id)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + _REPLACE_CHECKPOINT,
+                           [_gcp_row(replace(cp, thread_id=target), sealed) for cp in cps])
+            db.executemany("INSERT INTO graph_blobs VALUES (?, ?, ?, ?, ?, ?)"
+                           " ON CONFLICT DO NOTHING",
+                           [_blob_row(replace(b, thread_id=target), sealed) for b in blobs])
+            db.executemany("INSERT INTO graph_writes VALUES (?,?,?,?,?,?,?,?,?)"
+                           " ON CONFLICT DO NOTHING",
+                           [_write_row(replace(w, thread_id=target), sealed) for w in writes])
+            return len(cps)
+
 
 class SqliteGraphStore(SqlGraphStore, SqliteDatabase):
     """Graph records in their own SQLite file beside the world's metadata."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: DataKey | None = None) -> None:
+        self.sealed = Columns(key)
         super().__init__(path, GRAPH_SCHEMA)
 
 
@@ -326,8 +389,9 @@ class PostgresGraphStore(SqlGraphStore):
     """Graph records in the fleet's PostgreSQL database, so a thread is read and
     resumed from any host."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, key: DataKey | None = None) -> None:
         from .postgres_db import LOCK_MIGRATIONS, PostgresDatabase
+        self.sealed = Columns(key, as_text=True)  # metadata TEXT: base64; data BYTEA
         self._db = PostgresDatabase(url)
         with self._db.advisory_lock(LOCK_MIGRATIONS), self._db._tx() as db:
             db.execute(PG_GRAPH_SCHEMA)

@@ -135,4 +135,8 @@ class Store(LeaseStore, Protocol):
         event's time is taken before its transaction, and on a fleet by another host's
         clock: a later seq may carry an earlier time)."""
 
+    def sealed_problems(self) -> list[str]:
+        """With a data key (sealed.py): every sealed value read and its tag checked, a
+        line for each that does not open (fsck); none without a key."""
+
     def close(self) -> None: ...

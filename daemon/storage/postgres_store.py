@@ -17,9 +17,11 @@ from worldline.wire.errors import Aborted
 
 from . import blob_index
 from .blob_index import BlobIndexSql, StoredObject
+from .crypto import DataKey
 from .migrations import Migration, latest, migrate
 from .postgres_db import LOCK_AUDIT_CHAIN, LOCK_GC, LOCK_MIGRATIONS, PostgresDatabase, psycopg
 from .schema import METADATA, POSTGRESQL, ddl
+from .sealed import Columns
 from .sql_store import SqlStore
 
 SCHEMA = ddl(METADATA, POSTGRESQL)
@@ -70,6 +72,10 @@ MIGRATIONS = (
     Migration(14, "0.8: a checkpoint's warnings (checkpoints.warnings, a JSON list or '')",
               lambda db: db.execute("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS"
                                     " warnings TEXT NOT NULL DEFAULT ''")),
+    # No change: a host that knows no data key would read sealed values as text and
+    # write its own in the clear among them; the version makes it refuse the store.
+    Migration(15, "0.8: the agent's content may be sealed with a data key (meta.sealed)",
+              lambda db: None),
 )
 SCHEMA_VERSION = latest(MIGRATIONS)
 
@@ -82,14 +88,20 @@ class PostgresStore(SqlStore, BlobIndexSql, PostgresDatabase):
     def flush_later(self) -> None:
         return None  # a commit's wait is the network's
 
-    def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, pool_size: int = 8, connect_timeout: float = 10.0,
+                 key: DataKey | None = None) -> None:
+        """``key``: the data key whose ``meta`` subkey seals the agent's content
+        (sealed.py: as base64 text, which a TEXT column takes); None keeps every value
+        in the clear."""
         PostgresDatabase.__init__(self, url, pool_size=pool_size,
                                   connect_timeout=connect_timeout)
         self.integrity_errors = (psycopg.IntegrityError,)
+        self.sealed = Columns(key, as_text=True)
         with self.advisory_lock(LOCK_MIGRATIONS):
             self.schema_found, self.schema_version = migrate(
                 self._tx, lambda db: db.execute(SCHEMA + blob_index.PG_SCHEMA), MIGRATIONS,
                 f"metadata store {self.path}")
+        self._bind_key()
 
     @contextmanager
     def gc_lock(self):

@@ -10,16 +10,27 @@ dialect hooks:
 - ``IN_LIST``: a test of a column against one parameter holding a list;
 - ``integrity_errors``: what a unique or key violation raises;
 - ``_lock_chain(db)``: serialises writers of the audit chain (the chain stays one
-  chain with several daemons writing; SQLite: its write lock already does).
+  chain with several daemons writing; SQLite: its write lock already does);
+- ``sealed``: the store's ``sealed.Columns``: with a data key, the columns holding
+  what the agent controls are sealed as they are written and opened as they are read
+  (the list: docs/encryption-metadata.md); without one, values pass as they are.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from contextlib import contextmanager
 from dataclasses import replace
 
-from worldline.wire.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
+from worldline.wire.errors import (
+    Aborted,
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 
 from ..ids import clock
 from ..records import (
@@ -33,6 +44,7 @@ from ..records import (
     chain_hash,
 )
 from .leases import check_claim_fields
+from .sealed import Columns
 
 _SESSION_COLS = ("id, name, workspace, container, head, forked_from, created_at, spec,"
                  " needs_attention, deleted_at, host, lease_expires, released_to")
@@ -44,6 +56,7 @@ _CP_COLS = ("id, session_id, seq, parent_id, kind, created_at, tree, bytes, stat
             " reasoning, trace_id, restored_from, container, acknowledged, pruned, resume,"
             " warnings")
 _CP_N = len(_CP_COLS.split(","))
+_KEY_CHECK = b"worldline metadata store"  # meta.sealed: this, sealed (SqlStore._bind_key)
 
 
 def digest_in(digest: str | None) -> bytes | str | None:
@@ -62,40 +75,122 @@ def digest_out(value) -> str | None:
     return bytes(value).hex() if isinstance(value, (bytes, memoryview)) else value
 
 
-def _cp(row) -> Checkpoint:
+def _cp(row, sealed: Columns) -> Checkpoint:
     (id_, session_id, seq, parent_id, kind, created_at, tree, size, state_digest, tasks_digest,
-     *middle, container, acknowledged, pruned, resume, warnings) = row
+     conversation_parent, messages_added, message_count, label, reasoning, trace_id,
+     restored_from, container, acknowledged, pruned, resume, warnings) = row
+    if sealed.key is None:
+        warnings = json.loads(warnings) if warnings else ()
+    else:  # the four texts, sealed as one (_cp_row)
+        label, reasoning, resume, warnings = json.loads(
+            sealed.open_text(label, "checkpoints", "label", id_))
     return Checkpoint(id_, session_id, seq, parent_id, kind, created_at, digest_out(tree), size,
-                      digest_out(state_digest), digest_out(tasks_digest), *middle,
+                      digest_out(state_digest), digest_out(tasks_digest), conversation_parent,
+                      messages_added, message_count, label, reasoning, trace_id, restored_from,
                       digest_out(container), acknowledged=tuple(json.loads(acknowledged)),
-                      pruned=bool(pruned), resume=resume,
-                      warnings=tuple(json.loads(warnings)) if warnings else ())
+                      pruned=bool(pruned), resume=resume, warnings=tuple(warnings))
 
 
-def _cp_row(cp: Checkpoint) -> tuple:
+def _cp_row(cp: Checkpoint, sealed: Columns) -> tuple:
+    if sealed.key is None:
+        label, reasoning, resume = cp.label, cp.reasoning, cp.resume
+        warnings = json.dumps(list(cp.warnings)) if cp.warnings else ""
+    else:
+        # The label, reasoning, resume point and warnings sealed as one value (a JSON
+        # array) in the label's column, the other three '': a checkpoint costs one seal
+        # and each read of it one open (a session's history is read whole).
+        label = sealed.seal_text(json.dumps([cp.label, cp.reasoning, cp.resume,
+                                             list(cp.warnings)]), "checkpoints", "label", cp.id)
+        reasoning = resume = warnings = ""
     return (cp.id, cp.session_id, cp.seq, cp.parent_id, cp.kind, cp.created_at,
             digest_in(cp.tree), cp.bytes, digest_in(cp.state_digest),
             digest_in(cp.tasks_digest), cp.conversation_parent, cp.messages_added,
-            cp.message_count, cp.label, cp.reasoning, cp.trace_id, cp.restored_from,
+            cp.message_count, label, reasoning, cp.trace_id, cp.restored_from,
             digest_in(cp.container), json.dumps(list(cp.acknowledged)), int(cp.pruned),
-            cp.resume, json.dumps(list(cp.warnings)) if cp.warnings else "")
+            resume, warnings)
 
 
-def _event(row) -> AuditEvent:
+def _event(row, sealed: Columns) -> AuditEvent:
     seq, kind, session_id, subject_id, detail, created_at, prev_hash, hash_ = row
-    return AuditEvent(kind, session_id, subject_id, json.loads(detail), created_at, seq,
-                      digest_out(prev_hash), digest_out(hash_))
+    if sealed.key is None:
+        detail, prev_hash, hash_ = json.loads(detail), digest_out(prev_hash), digest_out(hash_)
+    else:
+        detail, prev_hash, hash_ = _sealed_link(seq, detail, sealed)
+    return AuditEvent(kind, session_id, subject_id, detail, created_at, seq, prev_hash, hash_)
 
 
-def _approval_row(a: Approval) -> tuple:
-    return (a.id, a.session_id, a.tool, a.args_json, a.status, a.checkpoint_id, a.created_at,
-            a.expires_at, a.reason, a.decided_at)
+def _audit_row(event: AuditEvent, prev: str, digest: str, sealed: Columns) -> tuple:
+    if sealed.key is None:
+        detail, prev_hash, hash_ = (json.dumps(event.detail, sort_keys=True),
+                                    digest_in(prev), digest_in(digest))
+    else:
+        # The detail and the event's two links sealed as one value, the hash columns
+        # empty: a chain hash is SHA-256 of the event in the clear, which would let
+        # whoever holds the store confirm a guess of a detail.
+        detail = sealed.seal_text(json.dumps([event.detail, prev, digest], sort_keys=True),
+                                  "audit", "detail", event.seq)
+        prev_hash = hash_ = b""
+    return (event.seq, event.kind, event.session_id, event.subject_id, detail,
+            event.created_at, prev_hash, hash_)
+
+
+def _sealed_link(seq: int, detail, sealed: Columns) -> tuple[dict, str, str]:
+    """(detail, previous hash, hash) of the audit event ``seq`` written with a key."""
+    return tuple(json.loads(sealed.open_text(detail, "audit", "detail", seq)))
+
+
+def _approval_row(a: Approval, sealed: Columns) -> tuple:
+    return (a.id, a.session_id, a.tool, sealed.seal_text(a.args_json, "approvals", "args_json",
+                                                         a.id),
+            a.status, a.checkpoint_id, a.created_at, a.expires_at, a.reason, a.decided_at)
+
+
+def _approval(row, sealed: Columns) -> Approval:
+    id_, session_id, tool, args_json, *rest = row
+    return Approval(id_, session_id, tool,
+                    sealed.open_text(args_json, "approvals", "args_json", id_), *rest)
+
+
+def _tool_call_row(call: ToolCall, sealed: Columns) -> tuple:
+    args, result, key = call.args_json, call.result_json, call.idempotency_key
+    if sealed.key is not None:
+        # The arguments, result and idempotency key sealed as one value (a JSON array)
+        # in the arguments' column, the other two NULL: a call costs one seal, and each
+        # read of it one open (an idempotency key is matched over every call on a path).
+        args = sealed.seal_text(json.dumps([args, result, key]), "tool_calls", "args_json",
+                                call.id)
+        result = key = None
+    return (call.id, call.session_id, call.name, args, result, call.effect, key,
+            call.checkpoint_id, call.created_at, call.rule, call.approval_id)
+
+
+def _tool_call(row, sealed: Columns) -> ToolCall:
+    id_, session_id, name, args, result, effect, key, *rest = row
+    if sealed.key is not None:
+        args, result, key = json.loads(sealed.open_text(args, "tool_calls", "args_json", id_))
+    return ToolCall(id_, session_id, name, args, result, effect, key, *rest)
+
+
+def _task_row(session_id: str, position: int, t: Task, sealed: Columns) -> tuple:
+    title, note = t.title, t.note
+    if sealed.key is not None:  # both as one value in the title's column, the note ''
+        title = sealed.seal_text(json.dumps([title, note]), "tasks", "title", session_id, t.id)
+        note = ""
+    return (session_id, t.id, position, title, t.parent, t.status, note, t.updated_at)
+
+
+def _task(session_id: str, row, sealed: Columns) -> Task:
+    id_, title, parent, status, note, updated_at = row
+    if sealed.key is not None:
+        title, note = json.loads(sealed.open_text(title, "tasks", "title", session_id, id_))
+    return Task(id_, title, parent, status, note, updated_at)
 
 
 class SqlStore:
     FOR_UPDATE = ""
     IN_LIST = "{column} IN (SELECT value FROM json_each(?))"
     integrity_errors: tuple[type[Exception], ...] = ()
+    sealed = Columns()  # a backend given a data key sets its own
 
     def _lock_chain(self, db) -> None:
         """Hold the audit chain's tail until this transaction ends."""
@@ -103,6 +198,66 @@ class SqlStore:
     @contextmanager
     def gc_lock(self):
         yield  # SQLite: one data root, one daemon (its lock file)
+
+    def _bind_key(self) -> None:
+        """Check at open that the store is opened as it was made: a store made with a
+        data key records a value sealed with it (``meta.sealed``), which the key given
+        must open (else ``InvalidArgument``: a wrong key, nothing read); one made
+        without a key and already holding records takes no key (its records are in the
+        clear), and a sealed one is not opened without its key (``FailedPrecondition``
+        both). A store refused is closed."""
+        try:
+            self._check_key()
+        except BaseException:
+            self.close()
+            raise
+
+    def sealed_problems(self) -> list[str]:
+        """Every sealed value read and its tag checked (fsck): a line for each that does
+        not open; none without a key."""
+        if self.sealed.key is None:
+            return []
+        sealed, problems = self.sealed, []
+        for sql, read in (
+                (f"SELECT {_CP_COLS} FROM checkpoints", lambda r: _cp(r, sealed)),
+                ("SELECT body, checkpoint_id, idx FROM messages",
+                 lambda r: sealed.open_text(r[0], "messages", "body", r[1], r[2])),
+                ("SELECT * FROM tool_calls", lambda r: _tool_call(r, sealed)),
+                ("SELECT session_id, id, title, parent, status, note, updated_at FROM tasks",
+                 lambda r: _task(r[0], r[1:], sealed)),
+                ("SELECT * FROM approvals", lambda r: _approval(r, sealed)),
+                ("SELECT * FROM audit", lambda r: _event(r, sealed))):
+            for row in self._all(sql):
+                try:
+                    read(row)
+                except DataLoss as exc:
+                    problems.append(exc.message)
+        return problems
+
+    def _check_key(self) -> None:
+        key = self.sealed.key
+        row = self._one("SELECT value FROM meta WHERE key = 'sealed'", ())
+        if row is None and key is None:
+            return
+        if row is None:
+            with self._tx() as db:
+                if db.execute("SELECT 1 FROM sessions UNION ALL SELECT 1 FROM audit"
+                              " LIMIT 1").fetchone() is not None:
+                    raise FailedPrecondition(
+                        f"the metadata store {self.path} holds records written without a"
+                        " data key: it cannot be opened with one")
+                check = base64.b64encode(key.seal_meta(_KEY_CHECK, _KEY_CHECK)).decode()
+                db.execute("INSERT INTO meta VALUES ('sealed', ?) ON CONFLICT (key)"
+                           " DO NOTHING", (check,))
+            row = self._one("SELECT value FROM meta WHERE key = 'sealed'", ())
+        if key is None:
+            raise FailedPrecondition(f"the metadata store {self.path} is encrypted: start"
+                                     " the daemon with its encryption key")
+        try:
+            key.open_meta(base64.b64decode(row[0]), _KEY_CHECK)
+        except (DataLoss, ValueError):
+            raise InvalidArgument(f"the encryption key does not open the metadata store"
+                                  f" {self.path} (a wrong key); nothing was read") from None
 
     @staticmethod
     def _list_arg(values: list[str]):
@@ -119,7 +274,7 @@ class SqlStore:
                             session.needs_attention, session.deleted_at, session.host,
                             session.lease_expires, session.released_to))
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * _CP_N)})", _cp_row(first))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(first, self.sealed))
             except self.integrity_errors:
                 raise AlreadyExists(f"session {session.id} already exists") from None
             self._replace_tasks(db, session.id, tasks)
@@ -141,7 +296,8 @@ class SqlStore:
         if not rows:
             raise NotFound(f"session {session_id} does not exist")
         n = _SESSION_N  # the session's columns, then the task's
-        return Session(*rows[0][:n]), [Task(*r[n:]) for r in rows if r[n] is not None]
+        return Session(*rows[0][:n]), [_task(session_id, r[n:], self.sealed) for r in rows
+                                       if r[n] is not None]
 
     def list_sessions(self):
         return [Session(*r) for r in self._all(
@@ -243,9 +399,9 @@ class SqlStore:
                 if objects:
                     self.add_objects(db, objects)  # the blob index (BlobIndexSql)
                 db.execute(f"INSERT INTO checkpoints ({_CP_COLS}) VALUES"
-                           f" ({', '.join('?' * _CP_N)})", _cp_row(cp))
+                           f" ({', '.join('?' * _CP_N)})", _cp_row(cp, self.sealed))
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?)",
-                               [(cp.id, i, m) for i, m in enumerate(messages)])
+                               self._message_rows(cp.id, messages))
                 db.execute("UPDATE sessions SET head = ? WHERE id = ?", (cp.id, cp.session_id))
                 if tasks is not None:
                     self._replace_tasks(db, cp.session_id, tasks)
@@ -258,7 +414,7 @@ class SqlStore:
         row = self._one(f"SELECT {_CP_COLS} FROM checkpoints WHERE id = ?", (checkpoint_id,))
         if row is None:
             raise NotFound(f"checkpoint {checkpoint_id} does not exist")
-        return _cp(row)
+        return _cp(row, self.sealed)
 
     def list_checkpoints(self, session_id=None, limit=None, before_seq=None):
         if session_id is None:
@@ -278,7 +434,7 @@ class SqlStore:
                 sql += " LIMIT ?"
                 args.append(limit)
             rows = self._all(sql, tuple(args))[::-1]
-        return [_cp(r) for r in rows]
+        return [_cp(r, self.sealed) for r in rows]
 
     def count_checkpoints(self, session_id):
         self.get_session(session_id)
@@ -298,9 +454,26 @@ class SqlStore:
             " SELECT ?, 0 UNION ALL"
             " SELECT c.conversation_parent, chain.depth + 1 FROM checkpoints c"
             " JOIN chain ON c.id = chain.id WHERE c.conversation_parent IS NOT NULL)"
-            " SELECT m.body FROM chain JOIN messages m ON m.checkpoint_id = chain.id"
+            " SELECT m.body, m.checkpoint_id, m.idx FROM chain"
+            " JOIN messages m ON m.checkpoint_id = chain.id"
             " ORDER BY chain.depth DESC, m.idx", (checkpoint_id,))
-        return [r[0] for r in rows]
+        if self.sealed.key is None:
+            return [r[0] for r in rows]
+        out = []
+        for body, cid, idx in rows:  # each checkpoint's messages, one sealed array
+            out.extend(json.loads(self.sealed.open_text(body, "messages", "body", cid, idx)))
+        return out
+
+    def _message_rows(self, checkpoint_id: str, messages: list[str]) -> list[tuple]:
+        """The ``messages`` rows of a checkpoint: one a message; with a data key, one
+        for them all (row 0: a JSON array of the messages, sealed), so a conversation
+        read back costs an open a checkpoint, not a message."""
+        if self.sealed.key is None:
+            return [(checkpoint_id, i, m) for i, m in enumerate(messages)]
+        if not messages:
+            return []
+        return [(checkpoint_id, 0, self.sealed.seal_text(json.dumps(list(messages)),
+                                                         "messages", "body", checkpoint_id, 0))]
 
     def lineage(self, checkpoint_id):
         self.get_checkpoint(checkpoint_id)
@@ -325,9 +498,7 @@ class SqlStore:
                     raise FailedPrecondition(f"approval {call.approval_id} was already used"
                                              f" by tool call {used[0]}")
             db.execute("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (call.id, call.session_id, call.name, call.args_json, call.result_json,
-                        call.effect, call.idempotency_key, call.checkpoint_id, call.created_at,
-                        call.rule, call.approval_id))
+                       _tool_call_row(call, self.sealed))
             self._append_audit(db, events)
 
     def list_tool_calls(self, session_id=None, checkpoint_ids=None):
@@ -341,7 +512,8 @@ class SqlStore:
                 return []
             sql += " AND " + self.IN_LIST.format(column="checkpoint_id")
             args.append(self._list_arg(ids))
-        return [ToolCall(*r) for r in self._all(sql + " ORDER BY id", tuple(args))]
+        return [_tool_call(r, self.sealed)
+                for r in self._all(sql + " ORDER BY id", tuple(args))]
 
     # -- tasks ---------------------------------------------------------------------------
     def set_task(self, session_id, task, events):
@@ -355,8 +527,7 @@ class SqlStore:
                 "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id)"
                 " DO UPDATE SET title = excluded.title, parent = excluded.parent,"
                 " status = excluded.status, note = excluded.note, updated_at = excluded.updated_at",
-                (session_id, task.id, pos, task.title, task.parent, task.status, task.note,
-                 task.updated_at))
+                _task_row(session_id, pos, task, self.sealed))
             self._append_audit(db, events)
 
     def list_tasks(self, session_id):
@@ -365,21 +536,21 @@ class SqlStore:
     def _replace_tasks(self, db, session_id: str, tasks: list[Task]) -> None:
         db.execute("DELETE FROM tasks WHERE session_id = ?", (session_id,))
         db.executemany("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [(session_id, t.id, i, t.title, t.parent, t.status, t.note, t.updated_at)
+                       [_task_row(session_id, i, t, self.sealed)
                         for i, t in enumerate(tasks, 1)])
 
     # -- approvals ---------------------------------------------------------------------------
     def add_approval(self, approval, events):
         with self._tx() as db:
             db.execute("INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       _approval_row(approval))
+                       _approval_row(approval, self.sealed))
             self._append_audit(db, events)
 
     def get_approval(self, approval_id):
         row = self._one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         if row is None:
             raise NotFound(f"approval {approval_id} does not exist")
-        return Approval(*row)
+        return _approval(row, self.sealed)
 
     def decide_approval(self, approval_id, status, reason, decided_at, events):
         with self._tx() as db:
@@ -393,8 +564,8 @@ class SqlStore:
                     raise NotFound(f"approval {approval_id} does not exist")
                 raise FailedPrecondition(f"approval {approval_id} is already {row[0]}")
             self._append_audit(db, events)
-            return Approval(*db.execute("SELECT * FROM approvals WHERE id = ?",
-                                        (approval_id,)).fetchone())
+            return _approval(db.execute("SELECT * FROM approvals WHERE id = ?",
+                                        (approval_id,)).fetchone(), self.sealed)
 
     def list_approvals(self, session_id=None, status=None):
         sql, args = "SELECT * FROM approvals WHERE 1=1", []
@@ -404,7 +575,8 @@ class SqlStore:
         if status is not None:
             sql += " AND status = ?"
             args.append(status)
-        return [Approval(*r) for r in self._all(sql + " ORDER BY id", tuple(args))]
+        return [_approval(r, self.sealed)
+                for r in self._all(sql + " ORDER BY id", tuple(args))]
 
     # -- audit -------------------------------------------------------------------------------
     def append_audit(self, events):
@@ -415,7 +587,7 @@ class SqlStore:
         """The audit chain locked for this transaction, and its last link asked for: a
         cursor, whose row a pipelined transaction reads with the next round trip."""
         self._lock_chain(db)
-        return db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+        return db.execute("SELECT seq, hash, detail FROM audit ORDER BY seq DESC LIMIT 1")
 
     def _append_audit(self, db, events: list[AuditEvent], chain=None) -> None:
         """Append ``events`` to the chain (``chain``: ``_chain_end``'s cursor, when the
@@ -423,15 +595,18 @@ class SqlStore:
         if not events:
             return
         row = (chain if chain is not None else self._chain_end(db)).fetchone()
-        seq, prev = (row[0], digest_out(row[1])) if row else (0, GENESIS_HASH)
+        if row is None:
+            seq, prev = 0, GENESIS_HASH
+        elif self.sealed.key is None:
+            seq, prev = row[0], digest_out(row[1])
+        else:
+            seq, prev = row[0], _sealed_link(row[0], row[2], self.sealed)[2]
         for event in events:
             seq += 1
             event = replace(event, seq=seq)
             digest = chain_hash(prev, event)
             db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (seq, event.kind, event.session_id, event.subject_id,
-                        json.dumps(event.detail, sort_keys=True), event.created_at,
-                        digest_in(prev), digest_in(digest)))
+                       _audit_row(event, prev, digest, self.sealed))
             prev = digest
 
     def list_audit(self, session_id=None, kind=None, limit=0, since=None, after_seq=None):
@@ -452,5 +627,5 @@ class SqlStore:
             rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))[::-1]
         else:
             rows = self._all(sql + " ORDER BY seq", tuple(args))
-        return [_event(r) for r in rows]
+        return [_event(r, self.sealed) for r in rows]
 

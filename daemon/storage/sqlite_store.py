@@ -35,9 +35,11 @@ from ..observe import METADATA_FSYNC
 from ..records import Session, Task
 from . import blob_index, reserve, wal
 from .blob_index import BlobIndexSql
+from .crypto import DataKey
 from .durable import fsync_folder, out_of_space
 from .migrations import Migration, latest, migrate
 from .schema import METADATA, SQLITE, ddl
+from .sealed import Columns
 from .sql_store import SqlStore, digest_in
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,11 @@ MIGRATIONS = (
               " (blob_objects.body)", _add_columns("blob_objects", "body BLOB")),
     Migration(14, "0.8: a checkpoint's warnings (checkpoints.warnings, a JSON list or '')",
               _add_columns("checkpoints", "warnings TEXT NOT NULL DEFAULT ''")),
+    # Nothing to change: the version keeps a worldline that knows no data key, which
+    # would read sealed values as text and write its own in the clear among them, from
+    # a store that may be sealed (sealed.py, meta.sealed).
+    Migration(15, "0.8: the agent's content may be sealed with a data key (meta.sealed)",
+              lambda db: None),
 )
 
 
@@ -475,7 +482,10 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
     def flush_later(self) -> AbstractContextManager[Callable[[], None]]:
         return flushes_deferred()
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: DataKey | None = None) -> None:
+        """``key``: the data key whose ``meta`` subkey seals the agent's content
+        (sealed.py); None keeps every value in the clear."""
+        self.sealed = Columns(key)
         self._seen: dict[str, tuple[Session, tuple[Task, ...]]] = {}
         self._seen_lock = threading.Lock()
         self._commits_seen = 0  # write transactions committed: a read's snapshot's age
@@ -485,6 +495,7 @@ class SqliteStore(SqlStore, BlobIndexSql, SqliteDatabase):
         super().__init__(path, SCHEMA + blob_index.SCHEMA, FIRST)
         self.schema_found, self.schema_version = migrate(
             self._tx, lambda db: None, MIGRATIONS, f"metadata store {path}")
+        self._bind_key()
 
     def get_session_and_tasks(self, session_id):
         with self._seen_lock:

@@ -326,5 +326,8 @@ class MemoryStore:
                       and (after_seq is None or e.seq > after_seq)]
             return events[-limit:] if limit else events
 
+    def sealed_problems(self):
+        return []  # nothing sealed: the memory store keeps no data at rest
+
     def close(self):
         return None
