@@ -38,7 +38,7 @@ from worldline.client.errors import (
 from worldline.client.paths import escape
 
 from . import history, ids, owners, progress
-from .capture import mappings, sparse
+from .capture import chunks, mappings
 from .capture.admission import FairGate
 from .capture.apply import CHANGED
 from .capture.containers import (
@@ -62,8 +62,8 @@ from .capture.trees import (
     CHAR,
     EMPTY_TREE,
     FILE,
+    MAPPED,
     SOCKET,
-    SPARSE,
     Diff,
     Entry,
     TreeReader,
@@ -1064,8 +1064,8 @@ class World:
                 entry = entry_at(self.trees, want, path, current.trees)
                 if entry is not None and entry.has_content:
                     self.blobs.verify(entry.ref)
-                    if entry.kind == SPARSE:
-                        for piece in sparse.pieces(self.blobs, entry.ref):
+                    if entry.kind in MAPPED:
+                        for piece in chunks.refs(self.blobs, entry.ref):
                             self.blobs.verify(piece)
                     size += entry.size if entry.kind == FILE else 0
             plans.append(LayerPlan(layer, current, seen, want, changes, size, unsaved,
@@ -1695,6 +1695,8 @@ class World:
     def _text_patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
         if old is not None and new is not None and (old.kind, old.ref) == (new.kind, new.ref):
             return ""  # the same bytes: what changed is said by metadata_change
+        if any(e is not None and e.kind in MAPPED for e in (old, new)):
+            return history.binary_patch(self.blobs, path, old, new)
         texts = []
         for entry in (old, new):
             if entry is None or entry.kind != FILE:
