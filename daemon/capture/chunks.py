@@ -125,29 +125,38 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _hash_block(name, data: bytes, ends: list[int]) -> list[str]:
-    view, at, out = memoryview(data), 0, []
+def _hash_block(name, data: memoryview, ends: list[int]) -> list[str]:
+    at, out = 0, []
     for end in ends:
-        out.append(name(view[at:end]))
+        out.append(name(data[at:end]))
         at = end
     return out
 
 
-def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, bytes, list[int]]]:
-    """(file offset, bytes, chunk ends) of each block of the file's data, read once."""
+def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, memoryview, list[int]]]:
+    """(file offset, bytes, chunk ends) of each block of the file's data, read once,
+    into a ring of ``_AHEAD + 2`` buffers: a block's bytes stay as they are while at
+    most ``_AHEAD`` blocks after it are taken (no allocation, and no page faults, per
+    block)."""
+    ring = [memoryview(bytearray(READ + MAX)) for _ in range(_AHEAD + 2)]
+    turn = 0
     runs = [(0, size)] if dense else sparse.extents(fd, size)
     for start, length in runs:
-        end, off, tail = start + length, start, b""
+        end, off, tail = start + length, start, memoryview(b"")
         while True:
+            buf = ring[turn % len(ring)]
+            turn += 1
+            kept = len(tail)
+            buf[:kept] = tail
             want = min(READ, end - off)
-            got = os.pread(fd, want, off) if want else b""
-            data = tail + got if tail else got
-            last = off + len(got) >= end or len(got) < want  # the end, or it shrank
+            got = os.preadv(fd, [buf[kept:kept + want]], off) if want else 0
+            data = buf[:kept + got]
+            last = off + got >= end or got < want  # the end, or it shrank
             ends = cdc_cuts(data, MIN, AVG, MAX, BITS, last)
             if ends:
-                yield off - len(tail), data, ends
+                yield off - kept, data, ends
             tail = data[ends[-1]:] if ends else data
-            off += len(got)
+            off += got
             if last:
                 break
 
@@ -195,7 +204,7 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
             pieces.append((base + at, end - at, digest))
             if persist and digest not in known:
                 known.add(digest)
-                new.append(data[at:end])
+                new.append(bytes(data[at:end]))
             at = end
         if new:
             blobs.put_many(new)
