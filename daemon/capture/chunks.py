@@ -138,7 +138,7 @@ def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, memoryview, 
     into a ring of ``_AHEAD + 2`` buffers: a block's bytes stay as they are while at
     most ``_AHEAD`` blocks after it are taken (no allocation, and no page faults, per
     block)."""
-    ring = [memoryview(bytearray(READ + MAX)) for _ in range(_AHEAD + 2)]
+    ring = [memoryview(bytearray(min(READ, size) + MAX)) for _ in range(_AHEAD + 2)]
     turn = 0
     runs = [(0, size)] if dense else sparse.extents(fd, size)
     for start, length in runs:
