@@ -1064,8 +1064,9 @@ class World:
                 entry = entry_at(self.trees, want, path, current.trees)
                 if entry is not None and entry.has_content:
                     self.blobs.verify(entry.ref)
-                    if entry.kind in MAPPED:
-                        for piece in chunks.refs(self.blobs, entry.ref):
+                    if entry.kind in MAPPED:  # less the chunks the file there holds
+                        have = entry_at(self.trees, current.root, path, current.trees)
+                        for piece in chunks.needed(self.blobs, entry.ref, have):
                             self.blobs.verify(piece)
                     size += entry.size if entry.kind == FILE else 0
             plans.append(LayerPlan(layer, current, seen, want, changes, size, unsaved,

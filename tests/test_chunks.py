@@ -9,6 +9,8 @@ import hashlib
 import os
 import random
 import socket
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -130,31 +132,46 @@ def test_a_big_file_costs_what_changed_and_restores_from_the_file_on_disk(
             >= len(data) - 4 * AVG
 
 
-def test_a_changed_range_under_the_restore_is_written_from_the_store(chunking, tmp_path):
-    """A restore copies only chunks it reads back equal to their digests: the file on
-    disk changed in place under it (same inode, time put back) still restores right."""
-    d, _ = chunking
+def test_a_range_changed_under_the_restore_is_written_from_the_store(tmp_path):
+    """A restore copies from the file on disk only the chunks it reads back equal to
+    their digests: the agent writing into the file (same inode, its time put back, so
+    nothing else tells) after the restore checked it and before it copies still gets
+    the checkpoint's bytes."""
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    d = DaemonProcess(tmp_path / "root", env={
+        **SMALL, "WORLDLINE_FAULTS": "restore.chunk_source~",
+        "WORLDLINE_PAUSE_DIR": str(pauses), "WORLDLINE_PAUSE_TIMEOUT": "20"}).start()
     ws = tmp_path / "ws"
     ws.mkdir()
     data = random.Random(2).randbytes(1 << 20)
     big = ws / "big.bin"
     big.write_bytes(data)
-    with d.client() as c:
-        s = c.create_session(str(ws))
-        first = s.checkpoint()
-        st = big.stat()
-        with open(big, "r+b") as f:  # the agent scribbles where the plan trusts it
-            f.seek(500_000)
-            f.write(b"\0" * 100)
-        os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
-        big.write_bytes(data[:400_000] + b"x" + data[400_001:])
-        second = s.checkpoint()
-        with open(big, "r+b") as f:
-            f.seek(800_000)
-            f.write(b"\1" * 100)
-        s.restore(first.id)
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            first = s.checkpoint()
+            big.write_bytes(data[:400_000] + b"x" + data[400_001:])
+            s.checkpoint()
+            (pauses / "restore.chunk_source.hold").touch()
+            out: list = []
+            done = threading.Thread(target=lambda: out.append(s.restore(first.id)))
+            done.start()
+            deadline = time.monotonic() + 20
+            while not (pauses / "restore.chunk_source.reached").exists():
+                assert time.monotonic() < deadline and done.is_alive()
+                time.sleep(0.005)
+            st = big.stat()
+            with open(big, "r+b") as f:  # the agent scribbles where the plan trusts it,
+                f.seek(800_000)
+                f.write(b"\1" * 100)
+            os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))  # and covers its tracks
+            (pauses / "restore.chunk_source.go").touch()
+            done.join(30)
+        assert out and not out[0].warnings, out
         assert big.read_bytes() == data
-        assert c.read_file(second.id, "big.bin")[400_000:400_001] == b"x"
+    finally:
+        assert d.stop() == 0
 
 
 def test_a_big_sparse_file_is_restored_sparse(chunking, tmp_path):

@@ -501,6 +501,7 @@ class TreeWriter:
         if not st_.S_ISREG(st.st_mode) or not self._same(st, have, path):
             os.close(fd)
             return None
+        crash_point("restore.chunk_source", path)  # tests: the file changed in place now
         return fd
 
     def _write_special(self, dfd: int, name: str, have: Entry | None, want: Entry,

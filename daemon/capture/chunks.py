@@ -42,6 +42,7 @@ from worldline.client.errors import DataLoss, NotFound
 from ..observe import RESTORE_COPIED
 from ..storage.blobs import BlobStore, digest_of
 from . import sparse
+from .trees import MAPPED, Entry
 
 CHUNK_FROM = int(os.environ.get("WORLDLINE_CHUNK_FROM", 8 << 20))
 AVG = int(os.environ.get("WORLDLINE_CHUNK_AVG", 64 << 10))
@@ -309,6 +310,19 @@ def refs(blobs: BlobStore, digest: str) -> list[str]:
         out.append(page)
         out += [d for _, _, d in _read_page(blobs, page)]
     return out
+
+
+def needed(blobs: BlobStore, digest: str, have: Entry | None) -> list[str]:
+    """The blobs a restore of map ``digest`` over the entry ``have`` reads from the
+    store: its pages and the chunks the file there does not hold (those it does are
+    copied from it, and read from the store only if changed meanwhile)."""
+    there: set[str] = set()
+    if have is not None and have.kind in MAPPED:
+        try:
+            there = {d for _, _, d in read_map(blobs, have.ref)[1]}
+        except (NotFound, DataLoss):
+            pass
+    return [d for d in refs(blobs, digest) if d not in there]
 
 
 def refs_safe(blobs: BlobStore, digest: str, problems: list[str] | None) -> list[str]:
