@@ -10,11 +10,14 @@ like any other: the same content in another file, session or host is the same bl
 
 The file's tree entry is of kind ``chunked``; its ref names a *chunk map*, canonical
 JSON ``{"size": N, "pages": [[offset, length, page], ...]}``, each page a blob
-``{"pieces": [[offset, length, chunk], ...]}`` whose offsets count from the page's
-own. A page ends after a chunk whose digest says so (about one in ``PAGE_CUT``, at most
-``PAGE_MAX`` pieces), so pages too are cut by content and an edit changes one page,
-whose offsets relative to itself do not shift: a one-byte change of a 1 GiB file
-stores a chunk, a page and a map of a few KiB. The sparse extent map of older data
+``{"pieces": [[offset, length, chunk, fingerprint], ...]}`` whose offsets count from
+the page's own; a chunk's fingerprint is its BLAKE3, which the next capture computes
+instead of SHA-256 for every chunk and finds in the head's map for all that did not
+change (only new chunks are hashed for their digest). A page ends after a chunk
+whose digest says so (about one in ``PAGE_CUT``, at most ``PAGE_MAX`` pieces), so
+pages too are cut by content and an edit changes one page, whose offsets relative to
+itself do not shift: a one-byte change of a 1 GiB file stores a chunk, a page and a
+map of a few KiB. The sparse extent map of older data
 roots (kind ``sparse``, its pieces in the map itself) reads through the same
 ``read_map``.
 
@@ -37,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from blake3 import blake3
 from worldline.client.errors import DataLoss, NotFound
 
 from ..observe import RESTORE_COPIED
@@ -53,6 +57,7 @@ PAGE_CUT = 128  # a page ends after one chunk in about this many
 PAGE_MAX = 1024  # pieces in a page at most (its JSON stays well under a pack row's limit)
 SYNC_EVERY = 256 << 20  # new bytes held for the pack before a local store is synced
 _AHEAD = 3  # blocks read ahead of the hashing
+Piece = tuple[int, int, str, str]  # offset, length, digest, fingerprint ("": none)
 
 
 def _gear() -> list[int]:
@@ -126,10 +131,21 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _hash_block(name, data: memoryview, ends: list[int]) -> list[str]:
+def fingerprint(data) -> str:
+    """A chunk's BLAKE3, beside its digest in the map: three times as fast as SHA-256
+    here, and as hard to forge, so a chunk whose fingerprint the head's map holds
+    takes its digest from there without being hashed again."""
+    return blake3(data).hexdigest()
+
+
+def _hash_block(name, prints: dict[str, tuple[int, str]], data: memoryview,
+                ends: list[int]) -> list[tuple[str, str]]:
     at, out = 0, []
     for end in ends:
-        out.append(name(data[at:end]))
+        chunk = data[at:end]
+        mark = fingerprint(chunk)
+        hit = prints.get(mark)
+        out.append((hit[1] if hit is not None and hit[0] == end - at else name(chunk), mark))
         at = end
     return out
 
@@ -164,11 +180,11 @@ def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, memoryview, 
 
 # Maps of captures not persisted (a restore's look at the layer): a restore copies
 # from the file on disk by the map its plan saw, which no checkpoint stored.
-_unsaved: OrderedDict[str, tuple[int, list[tuple[int, int, str]]]] = OrderedDict()
+_unsaved: OrderedDict[str, tuple[int, list[Piece]]] = OrderedDict()
 _UNSAVED = 16
 
 
-def _remember(digest: str, size: int, pieces: list[tuple[int, int, str]]) -> None:
+def _remember(digest: str, size: int, pieces: list[Piece]) -> None:
     with _pool_lock:
         _unsaved[digest] = (size, pieces)
         _unsaved.move_to_end(digest)
@@ -188,12 +204,16 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
     ``previous``: the path's last map, whose pages serve as delta bases."""
     name = address(blobs)
     known: set[str] = set()
+    prints: dict[str, tuple[int, str]] = {}
     if kept is not None:
         try:
-            known = {d for _, _, d in read_map(blobs, kept)[1]}
+            for _, n, d, f in _pieces(blobs, kept)[1]:
+                known.add(d)
+                if f:
+                    prints[f] = (n, d)
         except (NotFound, DataLoss):
             pass
-    pieces: list[tuple[int, int, str]] = []
+    pieces: list[Piece] = []
     queue: list = []
     held = 0
 
@@ -201,8 +221,8 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
         nonlocal held
         base, data, ends, future = block
         new, at = [], 0
-        for end, digest in zip(ends, future.result(), strict=True):
-            pieces.append((base + at, end - at, digest))
+        for end, (digest, mark) in zip(ends, future.result(), strict=True):
+            pieces.append((base + at, end - at, digest, mark))
             if persist and digest not in known:
                 known.add(digest)
                 new.append(bytes(data[at:end]))
@@ -215,7 +235,7 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
                 held = 0
 
     for base, data, ends in _blocks(fd, size, dense):
-        queue.append((base, data, ends, pool().submit(_hash_block, name, data, ends)))
+        queue.append((base, data, ends, pool().submit(_hash_block, name, prints, data, ends)))
         if len(queue) > _AHEAD:
             drain(queue.pop(0))
     for block in queue:
@@ -224,7 +244,7 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
 
 
 def _store_map(blobs: BlobStore, persist: bool, size: int,
-               pieces: list[tuple[int, int, str]], previous: str | None) -> str:
+               pieces: list[Piece], previous: str | None) -> str:
     old: dict[str, str] = {}  # first chunk of a page of the previous map -> that page
     if persist and previous is not None:
         try:
@@ -242,7 +262,7 @@ def _store_map(blobs: BlobStore, persist: bool, size: int,
                 and int(piece[2][:8], 16) % PAGE_CUT):
             continue
         start = run[0][0]
-        body = _canonical({"pieces": [[o - start, n, d] for o, n, d in run]})
+        body = _canonical({"pieces": [[o - start, n, d, f] for o, n, d, f in run]})
         page = (blobs.put_bytes(body, base=old.get(run[0][2])) if persist
                 else name(body))
         pages.append([start, run[-1][0] + run[-1][1] - start, page])
@@ -273,16 +293,17 @@ def _pages(blobs: BlobStore, digest: str) -> list[tuple[int, int, str]]:
         raise DataLoss(f"chunk map {digest} is malformed: {exc}") from None
 
 
-def _read_page(blobs: BlobStore, digest: str) -> list[tuple[int, int, str]]:
+def _read_page(blobs: BlobStore, digest: str) -> list[Piece]:
     try:
-        return [(int(o), int(n), str(d)) for o, n, d in
-                _load(blobs, digest, "chunk page")["pieces"]]
-    except (KeyError, TypeError, ValueError) as exc:
+        return [(int(p[0]), int(p[1]), str(p[2]), str(p[3]) if len(p) > 3 else "")
+                for p in _load(blobs, digest, "chunk page")["pieces"]]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise DataLoss(f"chunk page {digest} is malformed: {exc}") from None
 
 
-def read_map(blobs: BlobStore, digest: str) -> tuple[int, list[tuple[int, int, str]]]:
-    """(size, [(offset, length, digest)]) of a chunk map, or of a sparse extent map."""
+def _pieces(blobs: BlobStore, digest: str) -> tuple[int, list[Piece]]:
+    """(size, [(offset, length, digest, fingerprint)]) of a chunk map, or of a sparse
+    extent map (no fingerprints: "")."""
     with _pool_lock:
         found = _unsaved.get(digest)
     if found is not None and not blobs.has(digest):
@@ -290,13 +311,20 @@ def read_map(blobs: BlobStore, digest: str) -> tuple[int, list[tuple[int, int, s
     body = _load(blobs, digest, "chunk map")
     try:
         if "pages" not in body:  # a sparse extent map: its pieces are in it
-            return int(body["size"]), [(int(o), int(n), str(d)) for o, n, d in body["pieces"]]
+            return int(body["size"]), [(int(o), int(n), str(d), "")
+                                       for o, n, d in body["pieces"]]
         out = []
         for start, _, page in _pages(blobs, digest):
-            out += [(start + o, n, d) for o, n, d in _read_page(blobs, page)]
+            out += [(start + o, n, d, f) for o, n, d, f in _read_page(blobs, page)]
         return int(body["size"]), out
     except (KeyError, TypeError, ValueError) as exc:
         raise DataLoss(f"chunk map {digest} is malformed: {exc}") from None
+
+
+def read_map(blobs: BlobStore, digest: str) -> tuple[int, list[tuple[int, int, str]]]:
+    """(size, [(offset, length, digest)]) of a chunk map, or of a sparse extent map."""
+    size, pieces = _pieces(blobs, digest)
+    return size, [(o, n, d) for o, n, d, _ in pieces]
 
 
 def refs(blobs: BlobStore, digest: str) -> list[str]:
@@ -308,7 +336,7 @@ def refs(blobs: BlobStore, digest: str) -> list[str]:
     out = []
     for _, _, page in _pages(blobs, digest):
         out.append(page)
-        out += [d for _, _, d in _read_page(blobs, page)]
+        out += [p[2] for p in _read_page(blobs, page)]
     return out
 
 
@@ -339,7 +367,7 @@ def refs_safe(blobs: BlobStore, digest: str, problems: list[str] | None) -> list
             for _, _, page in _pages(blobs, digest):
                 out.append(page)
                 try:
-                    out += [d for _, _, d in _read_page(blobs, page)]
+                    out += [p[2] for p in _read_page(blobs, page)]
                 except (NotFound, DataLoss):
                     pass
         except (NotFound, DataLoss):
@@ -378,8 +406,9 @@ def _copy_range(src: int, dst: int, offset_src: int, offset_dst: int, n: int) ->
     return True
 
 
-def _check(fd: int, name, offset: int, length: int, digest: str) -> bool:
-    return name(os.pread(fd, length, offset)) == digest
+def _check(fd: int, name, offset: int, length: int, digest: str, mark: str) -> bool:
+    data = os.pread(fd, length, offset)
+    return fingerprint(data) == mark if mark else name(data) == digest
 
 
 def _write_piece(fd: int, blobs: BlobStore, digest: str, offset: int, length: int,
@@ -401,7 +430,7 @@ def write(fd: int, blobs: BlobStore, digest: str, source: int | None = None,
     ``source_map`` (the file the restore replaces, as its plan saw it): chunks it holds
     are copied from it and checked, so a range changed under the restore is written
     from the store instead. Holes are left holes."""
-    size, pieces = read_map(blobs, digest)
+    size, pieces = _pieces(blobs, digest)
     os.ftruncate(fd, size)
     have: dict[str, int] = {}
     if source is not None and source_map is not None:
@@ -412,16 +441,16 @@ def write(fd: int, blobs: BlobStore, digest: str, source: int | None = None,
     name = address(blobs)
     copied = []
     written = 0
-    for offset, length, piece in pieces:
+    for offset, length, piece, mark in pieces:
         at = have.get(piece)
         if at is not None and _copy_range(source, fd, at, offset, length):
-            copied.append((offset, length, piece))
+            copied.append((offset, length, piece, mark))
         else:
             _write_piece(fd, blobs, piece, offset, length, digest)
         written += length
     if copied:
         checks = pool().map(lambda p: _check(fd, name, *p), copied)
-        for (offset, length, piece), good in zip(copied, list(checks), strict=True):
+        for (offset, length, piece, _), good in zip(copied, list(checks), strict=True):
             if good:
                 RESTORE_COPIED.inc(length)
             else:  # changed on disk since the plan saw it
