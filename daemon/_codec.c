@@ -652,43 +652,45 @@ static void gear_init(void) {
 
 static uint64_t top_mask(int bits) { return bits <= 0 ? 0 : (~0ULL) << (64 - bits); }
 
-/* The length of the chunk starting at p (n bytes available, n <= max). */
+/* Looks for a cut in p[*at..end) under mask, h carried in *hash: the cut (the bytes up
+ * to it), or 0 with *at and *hash where it stopped. Two bytes a step: h two bytes on is
+ * (h << 2) + (GEAR[a] << 1) + GEAR[b], whose sum of table entries does not wait for h
+ * (one shift and one add on the chain per two bytes, not two of each); h after the
+ * first byte is tested on the side. The cuts are those of one byte a step. */
+static inline size_t gear_scan(const unsigned char *p, size_t *at, size_t end,
+                               uint64_t *hash, uint64_t mask) {
+    size_t i = *at;
+    uint64_t h = *hash;
+    for (; i + 1 < end; i += 2) {
+        uint64_t a = GEAR[p[i]], pair = (a << 1) + GEAR[p[i + 1]];
+        if (!(((h << 1) + a) & mask))
+            return i + 1;
+        h = (h << 2) + pair;
+        if (!(h & mask))
+            return i + 2;
+    }
+    for (; i < end; i++) {
+        h = (h << 1) + GEAR[p[i]];
+        if (!(h & mask))
+            return i + 1;
+    }
+    *at = i;
+    *hash = h;
+    return 0;
+}
+
+/* The length of the chunk starting at p (n bytes available, n <= max): no cut before
+ * min, the harder mask up to avg (normalized chunking), the easier one after. */
 static size_t cdc_cut(const unsigned char *p, size_t n, size_t min, size_t avg,
                       uint64_t mask_s, uint64_t mask_l) {
     if (n <= min)
         return n;
-    size_t normal = avg < n ? avg : n, i = min;
+    size_t i = min, cut;
     uint64_t h = 0;
-    /* Two bytes a step: h two bytes on is (h << 2) + (GEAR[a] << 1) + GEAR[b], whose sum
-     * of table entries does not wait for h (one shift and one add on the chain per two
-     * bytes, not two of each); h after the first byte is tested on the side. The cuts
-     * are those of one byte a step. */
-    for (; i + 1 < normal; i += 2) {
-        uint64_t a = GEAR[p[i]], pair = (a << 1) + GEAR[p[i + 1]];
-        if (!(((h << 1) + a) & mask_s))
-            return i + 1;
-        h = (h << 2) + pair;
-        if (!(h & mask_s))
-            return i + 2;
-    }
-    for (; i < normal; i++) {
-        h = (h << 1) + GEAR[p[i]];
-        if (!(h & mask_s))
-            return i + 1;
-    }
-    for (; i + 1 < n; i += 2) {
-        uint64_t a = GEAR[p[i]], pair = (a << 1) + GEAR[p[i + 1]];
-        if (!(((h << 1) + a) & mask_l))
-            return i + 1;
-        h = (h << 2) + pair;
-        if (!(h & mask_l))
-            return i + 2;
-    }
-    for (; i < n; i++) {
-        h = (h << 1) + GEAR[p[i]];
-        if (!(h & mask_l))
-            return i + 1;
-    }
+    if ((cut = gear_scan(p, &i, avg < n ? avg : n, &h, mask_s)) != 0)
+        return cut;
+    if ((cut = gear_scan(p, &i, n, &h, mask_l)) != 0)
+        return cut;
     return n;
 }
 
