@@ -1,6 +1,6 @@
 """The average chunk size against what a small change stores, and rows per GiB.
 
-    .venv/bin/python bench/chunk_sizes.py [--mib 256]
+    .venv/bin/python bench/chunk_sizes.py [--mib 256] [--speed]
 
 For each average (min a quarter, max four times): a file of random bytes with one
 byte changed (five offsets) and with 4 KiB inserted in the middle, and a 100 MB SQLite
@@ -64,11 +64,42 @@ def change(path: Path, avg: int, edit, rounds: int) -> tuple[int, int]:
     return out[len(out) // 2], n
 
 
+def speed(mib: int) -> None:
+    """CPU time of the chunker and of each hash over ``mib`` MiB of random bytes."""
+    import hashlib
+    import time
+
+    from blake3 import blake3
+    from worldline.daemon._codec import cdc_cuts
+    data = os.urandom(mib << 20)
+    view = memoryview(data)
+
+    def best(fn) -> float:
+        out = []
+        for _ in range(3):
+            t = time.process_time()
+            fn()
+            out.append(time.process_time() - t)
+        return len(data) / min(out) / 1e9
+    ends = cdc_cuts(data, chunks.MIN, chunks.AVG, chunks.MAX, chunks.BITS, True)
+    pairs = list(zip([0] + ends[:-1], ends, strict=True))
+    cut = best(lambda: cdc_cuts(data, chunks.MIN, chunks.AVG, chunks.MAX, chunks.BITS,
+                                True))
+    sha = best(lambda: [hashlib.sha256(view[a:b]).digest() for a, b in pairs])
+    b3 = best(lambda: [blake3(view[a:b]).digest() for a, b in pairs])
+    print(f"cdc_cuts {cut:.2f} GB/s; SHA-256 {sha:.2f} GB/s; BLAKE3 {b3:.2f} GB/s"
+          " (CPU time, one thread, 64 KiB chunks)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--speed", action="store_true", help="only the hashing speeds")
     args = ap.parse_args()
+    if args.speed:
+        speed(args.mib)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="chunk-sizes-"))
     rng = random.Random(61)
     big, db = work / "big.bin", work / "app.db"
