@@ -87,12 +87,16 @@ def _sample(url: str, name: str) -> float:
 
 
 def _pack_bytes(root: Path) -> int:
+    """Bytes the data root's blob store holds: its pack's rows and its blob files."""
     import sqlite3
 
     from tests.conftest import pack_of
+    files = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root / "blobs")
+                if len(os.path.basename(d)) == 2 for n in names)
     db = sqlite3.connect(f"file:{pack_of(root / 'blobs')}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT coalesce(sum(length(data)), 0) FROM objects").fetchone()[0]
+        return files + db.execute(
+            "SELECT coalesce(sum(length(data)), 0) FROM objects").fetchone()[0]
     finally:
         db.close()
 
@@ -211,10 +215,11 @@ def test_chunks_are_shared_across_sessions_and_an_insertion(chunking, tmp_path):
     (two / "b.db").write_bytes(data[:1 << 20] + b"inserted" * 512 + data[1 << 20:])
     with d.client() as c:
         c.create_session(str(one)).checkpoint()
-        before = stored_blobs(d.root)
+        before, rows = _pack_bytes(d.root), stored_blobs(d.root)
         c.create_session(str(two)).checkpoint()
-        added = stored_blobs(d.root) - before
-    assert added < 16  # chunks around the insertion, a page or two, a map, trees; of ~128
+        added, new_rows = _pack_bytes(d.root) - before, stored_blobs(d.root) - rows
+    assert added < 4096 + 3 * 4 * AVG + (32 << 10)  # chunks around the insertion, pages
+    assert new_rows < 16  # of ~128 chunks
 
 
 def test_fsck_names_the_files_and_checkpoints_a_corrupt_chunk_breaks(chunking, tmp_path):
@@ -274,3 +279,30 @@ def test_a_whole_blob_big_file_of_an_older_root_reads_and_extends(tmp_path):
             assert c.fsck()["ok"]
     finally:
         assert new.stop() == 0
+
+
+def test_a_chunked_file_checkpointed_on_one_host_is_forked_on_another(
+        tmp_path, postgres_url, s3_server):
+    """On a fleet the chunks go to the bucket with the checkpoint; another host, its
+    cache empty, forks the file from them; fsck reads them back from the bucket."""
+    from tests.test_fleet import Fleet
+    fleet = Fleet(tmp_path, postgres_url, s3_server.new_bucket(), s3_server.env)
+    try:
+        a = fleet.host("a", env_extra=SMALL)
+        b = fleet.host("b", env_extra=SMALL)
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        data = random.Random(8).randbytes(1 << 20)
+        (ws / "big.bin").write_bytes(data)
+        with a.client() as ca, b.client() as cb:
+            s = ca.create_session(str(ws))
+            s.checkpoint()
+            changed = data[:700_000] + b"?" + data[700_001:]
+            (ws / "big.bin").write_bytes(changed)
+            cp = s.checkpoint()
+            fork = cb.get_session(s.id).fork(cp.id, workspace=str(tmp_path / "fork"))
+            assert (Path(fork.workspace) / "big.bin").read_bytes() == changed
+            report = cb.fsck()
+            assert report["ok"], report["problems"]
+    finally:
+        fleet.stop_all()
