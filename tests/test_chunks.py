@@ -122,6 +122,13 @@ def test_a_big_file_costs_what_changed_and_restores_from_the_file_on_disk(
         grew = _pack_bytes(d.root) - stored
         assert grew < 4 * AVG + 32 << 10  # a chunk, a page, a map, trees: not 3 MiB
         assert c.read_file(second.id, "big.bin") == bytes(changed)
+        fork = c.fork(second.id, workspace=str(tmp_path / "fork"))
+        forked = Path(fork.workspace) / "big.bin"
+        assert forked.read_bytes() == bytes(changed)
+        with open(forked, "r+b") as f:  # the fork's own change, checkpointed in chunks
+            f.seek(10)
+            f.write(b"fork")
+        assert c.read_file(fork.checkpoint().id, "big.bin")[10:14] == b"fork"
         patch = c.diff(first.id, second.id, patch=True)
         text = patch.patch
         assert "Binary files a/big.bin and b/big.bin differ" in text
@@ -199,6 +206,10 @@ def test_a_big_sparse_file_is_restored_sparse(chunking, tmp_path):
         (ws / "other").write_text("x")
         s.checkpoint()
         s.restore(first.id)
+        fork = c.fork(first.id, workspace=str(tmp_path / "fork"))
+        forked = Path(fork.workspace) / "disk.img"
+        assert forked.read_bytes() == want
+        assert forked.stat().st_blocks * 512 < 4 << 20
     st = sparse_file.stat()
     assert st.st_size == 40 << 20
     assert st.st_blocks * 512 < 4 << 20  # holes stayed holes
