@@ -317,3 +317,28 @@ def test_a_chunked_file_checkpointed_on_one_host_is_forked_on_another(
             assert report["ok"], report["problems"]
     finally:
         fleet.stop_all()
+
+
+def test_the_repack_leaves_raw_chunks_alone_and_encodes_the_rest(tmp_path, monkeypatch):
+    """Chunks of random bytes, stored raw (the checkpoint's zstd found nothing to take),
+    are not encoded again at the strongest level by the idle repack; compressible rows
+    still are."""
+    from worldline.daemon.storage import repack
+    from worldline.daemon.storage.blobs import LocalBlobStore
+    blobs = LocalBlobStore(str(tmp_path / "b"))
+    rng = random.Random(9)
+    raw = [blobs.put_bytes(rng.randbytes(64 << 10)) for _ in range(8)]
+    text = blobs.put_bytes(b"".join(b"line %d of a log\n" % i for i in range(4000)))
+    blobs.sync()
+    encoded: list[int] = []
+    real = repack.zstd_whole
+
+    def counted(data, level):
+        encoded.append(len(data))
+        return real(data, level)
+    monkeypatch.setattr(repack, "zstd_whole", counted)
+    repacker = repack.Repacker(blobs)
+    while repacker.step():
+        pass
+    assert 64 << 10 not in encoded and len(encoded) == 1  # the log only
+    assert [blobs.read_bytes(d) for d in raw + [text]]
