@@ -632,7 +632,122 @@ static PyObject *untrack(PyObject *self, PyObject *objects) {
     Py_RETURN_NONE;
 }
 
+
+/* -- content-defined chunking (daemon/capture/chunks.py, its Python twin) -------------- */
+
+/* FastCDC's gear hash: h = (h << 1) + GEAR[byte], so bit k of h depends on the last
+ * k + 1 bytes; a cut is tested on the top bits (the widest window). The table comes from
+ * splitmix64 seeded with 0, which the twin computes the same way. */
+static uint64_t GEAR[256];
+
+static void gear_init(void) {
+    uint64_t x = 0;
+    for (int i = 0; i < 256; i++) {
+        uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        GEAR[i] = z ^ (z >> 31);
+    }
+}
+
+static uint64_t top_mask(int bits) { return bits <= 0 ? 0 : (~0ULL) << (64 - bits); }
+
+/* Looks for a cut in p[*at..end) under mask, h carried in *hash: the cut (the bytes up
+ * to it), or 0 with *at and *hash where it stopped. Two bytes a step: h two bytes on is
+ * (h << 2) + (GEAR[a] << 1) + GEAR[b], whose sum of table entries does not wait for h
+ * (one shift and one add on the chain per two bytes, not two of each); h after the
+ * first byte is tested on the side. The cuts are those of one byte a step. */
+static inline size_t gear_scan(const unsigned char *p, size_t *at, size_t end,
+                               uint64_t *hash, uint64_t mask) {
+    size_t i = *at;
+    uint64_t h = *hash;
+    for (; i + 1 < end; i += 2) {
+        uint64_t a = GEAR[p[i]], pair = (a << 1) + GEAR[p[i + 1]];
+        if (!(((h << 1) + a) & mask))
+            return i + 1;
+        h = (h << 2) + pair;
+        if (!(h & mask))
+            return i + 2;
+    }
+    for (; i < end; i++) {
+        h = (h << 1) + GEAR[p[i]];
+        if (!(h & mask))
+            return i + 1;
+    }
+    *at = i;
+    *hash = h;
+    return 0;
+}
+
+/* The length of the chunk starting at p (n bytes available, n <= max): no cut before
+ * min, the harder mask up to avg (normalized chunking), the easier one after. */
+static size_t cdc_cut(const unsigned char *p, size_t n, size_t min, size_t avg,
+                      uint64_t mask_s, uint64_t mask_l) {
+    if (n <= min)
+        return n;
+    size_t i = min, cut;
+    uint64_t h = 0;
+    if ((cut = gear_scan(p, &i, avg < n ? avg : n, &h, mask_s)) != 0)
+        return cut;
+    if ((cut = gear_scan(p, &i, n, &h, mask_l)) != 0)
+        return cut;
+    return n;
+}
+
+static PyObject *cdc_cuts(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t min, avg, max;
+    int bits, last;
+    if (!PyArg_ParseTuple(args, "y*nnnip:cdc_cuts", &data, &min, &avg, &max, &bits, &last))
+        return NULL;
+    if (min < 0 || avg < min || max < avg || max < 1 || bits < 2 || bits > 62) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "cdc_cuts: bad sizes");
+        return NULL;
+    }
+    const unsigned char *p = data.buf;
+    size_t len = (size_t)data.len, at = 0, count = 0, cap = len / (size_t)(min > 0 ? min : 1) + 2;
+    size_t *ends = PyMem_RawMalloc(cap * sizeof(size_t));
+    if (ends == NULL) {
+        PyBuffer_Release(&data);
+        return PyErr_NoMemory();
+    }
+    uint64_t mask_s = top_mask(bits + 1), mask_l = top_mask(bits - 1);
+    Py_BEGIN_ALLOW_THREADS
+    while (at < len) {
+        size_t rest = len - at;
+        if (!last && rest < (size_t)max)
+            break; /* the next bytes may move this cut: the caller reads on */
+        size_t n = cdc_cut(p + at, rest < (size_t)max ? rest : (size_t)max,
+                           (size_t)min, (size_t)avg, mask_s, mask_l);
+        at += n;
+        if (count == cap)
+            break; /* cannot happen: every chunk but the last is at least min long */
+        ends[count++] = at;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyObject *out = PyList_New((Py_ssize_t)count);
+    if (out == NULL) {
+        PyMem_RawFree(ends);
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        PyObject *v = PyLong_FromSize_t(ends[i]);
+        if (v == NULL) {
+            PyMem_RawFree(ends);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    PyMem_RawFree(ends);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"cdc_cuts", cdc_cuts, METH_VARARGS,
+     "cdc_cuts(data, min, avg, max, bits, last) -> [end, ...]"},
     {"untrack", untrack, METH_O, "untrack(objects) -> None"},
     {"copy_delta", copy_delta, METH_VARARGS, "copy_delta(base, data) -> bytes"},
     {"apply_copies", apply_copies, METH_VARARGS, "apply_copies(base, delta, size) -> bytes"},
@@ -644,8 +759,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_codec", "The hot path's encodings (daemon/storage/packs.py, trees.py).",
+    PyModuleDef_HEAD_INIT, "_codec",
+    "The hot path's encodings (packs.py, trees.py) and chunker (capture/chunks.py).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__codec(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__codec(void) {
+    gear_init();
+    return PyModule_Create(&module);
+}

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from worldline.wire.errors import FailedPrecondition, InvalidArgument, NotFound
 from worldline.wire.paths import unescape
 
-from .capture import sparse
+from .capture import chunks
 from .capture.trees import (
     FILE,
-    SPARSE,
+    MAPPED,
     SYMLINK,
     Entry,
     Tree,
@@ -156,8 +156,8 @@ def read_entry(blobs: BlobStore, entry: Entry, path: str, offset: int, length: i
     if entry.kind == FILE:
         data = blobs.read_bytes(entry.ref)
         return data[offset:offset + length], len(data)
-    if entry.kind == SPARSE:
-        size, pieces = sparse.read_map(blobs, entry.ref)
+    if entry.kind in MAPPED:
+        size, pieces = chunks.read_map(blobs, entry.ref)
         end = min(size, offset + length)
         out = bytearray(max(0, end - offset))
         for at, n, digest in pieces:
@@ -169,6 +169,26 @@ def read_entry(blobs: BlobStore, entry: Entry, path: str, offset: int, length: i
         return bytes(out), size
     what = "a folder" if entry.is_folder else f"a {entry.kind}"
     raise InvalidArgument(f"{path} is {what}: only files and symlinks have bytes to read")
+
+
+RANGES_SHOWN = 100  # changed ranges a binary patch lists at most
+
+
+def binary_patch(blobs: BlobStore, path: str, old: Entry | None, new: Entry | None) -> str:
+    """The patch of a file stored by chunks: that it differs, and which byte ranges of
+    its new version (or of the old one, removed) hold chunks the other has not."""
+    head = (f"Binary files {'/dev/null' if old is None else 'a/' + path} and"
+            f" {'/dev/null' if new is None else 'b/' + path} differ\n")
+    mapped = [e.ref if e is not None and e.kind in MAPPED else None for e in (old, new)]
+    side, (base, ref) = ("b", mapped) if new is not None else ("a", mapped[::-1])
+    if ref is None:  # the version shown is a whole blob: all of it differs
+        return head
+    size, ranges = chunks.changed_ranges(blobs, base, ref)
+    lines = [f"@@ {side}/{path} bytes {lo}-{hi - 1} of {size} @@\n"
+             for lo, hi in ranges[:RANGES_SHOWN]]
+    if len(ranges) > RANGES_SHOWN:
+        lines.append(f"@@ and {len(ranges) - RANGES_SHOWN} more ranges @@\n")
+    return head + "".join(lines)
 
 
 class Graft:

@@ -45,9 +45,9 @@ from worldline.wire.errors import (
 )
 
 from . import ids, progress
-from .capture import sparse
+from .capture import chunks
 from .capture.containers import LABEL_CHECKPOINT, LABEL_ROOT
-from .capture.trees import FILE, SPARSE, TreeReader, links_of
+from .capture.trees import CHUNKED, FILE, MAPPED, TreeReader, links_of
 from .faults import crash_point
 from .records import GENESIS_HASH, AuditEvent, Checkpoint, chain_hash
 from .world import World
@@ -207,14 +207,13 @@ def _mark_tree(reads: _Reads, root: str, seen: set[str], problems, where: str) -
                 stack.append(entry.ref)
             elif entry.kind == FILE:
                 seen.add(entry.ref)
-            elif entry.kind == SPARSE:
-                seen.add(entry.ref)  # the extent map, and the pieces it names
-                try:
-                    seen.update(sparse.pieces(reads.blobs, entry.ref))
-                except (NotFound, DataLoss) as exc:
-                    if problems is None:
-                        raise
-                    problems.append(f"{where}: extent map {entry.ref}: {exc.message}")
+            elif entry.kind in MAPPED:
+                seen.add(entry.ref)  # the map, and the pages and chunks it names
+                found: list[str] = []
+                seen.update(chunks.refs_safe(reads.blobs, entry.ref,
+                                             None if problems is None else found))
+                if problems is not None:
+                    problems += [f"{where}: {p}" for p in found]
 
 
 def fsck(world: World, repair: bool = False, cached: bool = False, subset: str = "",
@@ -440,14 +439,11 @@ def _bad_below(reads: _Reads, root: str, bad, memo: dict) -> list[tuple[str, str
         for name, entry in sorted(tree.items()):
             if entry.is_folder:
                 out += [(f"{name}/{path}", d) for path, d in memo.get(entry.ref, [])]
-            elif entry.kind in (FILE, SPARSE) and entry.ref in bad:
+            elif entry.has_content and entry.ref in bad:
                 out.append((name, entry.ref))
-            elif entry.kind == SPARSE:
-                try:
-                    out += [(name, p) for p in sparse.pieces(reads.blobs, entry.ref)
-                            if p in bad]
-                except (NotFound, DataLoss):
-                    pass
+            elif entry.kind in MAPPED:
+                out += [(name, p) for p in chunks.refs_safe(reads.blobs, entry.ref, [])
+                        if p in bad]
         memo[digest] = out
     return memo.get(root, [])
 
@@ -626,7 +622,7 @@ def base_hints(world: World) -> dict[str, str]:
                 for name, entry in tree.items():
                     if entry.is_folder:
                         stack.append((f"{path}/{name}", entry.ref))
-                    elif entry.kind == FILE and entry.ref:
+                    elif entry.kind in (FILE, CHUNKED) and entry.ref:
                         file_key = (cp.session_id, layer, f"{path}/{name}")
                         earlier = last.get(file_key)
                         if earlier is not None and earlier != entry.ref:

@@ -57,6 +57,8 @@ RPC_SECONDS = Histogram("worldline_rpc_duration_seconds", "Time to answer a call
 BLOB_WRITTEN = Counter("worldline_blob_bytes_written_total", "Bytes the blob store wrote")
 BLOB_REUSED = Counter("worldline_blob_bytes_reused_total",
                       "Bytes a put found already stored (deduplicated)")
+RESTORE_COPIED = Counter("worldline_restore_copied_bytes_total", "Bytes of big files a"
+                         " restore copied from the file on disk, not the store")
 DEDUP = Gauge("worldline_dedup_ratio", "Share of put bytes found already stored")
 DEDUP.set_function(lambda: BLOB_REUSED._value.get() / max(
     1.0, BLOB_REUSED._value.get() + BLOB_WRITTEN._value.get()))

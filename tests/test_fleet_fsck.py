@@ -52,7 +52,8 @@ def _flip(s3, bucket: str, name: str) -> None:
 
 def test_a_warm_hosts_fsck_reads_the_bucket_and_mends_it_from_its_cache(
         fleet, ws, tmp_path, s3_server):
-    a = fleet.host("a", env_extra=_unstaged(tmp_path))  # every pack PUT to the bucket
+    # every pack PUT to the bucket; big files stored whole, as before chunks (chunks.py)
+    a = fleet.host("a", env_extra={**_unstaged(tmp_path), "WORLDLINE_CHUNK_FROM": str(1 << 40)})
     as_agent("head -c 9000000 /dev/urandom > big.bin", ws)  # over 8 MiB: an object alone
     s, wanted = _checkpoints(a, ws, 6)
     objects = _objects(fleet.url)

@@ -48,7 +48,7 @@ from .. import progress
 from ..faults import crash_point
 from ..storage.blob_store import BlobStore, DestinationFull
 from ..storage.durable import out_of_space
-from . import sparse
+from . import chunks, sparse
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
 from .descriptors import READ_FLAGS as _READ_FLAGS
 from .descriptors import link_groups
@@ -58,11 +58,13 @@ from .tracker import TEMP_PREFIX
 from .trees import (
     BLOCK,
     CHAR,
+    CHUNKED,
     DEVICES,
     DIR,
     FIFO,
     FILE,
     FILES,
+    MAPPED,
     OPAQUE,
     SOCKET,
     SPARSE,
@@ -77,9 +79,9 @@ from .trees import (
 from .walk import OPAQUE_XATTR
 
 # The file type each kind of entry is on disk (what a descriptor's stat must show)
-_TYPES = {FILE: st_.S_IFREG, SPARSE: st_.S_IFREG, DIR: st_.S_IFDIR, OPAQUE: st_.S_IFDIR,
-          SYMLINK: st_.S_IFLNK, FIFO: st_.S_IFIFO, CHAR: st_.S_IFCHR, WHITEOUT: st_.S_IFCHR,
-          BLOCK: st_.S_IFBLK, SOCKET: st_.S_IFSOCK}
+_TYPES = {FILE: st_.S_IFREG, SPARSE: st_.S_IFREG, CHUNKED: st_.S_IFREG, DIR: st_.S_IFDIR,
+          OPAQUE: st_.S_IFDIR, SYMLINK: st_.S_IFLNK, FIFO: st_.S_IFIFO, CHAR: st_.S_IFCHR,
+          WHITEOUT: st_.S_IFCHR, BLOCK: st_.S_IFBLK, SOCKET: st_.S_IFSOCK}
 CHANGED = "changed while it was restored (it is not what the restore's plan saw): left as it is"
 
 
@@ -425,7 +427,7 @@ class TreeWriter:
     def _fills_holes(self, want: Entry) -> bool:
         """Whether touching this unchanged file in place (its metadata, or links to it)
         could copy it up and fill its holes: a sparse file through an overlay mount."""
-        return self.copy_up and want.kind == SPARSE
+        return self.copy_up and want.kind in MAPPED
 
     def _set_meta_in_place(self, dfd: int, name: str, have: Entry, want: Entry,
                            path: str) -> bool:
@@ -459,11 +461,18 @@ class TreeWriter:
         # only its rename into place goes by name (a name swapped meanwhile moves what
         # the agent put there, which it could move itself; no inode is written).
         where, tmp = dfd, name if self.private else _temp_name()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        # (read too: chunks copied from the file on disk are read back and checked)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=where)
         try:
-            if want.kind == SPARSE:
-                sparse.write(fd, self.blobs, want.ref)
+            if want.kind in MAPPED:
+                source = self._source(dfd, name, have, path)
+                try:
+                    chunks.write(fd, self.blobs, want.ref, source,
+                                 have.ref if source is not None else None)
+                finally:
+                    if source is not None:
+                        os.close(source)
             else:
                 self.blobs.copy_to_fd(want.ref, fd)
             self.meta.apply_fd(fd, want, path)
@@ -479,7 +488,24 @@ class TreeWriter:
         crash_point("restore.before_rename", path)  # written aside, not yet in place
         if self.private or self._place(where, tmp, dfd, name, have, path, staged=False):
             self.written[path] = ino
-        progress.advance(want.size if want.kind != SPARSE else 0, files=1)
+        progress.advance(want.size if want.kind not in MAPPED else 0, files=1)
+
+    def _source(self, dfd: int, name: str, have: Entry | None, path: str) -> int | None:
+        """A descriptor of the file the plan saw at ``name`` when it is stored by chunks
+        (``have``) and is still that file, to copy the chunks it shares with the file
+        written in its place (chunks.write checks each one copied); else None."""
+        if have is None or have.kind not in MAPPED:
+            return None
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if not st_.S_ISREG(st.st_mode) or not self._same(st, have, path):
+            os.close(fd)
+            return None
+        crash_point("restore.chunk_source", path)  # tests: the file changed in place now
+        return fd
 
     def _write_special(self, dfd: int, name: str, have: Entry | None, want: Entry,
                        path: str) -> None:

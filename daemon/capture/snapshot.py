@@ -26,7 +26,7 @@ from worldline.wire.errors import FailedPrecondition
 from ..faults import crash_point
 from ..storage.blob_store import BlobStore, Overread
 from ..storage.blobs import CHUNK, file_chunks, within
-from . import exclude, sparse
+from . import chunks, exclude, sparse
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
 from .descriptors import READ_FLAGS as _READ_FLAGS
 from .descriptors import link_groups
@@ -38,12 +38,13 @@ from .tracker import TEMP_PREFIX, Changes
 from .trees import (
     BLOCK,
     CHAR,
+    CHUNKED,
     DIR,
     FIFO,
     FILE,
+    MAPPED,
     OPAQUE,
     SOCKET,
-    SPARSE,
     SYMLINK,
     WHITEOUT,
     Entry,
@@ -433,7 +434,7 @@ class WorkspaceSnapshotter:
                     if entry is None:
                         entry = (self._read_file(dfd, name, path, scan, cache,
                                                  old if old is not None
-                                                 and old.kind == FILE else None)
+                                                 and old.has_content else None)
                                  if st_.S_ISREG(mode) else self._listed_symlink(
                                      dfd, name, path, sig, fields, scan))
                 else:
@@ -526,10 +527,10 @@ class WorkspaceSnapshotter:
         entry: its time could not vouch for it). Content equal to ``kept`` is that blob,
         which the head names and so keeps: no put."""
         if kept is not None:
-            previous = kept.ref
+            previous, was = kept.ref, kept.kind
         else:
             known = cache.get(path)
-            previous = known[1] if known is not None else None
+            previous, was = (known[1], known[3]) if known is not None else (None, None)
         crash_point("capture.before_open", path)  # tests: the name swapped meanwhile
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
@@ -549,12 +550,17 @@ class WorkspaceSnapshotter:
             if budget is not None:
                 budget.check_file(path, before, min(before.st_blocks * 512, before.st_size)
                                   if holey else before.st_size)
-            if holey:  # read as far as its size then: growth is the next capture's
-                kind = SPARSE
-                ref, _ = sparse.capture(fd, before.st_size, self.blobs, scan.persist)
+            if holey or before.st_size >= chunks.CHUNK_FROM:
+                # read as far as its size then: growth is the next capture's
+                kind = CHUNKED
+                ref = chunks.capture(
+                    fd, before.st_size, self.blobs, scan.persist, dense=not holey,
+                    kept=kept.ref if kept is not None and kept.kind in MAPPED else None,
+                    previous=previous if was == CHUNKED else None)
                 size = before.st_size
             else:
                 kind = FILE
+                previous = previous if was == FILE else None
                 limit = budget.allowance(before.st_size) if budget is not None else None
                 crash_point("capture.file_opened", path)  # tests: the file grows meanwhile
                 try:

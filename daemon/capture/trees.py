@@ -31,11 +31,13 @@ FILE, SYMLINK, DIR = "file", "symlink", "dir"
 WHITEOUT, OPAQUE = "whiteout", "opaque"  # overlay upper folders only
 FIFO, CHAR, BLOCK = "fifo", "char", "block"  # device nodes: container layers only
 SOCKET = "socket"  # recorded (so a checkpoint lists it as skipped), never recreated
-SPARSE = "sparse"  # a file with holes: ref names its extent map (sparse.py)
+SPARSE = "sparse"  # a file with holes (older data roots): ref names its extent map
+CHUNKED = "chunked"  # a big or sparse file: ref names its chunk map (chunks.py)
 _CODES = {FILE: "f", SYMLINK: "l", DIR: "d", WHITEOUT: "w", OPAQUE: "o", FIFO: "p",
-          CHAR: "c", BLOCK: "b", SOCKET: "s", SPARSE: "z"}
+          CHAR: "c", BLOCK: "b", SOCKET: "s", SPARSE: "z", CHUNKED: "k"}
 FOLDERS = (DIR, OPAQUE)
-FILES = (FILE, SPARSE)  # kinds with content
+MAPPED = (SPARSE, CHUNKED)  # kinds whose ref names a map of pieces (chunks.read_map)
+FILES = (FILE, SPARSE, CHUNKED)  # kinds with content
 DEVICES = (CHAR, BLOCK)
 _KINDS = {v: k for k, v in _CODES.items()}
 NO_OWNER = -1  # uid/gid of an entry recorded before 0.4: no owner, times or xattrs
@@ -51,10 +53,11 @@ class Entry:
     tree's own entry its hard-link groups. Entries read from trees written before 0.4
     have ``uid == NO_OWNER`` and are restored as 0.3 restored them."""
 
-    kind: str  # FILE | SPARSE | SYMLINK | DIR | OPAQUE | WHITEOUT | FIFO | CHAR | BLOCK | SOCKET
+    kind: str  # FILE | SPARSE | CHUNKED | SYMLINK | DIR | OPAQUE | WHITEOUT | FIFO | CHAR |
+    #   BLOCK | SOCKET
     mode: int
-    ref: str  # content (FILE), extent map (SPARSE), tree (DIR, OPAQUE), target (SYMLINK)
-    size: int = 0  # bytes of a FILE or SPARSE (logical); for a folder, of every file below
+    ref: str  # content (FILE), map (SPARSE, CHUNKED), tree (DIR, OPAQUE), target (SYMLINK)
+    size: int = 0  # bytes of a file (logical); for a folder, of every file below
     uid: int = NO_OWNER
     gid: int = NO_OWNER
     mtime: int = 0

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..faults import crash_point
-from .packs import MAX_DEPTH, SMALL, ZSTD, best_delta, zstd_whole
+from .packs import MAX_DEPTH, RAW, SMALL, ZSTD, best_delta, zstd_whole
 
 log = logging.getLogger("worldline.repack")
 
@@ -42,6 +42,7 @@ BATCH = 32  # rows looked at per step
 WINDOW = 4  # earlier versions of the same path, and of the same name, tried as bases
 VACUUM_PAGES = 256  # pages given back to the file system per step (1 MiB)
 _NAMES = 20_000  # file names whose recent versions are remembered
+RAW_KEPT = 16 << 10  # a raw row from this size with no base and no name: left as it is
 
 # (name, digest) of the files a blob lists, if it is a tree; None for any other blob
 NamesOf = Callable[[bytes], "list[tuple[str, str]] | None"]
@@ -178,6 +179,11 @@ class Repacker:
         _CallArrived raised once it no longer holds, the row left for the next idle
         moment."""
         row_id, digest, kind, base_id, depth, stored, data = looked
+        if (kind == RAW and base_id is None and stored >= RAW_KEPT
+                and digest not in self._name_of):
+            # the checkpoint's zstd found nothing to take from it (a chunk of a big file
+            # of random bytes, say), and no earlier version names it a base to try
+            return None
         if not idle():
             raise _CallArrived
         built_on = self.pack.below(row_id)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from worldline.wire.errors import ResourceExhausted
 
 from .. import history, owners, progress
-from ..capture import sparse
+from ..capture import chunks
 from ..capture.exclude import covers
 from ..capture.layers import CONTAINER, WORKSPACE, Layer
 from ..capture.snapshotter import Capture
-from ..capture.trees import FILE, SPARSE, Diff, TreeReader, diff, entry_at, entry_key
+from ..capture.trees import FILE, MAPPED, Diff, TreeReader, diff, entry_at, entry_key
 from ..faults import crash_point
 from ..records import Checkpoint, Session
 from ..session_spec import SessionSpec
@@ -111,8 +111,9 @@ class Plans:
                 entry = entry_at(trees, want, path, current.trees)
                 if entry is not None and entry.has_content:
                     blobs.verify(entry.ref)
-                    if entry.kind == SPARSE:
-                        for piece in sparse.pieces(blobs, entry.ref):
+                    if entry.kind in MAPPED:  # less the chunks the file there holds
+                        have = entry_at(trees, current.root, path, current.trees)
+                        for piece in chunks.needed(blobs, entry.ref, have):
                             blobs.verify(piece)
                     size += entry.size if entry.kind == FILE else 0
             plans.append(LayerPlan(layer, current, seen, want, changes, size, unsaved,

@@ -14,7 +14,7 @@ from worldline.wire.paths import escape
 
 from .. import history
 from ..capture.layers import CONTAINER, WORKSPACE
-from ..capture.trees import BLOCK, CHAR, FILE, SOCKET, Diff, Entry, diff, entry_at
+from ..capture.trees import BLOCK, CHAR, FILE, MAPPED, SOCKET, Diff, Entry, diff, entry_at
 from ..records import Checkpoint, Task, ToolCall, tasks_from_json
 from ..storage.metadata_store import Store
 from ..storage.store import calls_on_path, with_gates
@@ -116,6 +116,8 @@ class Reads:
     def _text_patch(self, path: str, old: Entry | None, new: Entry | None) -> str:
         if old is not None and new is not None and (old.kind, old.ref) == (new.kind, new.ref):
             return ""  # the same bytes: what changed is said by metadata_change
+        if any(e is not None and e.kind in MAPPED for e in (old, new)):
+            return history.binary_patch(self.core.blobs, path, old, new)
         texts = []
         for entry in (old, new):
             if entry is None or entry.kind != FILE:
