@@ -19,7 +19,8 @@ from pathlib import Path
 from ..conftest import DaemonProcess
 from . import peers
 
-BUNDLE = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "flask-400.bundle"
+BUNDLE = Path(os.environ.get("BENCH_DATA") or Path(__file__).resolve().parents[3] / "shared"
+              / "bench-data") / "flask-400.bundle"
 BRANCH = "origin/replay"
 SAMPLES = 8  # restores checked against git
 
@@ -37,7 +38,7 @@ def source(cache: Path) -> tuple[Path, list[str]]:
     if not (repo / ".git").exists():
         if not BUNDLE.is_file():  # git clone would say only "exit status 128"
             raise FileNotFoundError(f"{BUNDLE} is missing: the bench reads ../shared/"
-                                    "bench-data beside the project's folder")
+                                    "bench-data beside the project's folder, or BENCH_DATA")
         shutil.rmtree(repo, ignore_errors=True)
         subprocess.run(["git", "clone", "-q", "--no-checkout", str(BUNDLE), str(repo)],
                        check=True, capture_output=True)

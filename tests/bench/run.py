@@ -7,7 +7,9 @@ with apt when we are root, or skipped with the reason said.
 Environment: BENCH_ROUNDS (timed rounds per case, default 30), BENCH_DIR (work
 folder, default bench/work), BENCH_DOCKER_COMMITS (docker commits for storage-100,
 default 100), BENCH_STORAGE_ROUNDS (rounds of storage-100, default 3), BENCH_ONLY
-(comma-separated case names).
+(comma-separated case names), BENCH_BIGFILE_MB (the bigfile case's file, default
+1024), BENCH_DATA (the folder holding flask-400.bundle, default ../shared/bench-data
+beside the project's folder).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Case:
     target: str = ""
     ok: bool | None = None
     note: str = ""
+    seconds: float | None = None  # the case's wall time, its set-up included
 
 
 def stat(samples: list[float], unit: str = "ms", scale: float = 1000.0) -> Stat:
@@ -418,6 +421,14 @@ class Bench:
         from . import console
         return self.add(console.case(self))
 
+    def bigfile_case(self) -> Case:
+        from . import bigfile
+        return self.add(bigfile.case(self))
+
+    def encrypted_case(self) -> Case:
+        from . import encrypted
+        return self.add(encrypted.case(self))
+
     def container_case(self) -> Case:
         from . import container
         return self.add(container.case(self))
@@ -527,6 +538,8 @@ def main() -> int:
         ("throughput", bench.throughput_case),
         ("history-400", bench.history_case),
         ("fleet", bench.fleet_case),
+        ("bigfile", bench.bigfile_case),
+        ("encrypted", bench.encrypted_case),
         ("console", bench.console_case),
         ("context", bench.context_case),
     ]
@@ -538,11 +551,16 @@ def main() -> int:
             if only and name not in only and not any(needs.get(o) == name for o in only):
                 continue
             print(f"case {name} ...", flush=True)
+            began, count = time.monotonic(), len(bench.cases)
             try:
                 fn()
             except Exception as exc:  # one broken case must not lose the others' figures
                 bench.add(Case(name, "", None, {}, None, "", "", False,
                                f"the case failed: {type(exc).__name__}: {exc}"[:300]))
+            took = round(time.monotonic() - began, 1)
+            for case in bench.cases[count:]:
+                case.seconds = took
+            print(f"  ({name} took {took:.0f} s)", flush=True)
     finally:
         bench.close()
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
