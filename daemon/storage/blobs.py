@@ -49,6 +49,17 @@ def _disk_full(exc: OSError, kind: type[ResourceExhausted] = ResourceExhausted) 
     return exc
 
 
+def _address(self, data: bytes) -> str:
+    """The digest ``data`` is stored under: its keyed address with a data key, else its
+    SHA-256 (the contract's ``address``)."""
+    return self.key.address(data) if self.key is not None else digest_of(data)
+
+
+def _hasher(self):
+    """An incremental hasher whose digest is ``address``'s (the contract's ``hasher``)."""
+    return self.key.hasher() if self.key is not None else hashlib.sha256()
+
+
 class LocalBlobStore:
     """Small blobs (up to ``packs.MAX_BLOB``) in the pack, ``<root>/pack.db`` (see
     packs.py); bigger ones as read-only files ``<root>/<2 hex>/<62 hex>``.
@@ -66,6 +77,9 @@ class LocalBlobStore:
 
     local = True
 
+    address = _address
+    hasher = _hasher
+
     def __init__(self, root: str, durable: bool = True, pack_file: str = "",
                  store_lock: threading.RLock | None = None, key: DataKey | None = None
                  ) -> None:
@@ -75,8 +89,6 @@ class LocalBlobStore:
         ``key``: blobs are named by keyed addresses, and rows and files are sealed
         (a file as one sealed stream: ``VERSION || nonce || ciphertext || tag``)."""
         self.key = key
-        self.address = key.address if key is not None else digest_of
-        self.hasher = key.hasher if key is not None else hashlib.sha256
         self._overhead = OVERHEAD if key is not None else 0
         self.root = root
         self.tmp = os.path.join(root, "tmp")
@@ -683,8 +695,9 @@ class MemoryBlobStore:
         self._stored_at: dict[str, float] = {}
         self._lock = threading.Lock()
         self.key = key
-        self.address = key.address if key is not None else digest_of
-        self.hasher = key.hasher if key is not None else hashlib.sha256
+
+    address = _address
+    hasher = _hasher
 
     def has(self, digest: str) -> bool:
         return check_digest(digest) in self._blobs

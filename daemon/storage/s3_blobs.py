@@ -262,7 +262,6 @@ class S3BlobStore:
                                   f" not valid: {str(exc).splitlines()[0]}") from None
         self.cache = cache
         self.key = cache.key  # seals what goes to the bucket, as the cache's files
-        self.address, self.hasher = cache.address, cache.hasher  # names: the cache's
         self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
         self.index = index
         self.host = host
@@ -692,6 +691,12 @@ class S3BlobStore:
         """A new temporary file beside the cache's, open for reading and writing."""
         path = os.path.join(self.cache.tmp, f"s3-{os.urandom(8).hex()}")
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+
+    def address(self, data: bytes) -> str:
+        return self.cache.address(data)  # names are the cache's (its key's)
+
+    def hasher(self):
+        return self.cache.hasher()
 
     def has(self, digest: str) -> bool:
         check_digest(digest)
