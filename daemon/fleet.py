@@ -213,10 +213,11 @@ def _rebuild(world: World, session: Session, head: Checkpoint, path: str,
     container = None
     if session.container and head.container:
         container = _remake_container(world, session, origin, path)
-    # No roots yet (the layers' identities are taken below); still its agent user's.
-    agent = SessionSpec.parse(session.spec).agent or None
-    moved = replace(session, workspace=path, container=container,
-                    spec=SessionSpec(agent=agent).to_json())
+    # No roots yet (the layers' identities are taken below); still its agent user's,
+    # its exclusions and what else it recorded.
+    was = SessionSpec.parse(session.spec)
+    kept = SessionSpec(agent=was.agent or None, exclude=was.exclude, other=was.other)
+    moved = replace(session, workspace=path, container=container, spec=kept.to_json())
     with world.lock(path):
         layers = world.layers(moved)
         for lay in layers:

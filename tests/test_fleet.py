@@ -142,6 +142,24 @@ def test_a_host_stops_another_takes_over_and_the_old_one_is_fenced(
     assert os.stat(target / "after.txt").st_uid == AGENT_UID
 
 
+def test_a_taken_over_session_keeps_its_exclusions(fleet, agent_tree, tmp_path):
+    """The session's --exclude patterns are part of its spec: the host that takes it
+    over captures what the first one did, and leaves out what it left out."""
+    a, b = fleet.host("a"), fleet.host("b")
+    with a.client() as ca:
+        s = ca.create_session(str(agent_tree), exclude=["*.log"])
+        _edit(agent_tree, 1)
+        s.checkpoint(label="on a")
+    assert a.stop() == 0
+    target = tmp_path / "taken-by-b"
+    with b.client() as cb:
+        cb.move_session(s.id, take_over=True, workspace=str(target))
+        before = cb.get_session(s.id).log()[-1].id
+        as_agent("printf 'noise\\n' > build.log && printf 'kept\\n' > kept.txt", target)
+        cp = cb.get_session(s.id).checkpoint(label="on b")
+        assert cb.diff(before, cp.id).added == ["kept.txt"]
+
+
 @pytest.mark.docker
 def test_a_container_session_is_taken_over_with_its_layer_and_its_sandbox(
         fleet, agent_tree, tmp_path, containers, canary):
