@@ -342,3 +342,30 @@ def test_the_repack_leaves_raw_chunks_alone_and_encodes_the_rest(tmp_path, monke
         pass
     assert 64 << 10 not in encoded and len(encoded) == 1  # the log only
     assert [blobs.read_bytes(d) for d in raw + [text]]
+
+
+def test_a_file_that_shrank_while_read_is_mapped_as_long_as_what_was_read(tmp_path):
+    """A capture reads a big file as far as its size at the open; a file truncated
+    after that (here: ``size`` says more than the file holds) is mapped as far as the
+    reads went, dense or sparse: never a map whose size runs past its pieces into
+    zeros the file never held."""
+    from worldline.daemon.storage.blobs import LocalBlobStore
+    blobs = LocalBlobStore(str(tmp_path / "blobs"))
+    data = random.Random(9).randbytes(300_000)
+    dense = tmp_path / "dense.bin"
+    dense.write_bytes(data)
+    holey = tmp_path / "holey.bin"
+    with open(holey, "wb") as f:
+        f.write(data[:100_000])
+        f.truncate(1 << 20)  # a hole to its end
+    for path, claimed, dense_, want in ((dense, 900_000, True, 300_000),
+                                        (holey, 2 << 20, False, 1 << 20)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ref, size = chunks.capture(fd, claimed, blobs, True, dense=dense_)
+        finally:
+            os.close(fd)
+        mapped, pieces = chunks.read_map(blobs, ref)
+        assert (size, mapped) == (want, want), path
+        assert pieces[-1][0] + pieces[-1][1] <= mapped
+    blobs.close()
