@@ -434,3 +434,13 @@ def test_a_restore_journal_left_by_a_crash_holds_no_plaintext(tmp_path):
         assert (ws / "f3.txt").read_text() == "3\n"
     finally:
         d.stop()
+
+
+def test_a_key_file_others_can_read_is_warned_of(tmp_path, caplog):
+    path = Path(_key(tmp_path / "key"))
+    with caplog.at_level("WARNING", logger="worldline.crypto"):
+        crypto.read_kek(str(path))
+        assert not caplog.records  # 0600: nothing to say
+        os.chmod(path, 0o644)
+        assert crypto.read_kek(str(path)) == bytes.fromhex(path.read_text().strip())
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
