@@ -444,3 +444,27 @@ def test_a_key_file_others_can_read_is_warned_of(tmp_path, caplog):
         os.chmod(path, 0o644)
         assert crypto.read_kek(str(path)) == bytes.fromhex(path.read_text().strip())
     assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_a_rotation_leaves_no_keyring_a_crash_set_aside_under_the_old_key(tmp_path):
+    """A keyring is written aside (``keyring.<12 hex>``) and then linked or renamed in:
+    one a crash left there holds the data key wrapped by the key of its day, so a
+    rotation removes it, and the old key opens no file of the data root."""
+    from worldline.daemon.storage import keyring
+    root = tmp_path / "root"
+    key, new = _key(tmp_path / "key"), _key(tmp_path / "new")
+    root.mkdir()
+    keyring.open_data_key(str(root), "sqlite", "local", key)
+    left = root / "keyring.0123456789ab"  # what a crash before the unlink leaves
+    left.write_bytes((root / "keyring").read_bytes())
+    keyring.rotate(str(root), "sqlite", "local", key, new)
+    old = crypto.read_kek(key)
+    opened = []
+    for p in root.iterdir():
+        try:
+            keyring._decode(p.read_bytes(), old, str(p))
+            opened.append(p.name)
+        except InvalidArgument:
+            pass
+    assert opened == []
+    assert keyring.open_data_key(str(root), "sqlite", "local", new) is not None
