@@ -15,6 +15,10 @@ An entry, one JSON file per session (``<data root>/journal/<session>.json``)::
      "checkpoint": the fields of the checkpoint it appends (``journalled``),
      "layers": [{"kind": ..., "path": root folder,
                  "paths": {path: [entry_key as it was, entry_key as it will be]}}]}
+
+With a data key (encryption at rest) the file holds that JSON sealed with the key's
+metadata subkey, bound to the session's id: an entry names symlink targets, xattrs
+and the checkpoint's label, the agent's content.
 """
 
 from __future__ import annotations
