@@ -21,7 +21,8 @@ every entry was cached that way, and every memo is dropped when a capture rewrit
 tree from a tracker's changes.
 
 Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
-marshalled) and a log of the changes made since; loading reads the snapshot and
+marshalled; with a data key, sealed, as each log row is: a symlink's target and xattr
+values are the agent's content) and a log of the changes made since; loading reads the snapshot and
 replays the log. A change as large as the maps it changes (a first capture) is
 written as the snapshot itself, not logged. A logged change is written behind: kept
 in memory (``_unwritten``) and written with the others by ``write_behind``, which the
