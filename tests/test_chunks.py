@@ -374,10 +374,10 @@ def test_a_file_that_shrank_while_read_is_mapped_as_long_as_what_was_read(tmp_pa
 @pytest.mark.parametrize("swap", ["truncate", "grow", "symlink", "root_file"])
 def test_a_restore_held_with_the_file_on_disk_open_as_its_source(tmp_path, swap):
     """Held once the file on disk is open as the source of its chunks: the agent cuts
-    it short or grows it (its time put back), or puts a symlink to a secret or a root-owned 0600 file (a
-    second name of root's) at its name. What is restored is the checkpoint's bytes or
-    nothing (the name left to what is there now, said in a warning): never the
-    secret's bytes, and the secret as it was."""
+    it short or grows it (its time put back), or puts a symlink to a secret or a
+    root-owned 0600 file (a second name of root's) at its name. What is restored is
+    the checkpoint's bytes or nothing (the name left to what is there now, said in a
+    warning): never the secret's bytes, and the secret as it was."""
     pauses = tmp_path / "pauses"
     pauses.mkdir()
     d = DaemonProcess(tmp_path / "root", env={
