@@ -212,7 +212,7 @@ class Daemon:
         if renamed or removed:
             log.warning("blob recovery: finished %d interrupted rename(s), removed %d"
                         " incomplete temporary file(s)", renamed, removed)
-        self.stat_cache = StatCache(os.path.join(self.root, "index.db"))
+        self.stat_cache = StatCache(os.path.join(self.root, "index.db"), self.data_key)
         self.repacker = Repacker(getattr(self.blobs, "cache", self.blobs), files_named)
         self.monitor = ChangeMonitor(self.max_watches) if self.track else None
         shutil.rmtree(os.path.join(self.root, "cookies"), ignore_errors=True)  # before 0.7.11
@@ -221,7 +221,8 @@ class Daemon:
         if not self.overlay_forks:
             views.enabled = False
         self.world = World(self.root, self.store, self.blobs, self.stat_cache, self.monitor,
-                           self.engine, views, self.limits, host=self.storage.host_id)
+                           self.engine, views, self.limits, host=self.storage.host_id,
+                           key=self.data_key)
         for line in views.remount_all(self.world.fork_origin, self.world.fork_remounted):
             log.warning("forks: %s", line)
         self.world.recover()

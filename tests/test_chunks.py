@@ -342,3 +342,95 @@ def test_the_repack_leaves_raw_chunks_alone_and_encodes_the_rest(tmp_path, monke
         pass
     assert 64 << 10 not in encoded and len(encoded) == 1  # the log only
     assert [blobs.read_bytes(d) for d in raw + [text]]
+
+
+def test_a_file_that_shrank_while_read_is_mapped_as_long_as_what_was_read(tmp_path):
+    """A capture reads a big file as far as its size at the open; a file truncated
+    after that (here: ``size`` says more than the file holds) is mapped as far as the
+    reads went, dense or sparse: never a map whose size runs past its pieces into
+    zeros the file never held."""
+    from worldline.daemon.storage.blobs import LocalBlobStore
+    blobs = LocalBlobStore(str(tmp_path / "blobs"))
+    data = random.Random(9).randbytes(300_000)
+    dense = tmp_path / "dense.bin"
+    dense.write_bytes(data)
+    holey = tmp_path / "holey.bin"
+    with open(holey, "wb") as f:
+        f.write(data[:100_000])
+        f.truncate(1 << 20)  # a hole to its end
+    for path, claimed, dense_, want in ((dense, 900_000, True, 300_000),
+                                        (holey, 2 << 20, False, 1 << 20)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ref, size = chunks.capture(fd, claimed, blobs, True, dense=dense_)
+        finally:
+            os.close(fd)
+        mapped, pieces = chunks.read_map(blobs, ref)
+        assert (size, mapped) == (want, want), path
+        assert pieces[-1][0] + pieces[-1][1] <= mapped
+    blobs.close()
+
+
+@pytest.mark.parametrize("swap", ["truncate", "grow", "symlink", "root_file"])
+def test_a_restore_held_with_the_file_on_disk_open_as_its_source(tmp_path, swap):
+    """Held once the file on disk is open as the source of its chunks: the agent cuts
+    it short or grows it (its time put back), or puts a symlink to a secret or a
+    root-owned 0600 file (a second name of root's) at its name. What is restored is
+    the checkpoint's bytes or nothing (the name left to what is there now, said in a
+    warning): never the secret's bytes, and the secret as it was."""
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    d = DaemonProcess(tmp_path / "root", env={
+        **SMALL, "WORLDLINE_FAULTS": "restore.chunk_source~",
+        "WORLDLINE_PAUSE_DIR": str(pauses), "WORLDLINE_PAUSE_TIMEOUT": "20"}).start()
+    ws, keep = tmp_path / "ws", tmp_path / "keep"
+    ws.mkdir()
+    keep.mkdir(mode=0o700)
+    secret = keep / "secret"
+    secret.write_bytes(random.Random(4).randbytes(1 << 20))
+    os.chmod(secret, 0o600)
+    before = secret.read_bytes()
+    data = random.Random(3).randbytes(1 << 20)
+    big = ws / "big.bin"
+    big.write_bytes(data)
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            first = s.checkpoint()
+            big.write_bytes(data[:300_000] + b"x" + data[300_001:])
+            s.checkpoint()
+            (pauses / "restore.chunk_source.hold").touch()
+            out: list = []
+            done = threading.Thread(target=lambda: out.append(s.restore(first.id)))
+            done.start()
+            deadline = time.monotonic() + 20
+            while not (pauses / "restore.chunk_source.reached").exists():
+                assert time.monotonic() < deadline and done.is_alive()
+                time.sleep(0.005)
+            st = big.stat()
+            if swap == "truncate":
+                os.truncate(big, 200_000)
+            elif swap == "grow":
+                with open(big, "ab") as f:
+                    f.write(b"more" * 1000)
+            if swap in ("truncate", "grow"):  # its time put back: the name still passes
+                os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+            else:
+                big.unlink()
+                if swap == "symlink":
+                    big.symlink_to(secret)
+                else:
+                    os.link(secret, ws / "second")
+                    os.rename(ws / "second", big)
+            (pauses / "restore.chunk_source.go").touch()
+            done.join(30)
+        assert out, "the restore did not answer"
+        if swap in ("truncate", "grow"):  # the same file, changed in place: written over
+            assert big.read_bytes() == data and not out[0].warnings
+        else:  # another file at the name: left alone, said
+            assert out[0].warnings
+            assert big.is_symlink() or big.stat().st_ino == secret.stat().st_ino
+        st = secret.stat()
+        assert (st.st_uid, st.st_mode & 0o7777, secret.read_bytes()) == (0, 0o600, before)
+    finally:
+        assert d.stop() == 0

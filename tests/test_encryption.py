@@ -370,3 +370,101 @@ def test_recovery_finishes_a_sealed_temporarys_rename_only_when_its_tag_verifies
         assert again.read_bytes(d_good) == good and not again.has(d_bad)
     finally:
         again.close()
+
+
+def test_the_stat_cache_keeps_no_symlink_target_nor_xattr_in_the_clear(tmp_path):
+    """The stat cache (``<root>/index.db``) remembers each file's ref and xattrs so an
+    unchanged file is not read again; a symlink's ref is its target and the xattrs are
+    the agent's bytes: under a key neither is written there in the clear."""
+    root, ws = tmp_path / "root", _workspace(tmp_path)
+    os.symlink("target-" + CANARY.decode(), ws / "link")
+    os.setxattr(ws / "notes.txt", "user.note", CANARY)
+    d = DaemonProcess(root, ["--encryption-key", _key(tmp_path / "key")]).start()
+    try:
+        with d.client() as c:
+            s = c.create_session(str(ws))
+            first = s.checkpoint()
+            (ws / "m0.py").write_text("changed\n")
+            time.sleep(0.2)  # past the racy window: the next capture trusts the cache
+            s.checkpoint()
+            os.unlink(ws / "link")
+            s.restore(first.id)
+            assert os.readlink(ws / "link") == "target-" + CANARY.decode()
+            assert os.getxattr(ws / "notes.txt", "user.note") == CANARY
+    finally:
+        d.stop()
+    assert _files_holding(root, CANARY) == []
+
+
+def test_a_restore_journal_left_by_a_crash_holds_no_plaintext(tmp_path):
+    """A restore journals every path it changes as it is and as it will be (a symlink's
+    target, xattrs) and the checkpoint it appends (its label): under a key the journal
+    a killed restore leaves is sealed, and the next start still completes it."""
+    import signal
+
+    from worldline.client.errors import Unavailable
+    root, ws = tmp_path / "root", tmp_path / "ws"
+    ws.mkdir()
+    for i in range(4):
+        (ws / f"f{i}.txt").write_text(f"{i}\n")
+    os.symlink("one-" + CANARY.decode(), ws / "link")
+    d = DaemonProcess(root, ["--encryption-key", _key(tmp_path / "key")],
+                      env={"WORLDLINE_FAULTS": "restore.between_files:3"}).start()
+    with d.client() as c:
+        s = c.create_session(str(ws))
+        first = s.checkpoint(label="label-" + CANARY.decode())
+        os.unlink(ws / "link")
+        os.symlink("two-" + CANARY.decode(), ws / "link")
+        for i in range(4):
+            (ws / f"f{i}.txt").write_text(f"{i} changed\n")
+        s.checkpoint()
+        with pytest.raises(Unavailable):  # killed between the files it writes
+            s.restore(first.id)
+    assert d.proc.wait(15) == -signal.SIGKILL
+    d.proc = None
+    assert list((root / "journal").glob("*.json"))  # the restore under way, journalled
+    assert _files_holding(root / "journal", CANARY) == []
+    d.env.pop("WORLDLINE_FAULTS")
+    d.start()
+    try:
+        with d.client() as c:
+            assert c.get_session(s.id).needs_attention is None
+            assert c.log(s.id)[-1].kind == "restore"
+        assert os.readlink(ws / "link") == "one-" + CANARY.decode()
+        assert (ws / "f3.txt").read_text() == "3\n"
+    finally:
+        d.stop()
+
+
+def test_a_key_file_others_can_read_is_warned_of(tmp_path, caplog):
+    path = Path(_key(tmp_path / "key"))
+    with caplog.at_level("WARNING", logger="worldline.crypto"):
+        crypto.read_kek(str(path))
+        assert not caplog.records  # 0600: nothing to say
+        os.chmod(path, 0o644)
+        assert crypto.read_kek(str(path)) == bytes.fromhex(path.read_text().strip())
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_a_rotation_leaves_no_keyring_a_crash_set_aside_under_the_old_key(tmp_path):
+    """A keyring is written aside (``keyring.<12 hex>``) and then linked or renamed in:
+    one a crash left there holds the data key wrapped by the key of its day, so a
+    rotation removes it, and the old key opens no file of the data root."""
+    from worldline.daemon.storage import keyring
+    root = tmp_path / "root"
+    key, new = _key(tmp_path / "key"), _key(tmp_path / "new")
+    root.mkdir()
+    keyring.open_data_key(str(root), "sqlite", "local", key)
+    left = root / "keyring.0123456789ab"  # what a crash before the unlink leaves
+    left.write_bytes((root / "keyring").read_bytes())
+    keyring.rotate(str(root), "sqlite", "local", key, new)
+    old = crypto.read_kek(key)
+    opened = []
+    for p in root.iterdir():
+        try:
+            keyring._decode(p.read_bytes(), old, str(p))
+            opened.append(p.name)
+        except InvalidArgument:
+            pass
+    assert opened == []
+    assert keyring.open_data_key(str(root), "sqlite", "local", new) is not None

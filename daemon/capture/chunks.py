@@ -150,11 +150,13 @@ def _hash_block(name, prints: dict[str, tuple[int, str]], data: memoryview,
     return out
 
 
-def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, memoryview, list[int]]]:
+def _blocks(fd: int, size: int, dense: bool,
+            short: list[int]) -> Iterable[tuple[int, memoryview, list[int]]]:
     """(file offset, bytes, chunk ends) of each block of the file's data, read once,
     into a ring of ``_AHEAD + 2`` buffers: a block's bytes stay as they are while at
     most ``_AHEAD`` blocks after it are taken (no allocation, and no page faults, per
-    block)."""
+    block). A read that comes short (the file shrank meanwhile) ends it: its end is
+    appended to ``short``."""
     ring = [memoryview(bytearray(min(READ, size) + MAX)) for _ in range(_AHEAD + 2)]
     turn = 0
     runs = [(0, size)] if dense else sparse.extents(fd, size)
@@ -174,6 +176,9 @@ def _blocks(fd: int, size: int, dense: bool) -> Iterable[tuple[int, memoryview, 
                 yield off - kept, data, ends
             tail = data[ends[-1]:] if ends else data
             off += got
+            if got < want:
+                short.append(off)
+                return
             if last:
                 break
 
@@ -197,9 +202,11 @@ def _canonical(body: dict) -> bytes:
 
 
 def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
-            kept: str | None = None, previous: str | None = None) -> str:
+            kept: str | None = None, previous: str | None = None) -> tuple[str, int]:
     """Store the file open at ``fd`` (``size`` bytes; only its data runs unless
-    ``dense``) as chunks, pages and a map; returns the map's digest. ``kept``: a map the
+    ``dense``) as chunks, pages and a map; returns the map's digest and the size it
+    records: ``size``, or less when the file shrank while read (a map never says
+    more bytes than were there: no zeros that the file never held). ``kept``: a map the
     head names, whose chunks are stored and kept, so not asked about again;
     ``previous``: the path's last map, whose pages serve as delta bases."""
     name = address(blobs)
@@ -234,13 +241,19 @@ def capture(fd: int, size: int, blobs: BlobStore, persist: bool, dense: bool,
                 blobs.sync()  # a first capture of a big file: the pack's rows not all in memory
                 held = 0
 
-    for base, data, ends in _blocks(fd, size, dense):
+    short: list[int] = []
+    for base, data, ends in _blocks(fd, size, dense, short):
         queue.append((base, data, ends, pool().submit(_hash_block, name, prints, data, ends)))
         if len(queue) > _AHEAD:
             drain(queue.pop(0))
     for block in queue:
         drain(block)
-    return _store_map(blobs, persist, size, pieces, previous)
+    end = pieces[-1][0] + pieces[-1][1] if pieces else 0
+    if short:  # it ended there: what was read is the file
+        size = end
+    else:  # a hole at its end may be gone too (a sparse file truncated meanwhile)
+        size = max(end, min(size, os.fstat(fd).st_size))
+    return _store_map(blobs, persist, size, pieces, previous), size
 
 
 def _store_map(blobs: BlobStore, persist: bool, size: int,

@@ -553,11 +553,10 @@ class WorkspaceSnapshotter:
             if holey or before.st_size >= chunks.CHUNK_FROM:
                 # read as far as its size then: growth is the next capture's
                 kind = CHUNKED
-                ref = chunks.capture(
+                ref, size = chunks.capture(
                     fd, before.st_size, self.blobs, scan.persist, dense=not holey,
                     kept=kept.ref if kept is not None and kept.kind in MAPPED else None,
                     previous=previous if was == CHUNKED else None)
-                size = before.st_size
             else:
                 kind = FILE
                 previous = previous if was == FILE else None

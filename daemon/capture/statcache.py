@@ -21,7 +21,8 @@ every entry was cached that way, and every memo is dropped when a capture rewrit
 tree from a tracker's changes.
 
 Persistence: one SQLite file holding, per workspace, a snapshot (the two maps,
-marshalled) and a log of the changes made since; loading reads the snapshot and
+marshalled; with a data key, sealed, as each log row is: a symlink's target and xattr
+values are the agent's content) and a log of the changes made since; loading reads the snapshot and
 replays the log. A change as large as the maps it changes (a first capture) is
 written as the snapshot itself, not logged. A logged change is written behind: kept
 in memory (``_unwritten``) and written with the others by ``write_behind``, which the
@@ -49,6 +50,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+
+from worldline.wire.errors import DataLoss
 
 from ..storage.sqlite_store import damaged, to_incremental_vacuum
 from .walk import SIG, signature
@@ -93,8 +96,9 @@ class _Workspace:
 class StatCache:
     """Per-workspace files and folder memos, kept in memory, persisted in SQLite."""
 
-    def __init__(self, db_path: str | None) -> None:
+    def __init__(self, db_path: str | None, key=None) -> None:
         self._path = db_path
+        self._key = key  # crypto.DataKey of a keyed data root: rows sealed with it
         try:
             self._db = _open(db_path)
         except sqlite3.DatabaseError as exc:
@@ -115,6 +119,19 @@ class StatCache:
         self._loaded.clear()
         self._unwritten.clear()
         self._wal_written = True
+
+    # A row holds agent content (a symlink's target is its ref, xattrs their values):
+    # with a data key it is sealed, bound to its workspace.
+    def _dumps(self, workspace: str, value) -> bytes:
+        data = marshal.dumps(value)
+        if self._key is None:
+            return data
+        return self._key.seal_meta(data, b"stat cache " + workspace.encode())
+
+    def _loads(self, workspace: str, data: bytes):
+        if self._key is not None:
+            data = self._key.open_meta(bytes(data), b"stat cache " + workspace.encode())
+        return marshal.loads(data)
 
     # -- reading -----------------------------------------------------------------------
     def entries(self, workspace: str) -> dict[str, tuple]:
@@ -145,7 +162,7 @@ class StatCache:
         try:
             with self._renewed_if_damaged():
                 return self._load(workspace)
-        except (ValueError, EOFError, TypeError, AttributeError, KeyError) as exc:
+        except (ValueError, EOFError, TypeError, AttributeError, KeyError, DataLoss) as exc:
             log.warning("the stat cache of %s cannot be read (%s: %s): forgotten; its next"
                         " capture reads every file again", workspace, type(exc).__name__, exc)
             self._db.execute("DELETE FROM snapshot WHERE workspace = ?", (workspace,))
@@ -156,11 +173,11 @@ class StatCache:
     def _load(self, workspace: str) -> _Workspace:
         row = self._db.execute("SELECT data FROM snapshot WHERE workspace = ?",
                                (workspace,)).fetchone()
-        files, folders = marshal.loads(row[0]) if row else ({}, {})
+        files, folders = self._loads(workspace, row[0]) if row else ({}, {})
         logged = 0
         for (data,) in self._db.execute("SELECT data FROM log WHERE workspace = ?"
                                         " ORDER BY seq", (workspace,)):
-            logged += _apply(files, folders, marshal.loads(data))
+            logged += _apply(files, folders, self._loads(workspace, data))
         return _Workspace(files, folders, logged)
 
     # -- writing -----------------------------------------------------------------------
@@ -193,7 +210,7 @@ class StatCache:
         """Log the changes ``update`` kept in memory, in one transaction; returns how
         many."""
         with self._lock, self._renewed_if_damaged():
-            rows = [(w, marshal.dumps(change)) for w, change in self._unwritten]
+            rows = [(w, self._dumps(w, change)) for w, change in self._unwritten]
             if not rows:
                 return 0
             with self._transaction():
@@ -263,7 +280,7 @@ class StatCache:
             return [workspace for workspace, ws in self._loaded.items() if ws.logged]
 
     def _compact(self, workspace: str, ws: _Workspace) -> None:
-        data = marshal.dumps((ws.files, ws.folders))
+        data = self._dumps(workspace, (ws.files, ws.folders))
         with self._transaction():
             # the old rows first: the new snapshot takes the pages they free
             self._db.execute("DELETE FROM log WHERE workspace = ?", (workspace,))

@@ -27,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
 from collections.abc import Iterable, Iterator
 
@@ -36,6 +37,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from worldline.wire.errors import DataLoss, InvalidArgument
+
+log = logging.getLogger("worldline.crypto")
 
 VERSION = b"\x01"
 NONCE = 12
@@ -55,8 +58,12 @@ def read_kek(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             raw = f.read(4096)
+            mode = os.fstat(f.fileno()).st_mode
     except OSError as exc:
         raise InvalidArgument(f"cannot read the encryption key {path}: {exc.strerror}") from None
+    if mode & 0o077:  # whoever else reads it opens every backup of the data
+        log.warning("the encryption key %s is open to users other than its owner (mode"
+                    " %04o): chmod 600 it", path, mode & 0o7777)
     if len(raw) == KEY_BYTES:
         return raw
     text = raw.strip()

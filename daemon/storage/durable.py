@@ -26,14 +26,14 @@ def fsync_folder(path: str) -> None:
         os.close(fd)
 
 
-def replace_file(path: str, text: str) -> None:
+def replace_file(path: str, text: str | bytes) -> None:
     """``text`` in the file at ``path``, whole or not at all, and durable with its name:
     written aside, fsynced, renamed over ``path``, its folder fsynced. A failure leaves
     no temporary behind."""
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)

@@ -123,8 +123,22 @@ class _Local:
         finally:
             if tmp:
                 os.unlink(tmp)
+        self._drop_temporaries()
         fsync_folder(self.root)
         return raw
+
+    def _drop_temporaries(self) -> None:
+        """Remove keyrings a crash left aside (``keyring.<12 hex>``): each holds the data
+        key wrapped by the KEK of its day, which a rotation must leave opening nothing."""
+        prefix = KEYRING + "."
+        for name in os.listdir(self.root):
+            rest = name[len(prefix):]
+            if name.startswith(prefix) and len(rest) == 12 and all(
+                    c in "0123456789abcdef" for c in rest):
+                try:
+                    os.unlink(os.path.join(self.root, name))
+                except FileNotFoundError:
+                    pass
 
     def __str__(self) -> str:
         return self.path

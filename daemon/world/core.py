@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class Core:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
                  monitor: ChangeMonitor | None, engine: Engine | None, views: Views | None,
-                 limits: Limits, host: str, lease_seconds: float) -> None:
+                 limits: Limits, host: str, lease_seconds: float, key=None) -> None:
         self.root = os.path.realpath(root)
         # The fleet (fleet.py): this daemon's host id ("" on a data root of one host)
         # and how long a lease it holds on its sessions lasts without renewal.
@@ -61,7 +61,8 @@ class Core:
         self.engine = engine
         self.views = views
         self.fork_root = os.path.join(self.root, "workspaces")
-        self.journal = RestoreJournal(os.path.join(self.root, "journal"))
+        # (``key``: the data key of a keyed data root, which seals the journal's entries)
+        self.journal = RestoreJournal(os.path.join(self.root, "journal"), key)
         # restores' and forks' targets, kept from gc (in_use.py); on a fleet, from every
         # host's gc
         self.in_use = InUse(None if store.local else self.publish_holds,

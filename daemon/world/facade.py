@@ -54,9 +54,9 @@ class World:
     def __init__(self, root: str, store: Store, blobs: BlobStore, stat_cache: StatCache,
                  monitor: ChangeMonitor | None = None, engine: Engine | None = None,
                  views: Views | None = None, limits: Limits | None = None,
-                 host: str = "", lease_seconds: float = 30.0) -> None:
+                 host: str = "", lease_seconds: float = 30.0, key=None) -> None:
         core = self.core = Core(root, store, blobs, stat_cache, monitor, engine, views,
-                                limits or Limits(), host, lease_seconds)
+                                limits or Limits(), host, lease_seconds, key)
         hold = self._hold = ContainerHold(core)
         plans = Plans(core, hold)
         lock = self._lock = SessionLock(core, hold, plans)

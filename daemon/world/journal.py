@@ -15,6 +15,10 @@ An entry, one JSON file per session (``<data root>/journal/<session>.json``)::
      "checkpoint": the fields of the checkpoint it appends (``journalled``),
      "layers": [{"kind": ..., "path": root folder,
                  "paths": {path: [entry_key as it was, entry_key as it will be]}}]}
+
+With a data key (encryption at rest) the file holds that JSON sealed with the key's
+metadata subkey, bound to the session's id: an entry names symlink targets, xattrs
+and the checkpoint's label, the agent's content.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ from __future__ import annotations
 import json
 import os
 
+from worldline.wire.errors import DataLoss
+
 from ..records import Checkpoint
 from ..storage.durable import replace_file
+
+_CONTEXT = b"restore journal "  # + the session's id: an entry opens under its own name
 
 
 def new_entry(session_id: str, target: str, head: str, cp: Checkpoint) -> dict:
@@ -49,8 +57,11 @@ class RestoreJournal:
     on a session, opens a file only for those (a set that may name more sessions than
     have files, never fewer)."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, key=None) -> None:
         self.folder = folder
+        # crypto.DataKey of a keyed data root: an entry holds the agent's content (a
+        # symlink's target, xattrs, the checkpoint's label), so it is sealed with it
+        self.key = key
         self.aside = os.path.join(folder, "set-aside")
         os.makedirs(self.aside, mode=0o700, exist_ok=True)
         self._maybe = {name.removesuffix(".json") for name in os.listdir(folder)
@@ -61,7 +72,10 @@ class RestoreJournal:
 
     def write(self, entry: dict) -> None:
         self._maybe.add(entry["session"])
-        replace_file(self._path(entry["session"]), json.dumps(entry))
+        data = json.dumps(entry).encode()
+        if self.key is not None:
+            data = self.key.seal_meta(data, _CONTEXT + entry["session"].encode())
+        replace_file(self._path(entry["session"]), data)
 
     def remove(self, session_id: str) -> None:
         try:
@@ -90,8 +104,7 @@ class RestoreJournal:
         if session_id not in self._maybe:
             return None
         try:
-            with open(self._path(session_id)) as f:
-                return json.load(f)
+            return self._read(self._path(session_id))
         except FileNotFoundError:
             return None
 
@@ -105,8 +118,7 @@ class RestoreJournal:
 
     def get_set_aside(self, session_id: str) -> dict | None:
         try:
-            with open(os.path.join(self.aside, f"{session_id}.json")) as f:
-                return json.load(f)
+            return self._read(os.path.join(self.aside, f"{session_id}.json"))
         except FileNotFoundError:
             return None
 
@@ -127,11 +139,19 @@ class RestoreJournal:
             if not name.endswith(".json"):
                 continue
             try:
-                with open(path) as f:
-                    entry = json.load(f)
+                entry = self._read(path)
                 if not isinstance(entry, dict) or "session" not in entry:
                     raise ValueError("not a journal entry")
                 out.append(entry)
-            except (OSError, ValueError):
+            except (OSError, ValueError, DataLoss):
                 os.replace(path, os.path.join(self.aside, name))
         return out
+
+    def _read(self, path: str):
+        """The entry in the file at ``path`` (opened with the key of a keyed root)."""
+        with open(path, "rb") as f:
+            data = f.read()
+        if self.key is not None:
+            session = os.path.basename(path).removesuffix(".json").encode()
+            data = self.key.open_meta(data, _CONTEXT + session)
+        return json.loads(data)
