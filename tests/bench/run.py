@@ -581,10 +581,10 @@ def main() -> int:
                        if c["name"] in order else len(order))
     out = {"date": date, "git_revision": rev, "machine": machine(), "rounds": ROUNDS,
            "skipped_peers": missing, "cases": cases}
-    results.parent.mkdir(exist_ok=True)
-    results.write_text(json.dumps(out, indent=2) + "\n")
     print()
-    print(table(bench.cases))
+    print(table(bench.cases))  # first: a figure that will not serialize loses no table
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps(out, indent=2, default=str) + "\n")
     if missing:
         print("\nskipped peers: " + "; ".join(f"{k}: {v}" for k, v in missing.items()))
     print(f"\nwritten: {results}")
