@@ -26,7 +26,7 @@ from worldline.wire.errors import FailedPrecondition
 
 from ..faults import crash_point
 from ..storage.blob_store import BlobStore, Overread
-from ..storage.blobs import CHUNK, file_chunks, within
+from ..storage.streams import CHUNK, file_chunks, within
 from . import chunks, exclude, sparse, tree_scan
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
 from .descriptors import READ_FLAGS as _READ_FLAGS

@@ -16,37 +16,24 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from worldline.wire.errors import (
     DataLoss,
     NotFound,
-    ResourceExhausted,
     Unavailable,
 )
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .blob_store import DestinationFull, Overread, check_digest, digest_of
+from .blob_store import DestinationFull, check_digest, digest_of
 from .crypto import OVERHEAD, DataKey
 from .durable import fsync_folder, out_of_space
+from .memory_blobs import MemoryBlobStore  # noqa: F401 - importable here
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
-
-if TYPE_CHECKING:
-    pass
+from .streams import CHUNK, discard, disk_full, file_chunks, within, write_all  # noqa: F401 - importable here
 
 log = logging.getLogger(__name__)
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-CHUNK = 1 << 20
-
-
-def _disk_full(exc: OSError, kind: type[ResourceExhausted] = ResourceExhausted) -> Exception:
-    """The error to raise for an OSError: a full disk becomes ResourceExhausted (for the
-    store's own files) or DestinationFull (for the file a blob is copied to)."""
-    if out_of_space(exc):
-        where = "where the blob is copied to" if kind is DestinationFull else "for blobs"
-        return kind(f"no space left {where}: {exc.strerror}")
-    return exc
 
 
 class LocalBlobStore:
@@ -126,8 +113,9 @@ class LocalBlobStore:
 
         ``size``, when known and at most MAX_BLOB: the blob can only be a row of the pack,
         so no file is looked for (a failed stat per new blob, each a hand-off of the
-        interpreter lock in the middle of a capture). Only a data root of 0.1 holds such
-        blobs as files; one found there again is stored in the pack as well, once."""
+        interpreter lock in the middle of a capture). Only data roots written by the
+        first versions hold such blobs as files; one found there again is stored in the
+        pack as well, once."""
         with self._lock:
             if self._in_flight(digest):
                 return True
@@ -298,13 +286,13 @@ class LocalBlobStore:
         fd, tmp = self._open_temp(digest)
         try:
             for chunk in chunks:
-                _write_all(fd, chunk)
+                write_all(fd, chunk)
             os.fchmod(fd, 0o444)
         except OSError as exc:
-            _discard(fd, tmp)
-            raise _disk_full(exc) from exc
+            discard(fd, tmp)
+            raise disk_full(exc) from exc
         except BaseException:
-            _discard(fd, tmp)
+            discard(fd, tmp)
             raise
         os.close(fd)
         return tmp
@@ -315,7 +303,7 @@ class LocalBlobStore:
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
         except OSError as exc:
-            raise _disk_full(exc) from exc
+            raise disk_full(exc) from exc
 
     @contextmanager
     def committing(self):
@@ -348,7 +336,7 @@ class LocalBlobStore:
                     for digest in batch:
                         self._moving.pop(digest, None)
                 if isinstance(exc, OSError):
-                    raise _disk_full(exc) from exc
+                    raise disk_full(exc) from exc
                 raise
             with self._lock:
                 self.pack.committing = {}
@@ -384,7 +372,7 @@ class LocalBlobStore:
                               self.root, self.failed)
                     if not out_of_space(exc):
                         raise self._refusal() from exc
-                raise _disk_full(exc) from exc
+                raise disk_full(exc) from exc
             finally:
                 with self._lock:
                     for digest in batch:
@@ -456,9 +444,9 @@ class LocalBlobStore:
         packed = self._packed(digest)
         if packed is not None:
             try:
-                _write_all(dst, packed)
+                write_all(dst, packed)
             except OSError as exc:
-                raise _disk_full(exc, DestinationFull) from exc
+                raise disk_full(exc, DestinationFull) from exc
             return len(packed)
         fd = self._open_verified(digest)
         hasher = self.hasher()
@@ -468,9 +456,9 @@ class LocalBlobStore:
             for chunk in self.opening(file_chunks(fd)):
                 hasher.update(chunk)
                 size += len(chunk)
-                _write_all(dst, chunk)
+                write_all(dst, chunk)
         except OSError as exc:
-            raise _disk_full(exc, DestinationFull) from exc
+            raise disk_full(exc, DestinationFull) from exc
         finally:
             os.close(fd)
         if hasher.hexdigest() != digest:
@@ -612,30 +600,6 @@ class LocalBlobStore:
         return renamed, removed
 
 
-def file_chunks(fd: int, limit: int | None = None) -> Iterator[bytes]:
-    """The file open at ``fd`` from its start, in chunks (pread: its offset is
-    untouched); past ``limit`` bytes, Overread, one byte past it at the most."""
-    offset = 0
-    while chunk := os.pread(fd, within(CHUNK, offset, limit), offset):
-        offset += len(chunk)
-        if limit is not None and offset > limit:
-            raise Overread(limit)
-        yield chunk
-
-
-def within(n: int, got: int, limit: int | None) -> int:
-    """A read of ``n`` bytes cut to one past ``limit`` (``got`` read so far): enough to
-    tell a file that holds more than ``limit`` bytes."""
-    return n if limit is None else min(n, limit + 1 - got)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a write may take fewer)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
 
@@ -660,101 +624,3 @@ def _flush_filesystem(folder: str, files) -> bool:
         finally:
             os.close(fd)
     return False
-
-
-def _discard(fd: int, tmp: str) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-
-
-class MemoryBlobStore:
-    """The reference blob store: a dict. Durable for as long as the process lives."""
-
-    local = True
-
-    def __init__(self, key: DataKey | None = None) -> None:
-        self._blobs: dict[str, bytes] = {}  # with a key: sealed, the digest bound to it
-        self._stored_at: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self.key = key
-        self.address = key.address if key is not None else digest_of
-        self.hasher = key.hasher if key is not None else hashlib.sha256
-
-    def has(self, digest: str) -> bool:
-        return check_digest(digest) in self._blobs
-
-    def put_bytes(self, data: bytes, base: str | None = None) -> str:
-        digest = self.address(data)  # the reference store keeps every blob whole
-        with self._lock:
-            if digest not in self._blobs:
-                self._blobs[digest] = (bytes(data) if self.key is None else
-                                       self.key.seal_blob(data, bytes.fromhex(digest)))
-            self._stored_at[digest] = time.time()  # stored or reused: gc's clock
-        return digest
-
-    def put_many(self, blobs: list[bytes]) -> list[str]:
-        return [self.put_bytes(data) for data in blobs]
-
-    def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
-        data = b"".join(file_chunks(fd, limit))
-        return self.put_bytes(data), len(data)
-
-    def read_bytes(self, digest: str) -> bytes:
-        try:
-            data = self._blobs[check_digest(digest)]
-        except KeyError:
-            raise NotFound(f"blob {digest} does not exist") from None
-        if self.key is not None:
-            data = self.key.open_blob(data, bytes.fromhex(digest))
-        if self.address(data) != digest:
-            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
-        return data
-
-    def verify(self, digest: str) -> None:
-        self.read_bytes(digest)
-
-    def copy_to_fd(self, digest: str, fd: int) -> int:
-        data = self.read_bytes(digest)
-        _write_all(fd, data)
-        return len(data)
-
-    def size(self, digest: str) -> int:
-        return len(self.read_bytes(digest))
-
-    def stored_at(self, digest: str) -> float:
-        self.read_bytes(digest)
-        return self._stored_at[digest]
-
-    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
-        with self._lock:
-            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
-                return 0
-            data = self._blobs.get(digest)
-        return len(data) if data is not None else 0
-
-    def delete(self, digest: str, older_than: float | None = None) -> int:
-        with self._lock:
-            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
-                return 0
-            data = self._blobs.pop(check_digest(digest), None)
-        return len(data) if data is not None else 0
-
-    def digests(self) -> Iterator[str]:
-        return iter(sorted(self._blobs))
-
-    def sync(self) -> None:
-        return None
-
-    @contextmanager
-    def committing(self):
-        yield []
-
-    def corrupt(self, digest: str, data: bytes) -> None:
-        """Replace a blob's bytes behind its digest: for fault-injection tests only."""
-        self._blobs[digest] = data
