@@ -276,7 +276,7 @@ class WorkspaceSnapshotter:
                         scan: _Scan) -> Entry | None:
         """A symlink an update listed, its target read by name: None if the name is no
         longer a symlink (replaced since its stat; its event brings it to the next
-        capture), where an EINVAL failed the checkpoint before (issue 57)."""
+        capture): readlink's EINVAL there is no reason to fail the checkpoint."""
         crash_point("capture.before_open", path)  # tests: the name swapped meanwhile
         try:
             target = os.readlink(name, dir_fd=dfd)
