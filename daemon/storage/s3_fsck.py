@@ -282,7 +282,7 @@ def _mended(store: S3BlobStore, name: str, body, entries, broken: dict[str, str]
     forgotten and deleted; ``done`` gains the digests whose rows now name it."""
     nbytes = entries[0][2] if parts else len(body)
     if parts:
-        store._put_parts(name, body)
+        store.client.put_parts(name, body)
     else:
         store._put_object(name, body)
     read_from = {d: broken[d] for d, *_ in entries}
