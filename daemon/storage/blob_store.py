@@ -39,9 +39,9 @@ Errors
   caller's file, not in the store); ``DataLoss`` for bytes that no longer match;
   ``Unavailable`` for a bucket that cannot be reached.
 
-Implementations: ``LocalBlobStore`` (a pack and files under the data root) and
-``MemoryBlobStore`` (the reference) in blobs.py, ``S3BlobStore`` (a fleet's bucket,
-with a local store as its cache) in s3_blobs.py; tests/test_blob_contract.py holds
+Implementations: ``LocalBlobStore`` (a pack and files under the data root) in
+blobs.py, ``MemoryBlobStore`` (the reference) in memory_blobs.py, ``S3BlobStore`` (a
+fleet's bucket, with a local store as its cache) in s3_blobs.py; tests/test_blob_contract.py holds
 every one to this contract.
 """
 

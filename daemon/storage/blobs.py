@@ -1,7 +1,7 @@
-"""Blob stores kept on this host: ``LocalBlobStore`` (a pack and files under the data
-root, packs.py) and ``MemoryBlobStore`` (the reference, and the store of tests). The
-contract they keep is ``BlobStore`` in blob_store.py; a fleet's bucket keeps it too
-(s3_blobs.py).
+"""The blob store kept on this host: ``LocalBlobStore``, a pack and files under the
+data root (packs.py). The contract it keeps is ``BlobStore`` in blob_store.py; the
+reference, ``MemoryBlobStore``, is in memory_blobs.py (and importable here), a
+fleet's bucket in s3_blobs.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fleet's blob store: an S3-compatible bucket shared by every host, with the
 host's ``LocalBlobStore`` as a cache in front of it.
 
-Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
+Contract: ``BlobStore``'s (blob_store.py), with durability meaning *in the bucket*.
 
 - **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
   for upload. ``sync()`` asks the blob index once which of the noted digests the
@@ -48,7 +48,6 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   and ``mend`` puts good copies back under new write-once names.
 - **The bucket's client** (s3_bucket.py): its settings, the objects' names, each
   request counted.
-
 - **With a data key** (the cache's, ``--encryption-key``): a pack object, staged or
   PUT, is sealed whole (AES-256-GCM) after its entries are compressed, and opened as
   it is read, before any entry is decoded; its name carries the keyed address of its
@@ -61,7 +60,6 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
 Errors: the bucket unreachable is ``Unavailable``; an object the index names but the
 bucket lacks, or bytes that do not match, ``DataLoss``.
 """
-
 
 from __future__ import annotations
 
