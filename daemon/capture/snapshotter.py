@@ -50,7 +50,8 @@ never a file). A restore: capture(persist=False) -> apply(current, target_root) 
 a capture of the result recorded as above.
 
 Implementations: ``WorkspaceSnapshotter`` in snapshot.py and ``MemorySnapshotter``
-(the reference) in memory_snapshot.py; tests/test_snapshotter_contract.py holds every one to this contract.
+(the reference) in memory_snapshot.py; tests/test_snapshotter_contract.py holds
+every one to this contract.
 """
 
 from __future__ import annotations
