@@ -46,6 +46,9 @@ Contract: ``BlobStore``'s (blob_store.py), with durability meaning *in the bucke
   has rested. ``flush_staged`` moves staged objects to the bucket.
 - **fsck** (s3_fsck.py) reads the durable copy (``check_objects``, ``read_uncached``)
   and ``mend`` puts good copies back under new write-once names.
+- **Transfers** (s3_transfer.py): a sync's batch packed and uploaded, a large blob
+  streamed up; a missed read's pack fetched into the cache, a large blob streamed
+  down. The store keeps what they are for: what waits, what is indexed, what is cached.
 - **The bucket's client** (s3_bucket.py): its settings, the objects' names, each
   request counted.
 - **With a data key** (the cache's, ``--encryption-key``): a pack object, staged or
@@ -63,7 +66,6 @@ bucket lacks, or bytes that do not match, ``DataLoss``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -76,11 +78,10 @@ from worldline.wire.errors import DataLoss, NotFound
 
 from ..faults import crash_point
 from ..observe import MOVED_OBJECTS, STAGED_BYTES
-from . import bucket_packs, packs, s3_fsck, s3_sweep
+from . import bucket_packs, s3_fsck, s3_sweep, s3_transfer
 from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
 from .blob_store import check_digest
 from .blobs import LocalBlobStore
-from .crypto import OVERHEAD
 from .s3_bucket import (  # noqa: F401 - the names this module has always offered
     ALONE,
     CLIENT_SETTINGS,
@@ -106,10 +107,10 @@ from .s3_sweep import (  # noqa: F401
     CONSOLIDATE_SMALL,
     REPACK_BELOW,
 )
+from .s3_transfer import ASK_ALL_OVER  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-ASK_ALL_OVER = 1 << 20  # a batch larger than this asks the index about every digest
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 UNINDEXED_SECONDS = 60.0  # an upload not indexed within this is sent again (gc grace: 600)
 STAGE_BYTES = 1 << 20  # a pack this small is staged in the metadata store, not PUT
@@ -312,7 +313,7 @@ class S3BlobStore:
                 self._uploading = batch
             try:
                 if batch:
-                    self._upload_batch(batch, reput)
+                    s3_transfer.upload_batch(self, batch, reput)
             except BaseException:
                 with self._lock:  # the next sync tries them again
                     for digest, data in batch.items():
@@ -354,31 +355,6 @@ class S3BlobStore:
                     self._staged[o.name] = (o.nbytes, o.created_at)
             self._gauges()
 
-    def _upload_batch(self, batch: dict[str, bytes | None], reput: set[str]) -> None:
-        now = time.time()
-        large = (any(data is None for data in batch.values())
-                 or sum(len(data) for data in batch.values()) > ASK_ALL_OVER)
-        ask = sorted(batch) if large else sorted(reput.intersection(batch))
-        stored = self.index.touch_blobs(ask, now) if ask else set()
-        entries: list[tuple[str, int, int, int, str]] = []
-        pack = bytearray()
-        for digest in sorted(d for d in batch if d not in stored):
-            data = batch[digest]
-            if data is None:
-                size = self.cache.size(digest)
-                if size > ALONE:
-                    self._upload_alone(digest, size, now)
-                    continue
-                data = self.cache.read_bytes(digest)
-            packed, codec = bucket_packs.whole(data, packs.FAST)
-            entries.append((digest, len(pack), len(packed), len(data), codec))
-            pack += packed
-            if len(pack) >= PACK_LIMIT:
-                self._upload_pack(pack, entries, now)
-                pack, entries = bytearray(), []
-        if entries:
-            self._upload_pack(pack, entries, now)
-
     def _upload_pack(self, pack: bytearray, entries, now: float) -> None:
         """A pack: staged (its bytes go into the metadata store with its row, in the
         transaction that records it) when it is small and this host has not staged too
@@ -402,30 +378,6 @@ class S3BlobStore:
     def _uploaded(self, o: StoredObject) -> None:
         with self._lock:
             self._unindexed[o.name] = o
-
-    def _upload_alone(self, digest: str, size: int, now: float) -> None:
-        name = f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}"
-        if self.key is not None:  # the cache's file as it is: sealed, verified first
-            self.cache.verify(digest)
-            fd = self.cache.open_blob(digest)
-            try:
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    self.client.put_parts(name, f)
-            finally:
-                os.close(fd)
-            self._uploaded(StoredObject(name, size + OVERHEAD, self.host, now,
-                                        [(digest, 0, size + OVERHEAD, size, "raw")]))
-            return
-        fd, tmp = self._scratch()
-        try:
-            self.cache.copy_to_fd(digest, fd)
-            with open(tmp, "rb") as f:
-                self.client.put_parts(name, f)
-        finally:
-            os.close(fd)
-            os.unlink(tmp)
-        self._uploaded(StoredObject(name, size, self.host, now,
-                                    [(digest, 0, size, size, "raw")]))
 
     # -- reading ---------------------------------------------------------------------------
     def _locate(self, digest: str) -> Location:
@@ -458,32 +410,10 @@ class S3BlobStore:
                 return
             loc = self._locate(digest)
             if loc.codec == "raw" and loc.off == 0 and loc.size > ALONE:
-                self._fetch_alone(digest, loc)
+                s3_transfer.fetch_alone(self, digest, loc)
             else:
-                self._fetch_pack(loc.object, digest)
+                s3_transfer.fetch_pack(self, loc.object, digest)
             self._commit_behind()
-
-    def _fetch_pack(self, name: str, wanted: str) -> None:
-        """Every entry of object ``name`` the cache lacks, verified, into the cache. If
-        the index no longer places ``wanted`` there (a rewrite moved it after it was
-        looked up), ``Vanished``: the caller looks it up again."""
-        body = self._get_object(name)
-        entries = self.index.object_entries(name)
-        if wanted not in {d for d, _ in entries}:
-            raise Vanished(name)
-        fresh = [(d, loc) for d, loc in entries if not self.cache.has(d)]
-        found = self._decoded(name, body, fresh)
-        for digest, loc in fresh:
-            data = found[digest]
-            kind = bucket_packs.CODECS.get(loc.codec)
-            if kind is not None:  # a whole entry: the cache's row takes its bytes as they are
-                packed = (kind, body[loc.off:loc.off + loc.len])
-            else:  # a delta within the object: the cache keeps the blob whole
-                packed = packs.compress_whole(data, packs.FAST)
-            self.cache.put_verified(digest, data, packed)
-            with self._lock:
-                self._used(digest, len(data))
-                self._keep_recent(digest, data)
 
     def _decoded(self, name: str, body: bytes,
                  entries: list[tuple[str, Location]]) -> dict[str, bytes]:
@@ -492,48 +422,6 @@ class S3BlobStore:
         return bucket_packs.decode_all(
             bucket_packs.ObjectReader(body, f"{name} of {self.url}", self.cache.address),
             [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in entries])
-
-    def _fetch_alone(self, digest: str, loc: Location) -> None:
-        """A large blob: streamed to a temporary beside the cache, hashed on the way,
-        and put into the cache only if it matches its digest."""
-        fd, tmp = self._scratch()
-        try:
-            try:
-                result = self.client.get(loc.object)
-            except FileNotFoundError:
-                if self.index.object_entries(loc.object):
-                    raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
-                                   " missing") from None
-                raise Vanished(loc.object) from None
-            hasher = hashlib.sha256()
-            for chunk in result.stream(min_chunk_size=1 << 20):
-                hasher.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-            if self.key is not None:  # the cache's file as it is: it verifies it, takes it
-                os.close(fd)
-                fd = -1
-                size = self.cache.put_sealed_file(digest, tmp)
-                with self._lock:
-                    self._used(digest, size)
-                return
-            if hasher.hexdigest() != digest:
-                raise DataLoss(f"object {loc.object} of {self.url} does not match its digest")
-            got, size = self.cache.put_fd(fd)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-                os.unlink(tmp)
-        if got != digest:  # the temporary is ours alone: this would be a local fault
-            raise DataLoss(f"blob {digest} changed on its way into the cache")
-        with self._lock:
-            self._used(digest, size)
-
-    def _scratch(self) -> tuple[int, str]:
-        """A new temporary file beside the cache's, open for reading and writing."""
-        path = os.path.join(self.cache.tmp, f"s3-{os.urandom(8).hex()}")
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
 
     def has(self, digest: str) -> bool:
         check_digest(digest)
