@@ -17,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import stat as st_
 import sys
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from worldline.wire.errors import FailedPrecondition
 from ..faults import crash_point
 from ..storage.blob_store import BlobStore, Overread
 from ..storage.streams import CHUNK, file_chunks, within
-from . import chunks, exclude, sparse, tree_scan
+from . import chunks, exclude, leftovers, sparse, tree_scan
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
 from .descriptors import READ_FLAGS as _READ_FLAGS
 from .descriptors import link_groups
@@ -36,8 +35,7 @@ from .limits import Budget, Limits
 from .memory_snapshot import MemoryFile, MemorySnapshotter  # noqa: F401 - importable here
 from .snapshotter import Capture, Watcher
 from .statcache import Memo, StatCache, is_racy, is_racy_signature
-from .tracker import TEMP_PREFIX, Changes
-from .tree_scan import too_deep
+from .tracker import Changes
 from .trees import (
     BLOCK,
     CHAR,
@@ -56,10 +54,7 @@ from .trees import (
     encode,
 )
 from .walk import (
-    MAX_DEPTH,
     OPAQUE_XATTR,
-    folders_below,
-    join_path,
     signature,
 )
 
@@ -428,26 +423,14 @@ class WorkspaceSnapshotter:
         """Remove the temporary files a write aside left behind when the daemon died
         between writing and renaming (captures never see them, so a restore would not
         either). Called when an interrupted restore is completed. Returns their paths."""
-        removed: list[str] = []
         root_fd = self._open_root()
         try:
             # never written by a restore: nothing of ours there
             excluded = (exclude.read(root_fd, self.exclude, self.blobs.address)[0]
                         if self.exclude is not None else None)
-            skip = (lambda rel: excluded(rel, True)) if excluded is not None else None
-            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH, skip=skip):
-                for de in entries:
-                    path = join_path(rel, de.name)
-                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
-                            excluded is None or not excluded(
-                                path, de.is_dir(follow_symlinks=False))):
-                        _remove(fd, de.name)
-                        removed.append(path)
-        except RecursionError as exc:
-            raise too_deep(str(exc)) from None
+            return leftovers.remove_below(root_fd, excluded)
         finally:
             os.close(root_fd)
-        return removed
 
     # -- apply -----------------------------------------------------------------
     def restore_exclusions(self, current: Capture, target_root: str
@@ -484,48 +467,3 @@ class WorkspaceSnapshotter:
                               ).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
-
-
-def _remove(dfd: int, name: str) -> None:
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if st_.S_ISDIR(st.st_mode):
-        try:
-            _make_tree_writable(dfd, name)
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            os.unlink(name, dir_fd=dfd)  # swapped for a symlink or file since the stat
-            return
-        shutil.rmtree(name, dir_fd=dfd)
-    else:
-        os.unlink(name, dir_fd=dfd)
-
-
-def _ours_to_remove(dfd: int, name: str) -> bool:
-    """Whether a temporary name is a write's leftover to remove: a file, or a staging
-    folder (the daemon's own, 0700: the agent can neither make one nor move one of
-    another folder's in); never a folder of anyone else's given a temporary's name."""
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return not st_.S_ISDIR(st.st_mode) or (
-        st.st_uid == os.geteuid() and not st_.S_IMODE(st.st_mode) & 0o077)
-
-
-def _make_tree_writable(dfd: int, name: str) -> None:
-    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it."""
-    def writable(fd: int, _rel: str) -> None:
-        os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
-
-    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    try:
-        for _ in folders_below(sub, MAX_DEPTH, writable):
-            pass
-    except RecursionError as exc:
-        raise too_deep(join_path(name, str(exc))) from None
-    finally:
-        os.close(sub)
