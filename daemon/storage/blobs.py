@@ -6,12 +6,8 @@ fleet's bucket in s3_blobs.py.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
-import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Collection, Iterator
@@ -24,16 +20,19 @@ from worldline.wire.errors import (
 )
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
+from . import blob_files
+from .blob_files import DIGEST_RE
 from .blob_store import DestinationFull, check_digest, digest_of
 from .crypto import OVERHEAD, DataKey
-from .durable import fsync_folder, out_of_space
 from .memory_blobs import MemoryBlobStore  # noqa: F401 - importable here
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
-from .streams import CHUNK, discard, disk_full, file_chunks, within, write_all  # noqa: F401 - importable here
-
-log = logging.getLogger(__name__)
-
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+from .streams import (  # noqa: F401 - CHUNK and within: importable here
+    CHUNK,
+    disk_full,
+    file_chunks,
+    within,
+    write_all,
+)
 
 
 class LocalBlobStore:
@@ -49,7 +48,8 @@ class LocalBlobStore:
     durable. The renames themselves need no second flush: a crash can only lose a rename
     whose temporary is durable and named after its digest, and ``recover()`` at the next
     start verifies such a temporary against its name and finishes the rename. Anything
-    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed."""
+    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed. The
+    files' part (temporaries, the flush and renames, recovery) is blob_files.py's."""
 
     local = True
 
@@ -137,7 +137,7 @@ class LocalBlobStore:
         if len(data) > MAX_BLOB:
             self._add_pending(digest, self._write_temp(self._sealing([data]), digest))
             return digest
-        usable = base is not None and base != digest and _DIGEST_RE.match(base) is not None
+        usable = base is not None and base != digest and DIGEST_RE.match(base) is not None
         if usable:
             with self._lock:  # gc leaves a pinned base be until its delta is pending
                 self._pins[base] = self._pins.get(base, 0) + 1
@@ -281,29 +281,9 @@ class LocalBlobStore:
                 self._pending[digest] = tmp
 
     def _write_temp(self, chunks, digest: str = "") -> str:
-        """Write ``chunks`` to a new read-only temporary; return its path. On any error
-        the temporary is removed, and a full disk is ResourceExhausted."""
-        fd, tmp = self._open_temp(digest)
-        try:
-            for chunk in chunks:
-                write_all(fd, chunk)
-            os.fchmod(fd, 0o444)
-        except OSError as exc:
-            discard(fd, tmp)
-            raise disk_full(exc) from exc
-        except BaseException:
-            discard(fd, tmp)
-            raise
-        os.close(fd)
-        return tmp
-
-    def _open_temp(self, digest: str = "") -> tuple[int, str]:
-        prefix = f"{digest}." if digest else "stream-"
-        name = os.path.join(self.tmp, f"{prefix}{os.urandom(8).hex()}")
-        try:
-            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
-        except OSError as exc:
-            raise disk_full(exc) from exc
+        """Write ``chunks`` to a new read-only temporary in ``tmp``; return its path
+        (blob_files.write_temp)."""
+        return blob_files.write_temp(self.tmp, chunks, digest)
 
     @contextmanager
     def committing(self):
@@ -342,41 +322,7 @@ class LocalBlobStore:
                 self.pack.committing = {}
             if not batch:
                 return
-            renamed: set[str] = set()
-            flushed = False
-            try:
-                _flush_filesystem(self.tmp, batch.values())
-                flushed = True
-                folders = set()
-                for digest, tmp in batch.items():
-                    final = self._path(digest)
-                    folder = os.path.dirname(final)
-                    if folder not in folders:
-                        os.makedirs(folder, mode=0o700, exist_ok=True)
-                        folders.add(folder)
-                    os.rename(tmp, final)
-                    renamed.add(digest)
-                if _syncfs is None:  # each blob was fsynced alone: make its name durable too
-                    for folder in folders | {self.tmp, self.root}:
-                        fsync_folder(folder)
-            except OSError as exc:
-                with self._lock:  # what was not renamed waits for the next sync
-                    self._pending.update({d: t for d, t in batch.items() if d not in renamed})
-                if not flushed and self.pack.durable:
-                    # The pages it could not write may be gone, and a later flush would
-                    # succeed without them: no temporary of this store is trusted again
-                    # in this process (the next start verifies each against its name).
-                    # A bucket's cache (not durable) only fails this call.
-                    self.failed = f"flushing blob files: {exc.strerror or exc}"
-                    log.error("%s: %s; no more syncs until the daemon restarts",
-                              self.root, self.failed)
-                    if not out_of_space(exc):
-                        raise self._refusal() from exc
-                raise disk_full(exc) from exc
-            finally:
-                with self._lock:
-                    for digest in batch:
-                        self._moving.pop(digest, None)
+            blob_files.place(self, batch)
 
     def broken(self) -> str | None:
         """Why this store takes no more syncs in this process (a flush of its files or of
@@ -547,7 +493,7 @@ class LocalBlobStore:
         for prefix in os.listdir(self.root):
             if len(prefix) == 2:
                 found.update(prefix + rest for rest in os.listdir(os.path.join(self.root, prefix))
-                             if _DIGEST_RE.match(prefix + rest))
+                             if DIGEST_RE.match(prefix + rest))
         return iter(packed + sorted(found - set(packed)))
 
     def inventory(self) -> Iterator[tuple[str, int]]:
@@ -558,7 +504,7 @@ class LocalBlobStore:
             if len(prefix) != 2:
                 continue
             for rest in os.listdir(os.path.join(self.root, prefix)):
-                if _DIGEST_RE.match(prefix + rest):
+                if DIGEST_RE.match(prefix + rest):
                     try:
                         yield prefix + rest, os.stat(
                             os.path.join(self.root, prefix, rest)).st_size - self._overhead
@@ -566,61 +512,6 @@ class LocalBlobStore:
                         continue
 
     def recover(self) -> tuple[int, int]:
-        """At start, before any put: finish the renames a crash interrupted (a temporary
-        whose bytes match the digest it is named after) and remove every other
-        temporary. Returns (renamed, removed)."""
-        renamed = removed = 0
-        for name in os.listdir(self.tmp):
-            path = os.path.join(self.tmp, name)
-            digest = name.split(".", 1)[0]
-            if _DIGEST_RE.match(digest) and not os.path.exists(self._path(digest)):
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    whole = self._file_digest(fd)[0] == digest
-                except DataLoss:
-                    whole = False
-                finally:
-                    os.close(fd)
-                if whole:
-                    os.makedirs(os.path.dirname(self._path(digest)), mode=0o700,
-                                exist_ok=True)
-                    os.rename(path, self._path(digest))
-                    renamed += 1
-                    continue
-            os.unlink(path)
-            removed += 1
-        if renamed:
-            try:
-                _flush_filesystem(self.root, ())
-            except OSError as exc:  # the daemon does not start on them: say why
-                raise Unavailable(f"the blob store {self.root} could not make the {renamed}"
-                                  f" blob file(s) a crash left behind durable"
-                                  f" ({exc.strerror or exc}): check the disk, then start"
-                                  " the daemon again") from None
-        return renamed, removed
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_syncfs = getattr(_libc, "syncfs", None)
-
-
-def _flush_filesystem(folder: str, files) -> bool:
-    """Make ``files`` (and every metadata change on the file system) durable with one
-    syncfs; where the platform has none, fsync each of ``files`` and return False."""
-    if _syncfs is not None:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if _syncfs(fd) == 0:
-                return True
-            failed = ctypes.get_errno()
-            if failed != errno.ENOSYS:  # a write-back failed: never fall back to fsyncs,
-                raise OSError(failed, os.strerror(failed))  # which may not see it again
-        finally:
-            os.close(fd)
-    for path in files:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return False
+        """At start, before any put: finish the renames a crash interrupted and remove
+        every other temporary (blob_files.recover). Returns (renamed, removed)."""
+        return blob_files.recover(self)
