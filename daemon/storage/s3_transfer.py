@@ -30,6 +30,11 @@ ASK_ALL_OVER = 1 << 20  # a batch larger than this asks the index about every di
 
 
 def upload_batch(store: S3BlobStore, batch: dict[str, bytes | None], reput: set[str]) -> None:
+    """Upload what ``batch`` (digest -> its bytes, or None: read back from the cache)
+    holds that the bucket lacks: the index is asked about the digests worth a round
+    trip (``reput``, or all of a large batch), the rest packed into objects of at most
+    ``PACK_LIMIT`` (``S3BlobStore._upload_pack``: staged or PUT), a blob over
+    ``ALONE`` an object of its own."""
     now = time.time()
     large = (any(data is None for data in batch.values())
              or sum(len(data) for data in batch.values()) > ASK_ALL_OVER)
@@ -56,6 +61,8 @@ def upload_batch(store: S3BlobStore, batch: dict[str, bytes | None], reput: set[
 
 
 def upload_alone(store: S3BlobStore, digest: str, size: int, now: float) -> None:
+    """A large blob as an object of its own, in parts, from the cache's file (sealed as
+    it is, with a key: verified first)."""
     name = f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}"
     if store.key is not None:  # the cache's file as it is: sealed, verified first
         store.cache.verify(digest)
