@@ -215,7 +215,8 @@ class Daemon:
         self.stat_cache = StatCache(os.path.join(self.root, "index.db"), self.data_key)
         self.repacker = Repacker(getattr(self.blobs, "cache", self.blobs), files_named)
         self.monitor = ChangeMonitor(self.max_watches) if self.track else None
-        shutil.rmtree(os.path.join(self.root, "cookies"), ignore_errors=True)  # before 0.7.11
+        # the sync cookies older versions left in the data root (none are made now)
+        shutil.rmtree(os.path.join(self.root, "cookies"), ignore_errors=True)
         self.engine = Engine(os.environ.get("DOCKER_HOST") or None)
         views = Views(self.root, self.blobs, TreeReader(self.blobs), self.stat_cache)
         if not self.overlay_forks:
@@ -291,14 +292,13 @@ class Daemon:
         # The objects made while starting (modules, the server, the stores) live as long
         # as the daemon: move them out of the cycle collector's sight, or every collection
         # that a large scan's allocations trigger traverses them all again. Last, so that
-        # nothing imported while starting is left out (0.6 imported psycopg after it, for a
-        # log line: 12,000 objects more in every full collection, 15 ms on a rescan).
+        # nothing imported while starting is left out (a module imported after it, such
+        # as psycopg for a log line, adds thousands of objects to every full collection).
         gc.freeze()
         # A young collection every 20,000 allocations instead of 700: a checkpoint makes
         # a few thousand objects, nearly none of them in cycles, and each collection
-        # stops every call. The eight-session load (tests/bench/load.py), the two
-        # settings alternated on one machine: p99 53.4 and 52.6 ms at 700, 46.5 and 47.9
-        # at 20,000, the daemon's memory the same (235 MB).
+        # stops every call. Under the eight-session load (tests/bench/load.py) the
+        # slowest calls are faster so, and the daemon's memory is the same.
         gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
         watch_gc()  # worldline_gc_pause_seconds
 
@@ -367,7 +367,7 @@ class Daemon:
                     return reason
             return None
 
-        # One compaction per file: a data root from 0.7.7 on keeps the pack in meta.db.
+        # One compaction per file: a data root may keep the pack in meta.db (config.pack_file).
         files = {db.path: db for db in (self.blobs.pack, self.graph_store, self.store)}
 
         def housekeep() -> None:

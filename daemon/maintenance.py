@@ -498,8 +498,8 @@ def recently_pruned(world: World, grace: float) -> set[str]:
     """The checkpoints retention pruned within the grace period, whose trees stay until
     it is over, as a blob stored or reused within it does. Every host's holds keep a
     pruned target's trees for as long as its restore or fork runs (``_fleet_holds``);
-    this keeps them too for a host whose hold was not yet published (one still on a
-    worldline before 0.7.28 while the fleet upgrades)."""
+    this keeps them too for a host whose hold was not yet published (one still on an
+    older worldline, which publishes none, while the fleet upgrades)."""
     found: set[str] = set()
     for event in world.store.list_audit(kind="retention.prune",
                                         since=ids.time_at(time.time() - grace)):

@@ -13,8 +13,8 @@ import time
 
 import pytest
 from worldline.client.errors import Unavailable
+from worldline.daemon.storage import blob_files, sqlite_store, wal
 from worldline.daemon.storage import blobs as blobs_module
-from worldline.daemon.storage import sqlite_store, wal
 from worldline.daemon.storage.blobs import LocalBlobStore
 from worldline.daemon.storage.sqlite_store import SqliteDatabase, SqliteStore
 
@@ -354,7 +354,7 @@ def _syncfs_fails(monkeypatch) -> None:
     def failing(fd):
         ctypes.set_errno(errno.EIO)
         return -1
-    monkeypatch.setattr(blobs_module, "_syncfs", failing)
+    monkeypatch.setattr(blob_files, "_syncfs", failing)
 
 
 def test_a_failed_flush_of_blob_files_stops_the_blob_stores_syncs(tmp_path, monkeypatch):

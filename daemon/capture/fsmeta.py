@@ -109,7 +109,7 @@ class Applier:
 
     def apply_fd(self, fd: int, entry: Entry, path: str, folder: bool = False) -> None:
         """Owner, mode, xattrs and time of the entry open at ``fd`` (a file or folder)."""
-        if not entry.has_meta:  # recorded by 0.3: the mode alone, never a privilege
+        if not entry.has_meta:  # the oldest tree format: the mode alone, never a privilege
             mode = entry.mode if folder else self._unprivileged(entry.mode, path,
                                                                  "it has no recorded owner")
             os.fchmod(fd, mode)

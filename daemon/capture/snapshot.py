@@ -3,38 +3,39 @@
 The contract (terms, guarantees, lifecycle) is ``Snapshotter`` in snapshotter.py.
 Implementations: ``WorkspaceSnapshotter`` (a folder: a workspace, a fork's view, or a
 Docker container's writable layer with ``overlay``) and ``MemorySnapshotter`` (the
-reference: a dict of paths).
+reference: a dict of paths; memory_snapshot.py).
+
+``WorkspaceSnapshotter`` keeps a capture's course (full or incremental, exclusions,
+the stat cache's update at commit), the reading of each file, symlink and special
+file the scan finds changed, and the storing of trees; tree_scan.py builds the trees
+(the full scan's walk, the incremental update); apply.py writes a tree back.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import errno
 import json
 import logging
 import os
-import shutil
 import stat as st_
 import sys
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from worldline.wire.errors import FailedPrecondition
 
 from ..faults import crash_point
 from ..storage.blob_store import BlobStore, Overread
-from ..storage.blobs import CHUNK, file_chunks, within
-from . import chunks, exclude, sparse
+from ..storage.streams import CHUNK, file_chunks, within
+from . import chunks, exclude, leftovers, sparse, tree_scan
 from .descriptors import DIR_FLAGS as _DIR_FLAGS
 from .descriptors import READ_FLAGS as _READ_FLAGS
 from .descriptors import link_groups
 from .fsmeta import at, entry_of, read_xattrs
 from .limits import Budget, Limits
+from .memory_snapshot import MemoryFile, MemorySnapshotter  # noqa: F401 - importable here
 from .snapshotter import Capture, Watcher
 from .statcache import Memo, StatCache, is_racy, is_racy_signature
-from .tracker import TEMP_PREFIX, Changes
+from .tracker import Changes
 from .trees import (
     BLOCK,
     CHAR,
@@ -50,21 +51,11 @@ from .trees import (
     Entry,
     Tree,
     TreeReader,
-    check_name,
     encode,
-    links_of,
-    make_extra,
 )
 from .walk import (
-    MAX_DEPTH,
     OPAQUE_XATTR,
-    SIG,
-    TooManyEntries,
-    folders_below,
-    join_path,
     signature,
-    walk,
-    walk_python,
 )
 
 log = logging.getLogger(__name__)
@@ -189,12 +180,13 @@ class WorkspaceSnapshotter:
         scan = _Scan(persist, self.watcher if full else None, budget, root_fd)
         scan.untrusted, scan.mapped, scan.excluded = untrusted, mapped, excluded
         if full:
-            scan.root, scan.size, _, _, scan.entries = self._scan_tree(
-                root_fd, "", scan, self._caches(untrusted, excluded is None)
-                if trust else _nothing_cached)
+            scan.root, scan.size, _, _, scan.entries = tree_scan.scan_tree(
+                self, root_fd, "", scan, tree_scan.stat_caches(self, untrusted,
+                                                               excluded is None)
+                if trust else tree_scan.nothing_cached)
         else:
-            scan.root, scan.size, added = self._update_dir(
-                root_fd, "", base, _trie(changes, mapped), scan,
+            scan.root, scan.size, added = tree_scan.update_dir(
+                self, root_fd, "", base, tree_scan.trie(changes, mapped), scan,
                 self.stat_cache.entries(self.path))
             # the head's count, kept from its capture (or read: a tree restored, say)
             scan.entries = self.trees.count(base) + added
@@ -244,229 +236,6 @@ class WorkspaceSnapshotter:
                     f"workspace {self.path} has been replaced by a symlink") from None
             raise
 
-    def _caches(self, untrusted: frozenset[str] | set[str] = frozenset(),
-                memos: bool = True) -> Callable[[], tuple[dict, dict]]:
-        """The stat cache's files and folder memos for this world; no memo of a folder
-        holding an ``untrusted`` file (so the walk lists that folder, and the file is
-        read: ``_cached_file``), none at all without ``memos``. When they are not in
-        memory yet (the first scan after a start), they load in a thread while the walk
-        makes its system calls."""
-        def get() -> tuple[dict, dict]:
-            return (self.stat_cache.entries(self.path),
-                    _without_parents(self.stat_cache.folders(self.path), untrusted)
-                    if memos else {})
-        if self.stat_cache.loaded(self.path):
-            return get
-        loading = concurrent.futures.Future()
-
-        def load() -> None:
-            try:
-                loading.set_result(get())
-            except BaseException as exc:
-                loading.set_exception(exc)
-        threading.Thread(target=load, name="stat-cache-load", daemon=True).start()
-        return loading.result
-
-    def _rescan_caches(self, scan: _Scan) -> Callable[[], tuple[dict, dict]]:
-        """The caches for a folder an incremental capture scans whole (one that
-        appeared), made once a capture: a tree of new folders is many rescans."""
-        if scan.rescan_caches is None:
-            pair = self._caches(scan.untrusted, scan.excluded is None)()  # loaded: the
-            # capture read the files
-            scan.rescan_caches = lambda: pair
-        return scan.rescan_caches
-
-    def _scan_tree(self, dfd: int, prefix: str, scan: _Scan,
-                   caches: Callable[[], tuple[dict, dict]]
-                   ) -> tuple[str, int, str, str, int]:
-        """A full scan of the folder open at ``dfd`` (``prefix`` is its path, "" for the
-        root): one walk (walk.py) lists, stats and watches everything, skipping the
-        folders whose memo holds; the rest are rebuilt here, children first. Returns
-        the folder's tree digest, its size, its kind, its extras (xattrs) and the names
-        in its tree and below it (each folder's count is kept: ``TreeReader.count``). A
-        walk past ``--max-entries`` stops there: RESOURCE_EXHAUSTED."""
-        depth = prefix.count("/") + 1 if prefix else 0
-        root_sig = signature(os.fstat(dfd))
-        watching = (scan.watcher.scanning() if scan.watcher is not None
-                    else contextlib.nullcontext((-1, 0, None)))
-        with watching as (inotify_fd, mask, register):
-            try:
-                # Exclusions: the Python twin, which asks before it keeps or enters
-                # a name (an excluded folder is never opened)
-                records, reused, root, listed = (walk(
-                    dfd, inotify_fd, mask, MAX_DEPTH - depth, self.overlay, caches,
-                    root_sig, prefix, scan.max_entries) if scan.excluded is None else
-                    walk_python(dfd, inotify_fd, mask, MAX_DEPTH - depth, self.overlay,
-                                caches, root_sig, prefix, scan.max_entries,
-                                skip=scan.excluded))
-            except RecursionError as exc:
-                raise _too_deep(str(exc)) from None
-            except TooManyEntries:
-                raise scan.budget.too_many_entries(self._layer_name()) from None
-            if register is not None:
-                register([(r[0], r[1]) for r in records] + [r[:2] for r in reused])
-        names = {rel: below for rel, _, below in reused}  # of the folders whose memo held
-        scan.reused.update(names)
-        cache = caches()[0]
-        built: list[tuple[str, int, str, bool, str, int]] = []
-        with _FolderOpener(dfd, prefix) as opener:
-            for record in records:
-                built.append(self._build_folder(record, built, names, opener, scan, cache))
-        if not isinstance(root, int):
-            if scan.persist:
-                self.trees.remember_count(root[1], names[prefix])
-            return root[1], root[2], root[3], root[4], names[prefix]
-        digest, size, kind, clean, extra, below = built[root]
-        if scan.persist:
-            scan.memos[prefix] = ((root_sig, digest, size, kind, extra)
-                                  if clean and not is_racy_signature(root_sig) else None)
-        return digest, size, kind, extra, below
-
-    def _build_folder(self, record, built: list, names: dict[str, int],
-                      opener: "_FolderOpener", scan: _Scan, cache
-                      ) -> tuple[str, int, str, bool, str, int]:
-        """One folder of a walk whose memo did not hold: its tree, size, kind, whether a
-        memo may be written for it (everything in it was cached, nothing racy), its own
-        extras (the folder's xattrs, for its parent's entry), and the names in its tree
-        and below it (``names``: the walk's count for each folder whose memo held)."""
-        rel, _wd, opaque, entries = record
-        folder = opener.open(rel)
-        if folder is None:  # gone since the walk listed it: the tracker saw that
-            return self._store_tree(Tree(), scan, rel=rel), 0, DIR, False, "", 0
-        tree = Tree()
-        total = 0
-        below = 0  # names in the folders below
-        clean = True
-        for name, sig, extra in entries:
-            if name.startswith(TEMP_PREFIX):
-                continue
-            path = join_path(rel, name)
-            fields = SIG.unpack(sig)
-            mode = fields[4]
-            if not scan.persist:
-                scan.inodes[path] = fields[3]
-            if st_.S_ISDIR(mode):
-                if isinstance(extra, int):
-                    digest, sub_size, kind, sub_clean, sub_extra, sub_names = built[extra]
-                    memo = (sig, digest, sub_size, kind, sub_extra)
-                    if not sub_clean or is_racy_signature(sig):
-                        memo, clean = None, False
-                    if scan.persist:
-                        scan.memos[path] = memo
-                else:
-                    _, digest, sub_size, kind, sub_extra = extra
-                    sub_names = names[path]
-                    if scan.persist:
-                        self.trees.remember_count(digest, sub_names)
-                below += sub_names
-                entry = Entry(kind, st_.S_IMODE(mode), digest, sub_size, fields[5],
-                              fields[6], fields[1], sub_extra)
-            elif st_.S_ISREG(mode) or st_.S_ISLNK(mode):
-                entry = _cached_file(path, sig, fields, scan, cache)
-                if entry is None:  # changed, or never seen: read it
-                    entry = (self._read_file(folder, name, path, scan, cache)
-                             if st_.S_ISREG(mode) else
-                             self._read_symlink(folder, name, path, extra, sig, fields, scan))
-                    clean = clean and path in scan.seen
-            else:
-                entry = self._special(folder, name, path, fields, extra, scan)
-                clean = False
-            if entry is not None:
-                tree[name] = entry
-                total += entry.size if entry.kind != SOCKET else 0
-        own_extra = make_extra(read_xattrs(folder, rel)) if rel else ""
-        digest, names_here = self._store_tree(tree, scan, rel=rel), len(tree) + below
-        if scan.persist:
-            self.trees.remember_count(digest, names_here)
-        return digest, total, OPAQUE if opaque else DIR, clean, own_extra, names_here
-
-    def _update_dir(self, dfd: int, prefix: str, base: str, node: dict, scan: _Scan,
-                    cache) -> tuple[str, int, int]:
-        """Rebuild one folder's tree from ``base``, re-examining only the names in ``node``.
-        Its memo, and those of the folders on the way to it, no longer hold. Returns its
-        digest, its size, and how many names below it were added (fewer than none:
-        removed)."""
-        _check_depth(prefix)
-        if scan.persist:
-            scan.memos[prefix.rstrip("/")] = None
-        was = self.trees.read(base)
-        tree = Tree(was)
-        added = 0
-        for name, child in node.items():
-            if name == _RESCAN or name.startswith(TEMP_PREFIX):
-                continue
-            path = prefix + name
-            old = tree.get(name)
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                mode = st.st_mode
-                if scan.excluded is not None and scan.excluded(path, st_.S_ISDIR(mode)):
-                    tree.pop(name, None)  # not in the base either: the same rules
-                    added -= self._names(old)
-                    continue
-                if not scan.persist:
-                    scan.inodes[path] = st.st_ino
-                if st_.S_ISDIR(mode):
-                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-                    try:
-                        st = os.fstat(sub)  # the folder opened, not the name stat'ed
-                        if not scan.persist:
-                            scan.inodes[path] = st.st_ino
-                        if child.get(_RESCAN) or old is None or not old.is_folder:
-                            digest, size, kind, extra, below = self._scan_tree(
-                                sub, path, scan, self._rescan_caches(scan))
-                            change = 1 + below - self._names(old)
-                        else:
-                            digest, size, change = self._update_dir(
-                                sub, path + "/", old.ref, child, scan, cache)
-                            kind = self._folder_kind(sub)
-                            extra = make_extra(read_xattrs(sub, path))
-                    finally:
-                        os.close(sub)
-                    tree[name] = Entry(kind, st_.S_IMODE(st.st_mode), digest, size,
-                                       st.st_uid, st.st_gid, st.st_mtime_ns, extra)
-                    added += change
-                    continue
-                sig = signature(st)
-                fields = SIG.unpack(sig)
-                if st_.S_ISREG(mode) or st_.S_ISLNK(mode):
-                    entry = _cached_file(path, sig, fields, scan, cache)
-                    if entry is None:
-                        entry = (self._read_file(dfd, name, path, scan, cache,
-                                                 old if old is not None
-                                                 and old.has_content else None)
-                                 if st_.S_ISREG(mode) else self._listed_symlink(
-                                     dfd, name, path, sig, fields, scan))
-                else:
-                    entry = self._special(dfd, name, path, fields, st.st_rdev, scan)
-                if entry is None:
-                    tree.pop(name, None)
-                else:
-                    tree[name] = entry
-                added += (entry is not None) - self._names(old)
-            except (FileNotFoundError, NotADirectoryError):
-                tree.pop(name, None)  # gone, or replaced while we looked
-                added -= self._names(old)
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                tree.pop(name, None)  # a folder swapped for a symlink while we looked
-                added -= self._names(old)
-        if prefix == "":
-            own = getattr(was, "own", None)
-            tree.own = self._root_entry(scan, links_of(own))
-        data, total, rows = self.trees.encode_update(tree, base, node)
-        digest = self._stored(tree, data, scan, base)
-        if rows is not None and scan.persist:
-            self.trees.keep_rows(digest, rows, len(data))
-        return digest, total, added
-
-    def _names(self, entry: Entry | None) -> int:
-        """The names an entry of a tree stands for: itself and, a folder, all below it."""
-        if entry is None:
-            return 0
-        return 1 + self.trees.count(entry.ref) if entry.is_folder else 1
-
     def _special(self, dfd: int, name: str, path: str, fields: tuple, rdev, scan: _Scan
                  ) -> Entry | None:
         """A FIFO, device node, whiteout or socket (never opened: opening acts on them)."""
@@ -502,7 +271,7 @@ class WorkspaceSnapshotter:
                         scan: _Scan) -> Entry | None:
         """A symlink an update listed, its target read by name: None if the name is no
         longer a symlink (replaced since its stat; its event brings it to the next
-        capture), where an EINVAL failed the checkpoint before (issue 57)."""
+        capture): readlink's EINVAL there is no reason to fail the checkpoint."""
         crash_point("capture.before_open", path)  # tests: the name swapped meanwhile
         try:
             target = os.readlink(name, dir_fd=dfd)
@@ -653,26 +422,14 @@ class WorkspaceSnapshotter:
         """Remove the temporary files a write aside left behind when the daemon died
         between writing and renaming (captures never see them, so a restore would not
         either). Called when an interrupted restore is completed. Returns their paths."""
-        removed: list[str] = []
         root_fd = self._open_root()
         try:
             # never written by a restore: nothing of ours there
             excluded = (exclude.read(root_fd, self.exclude, self.blobs.address)[0]
                         if self.exclude is not None else None)
-            skip = (lambda rel: excluded(rel, True)) if excluded is not None else None
-            for fd, rel, entries in folders_below(root_fd, MAX_DEPTH, skip=skip):
-                for de in entries:
-                    path = join_path(rel, de.name)
-                    if de.name.startswith(TEMP_PREFIX) and _ours_to_remove(fd, de.name) and (
-                            excluded is None or not excluded(
-                                path, de.is_dir(follow_symlinks=False))):
-                        _remove(fd, de.name)
-                        removed.append(path)
-        except RecursionError as exc:
-            raise _too_deep(str(exc)) from None
+            return leftovers.remove_below(root_fd, excluded)
         finally:
             os.close(root_fd)
-        return removed
 
     # -- apply -----------------------------------------------------------------
     def restore_exclusions(self, current: Capture, target_root: str
@@ -709,237 +466,3 @@ class WorkspaceSnapshotter:
                               ).write(root_fd, current, target_root)
         finally:
             os.close(root_fd)
-
-
-def _cached_file(path: str, sig: bytes, fields: tuple, scan: _Scan, cache) -> Entry | None:
-    """The entry of a file or symlink from the stat cache, if its signature is cached
-    and its stat may vouch for it."""
-    if path in scan.untrusted:
-        return None
-    known = cache.get(path)
-    if known is None or known[0] != sig or len(known) != 4:
-        return None
-    scan.seen[path] = known
-    _, ref, extra, kind = known
-    size, mtime, _, ino, mode, uid, gid, nlink, _ = fields
-    if nlink > 1 and kind != SYMLINK:
-        scan.links[path] = ino
-    if kind == SYMLINK:
-        return Entry(SYMLINK, 0, ref, 0, uid, gid, mtime, extra)
-    return Entry(kind, st_.S_IMODE(mode), ref, size, uid, gid, mtime, extra)
-
-
-class _FolderOpener:
-    """Descriptors of folders below a scanned folder, for reading the files a walk found
-    changed: opened one component at a time with O_NOFOLLOW (a folder swapped for a
-    symlink since the walk is never followed), the last one kept open."""
-
-    def __init__(self, dfd: int, prefix: str) -> None:
-        self.dfd = dfd
-        self.prefix = prefix
-        self.rel: str | None = None
-        self.fd: int | None = None
-
-    def open(self, rel: str) -> int | None:
-        """The folder at workspace path ``rel``, or None if it is gone or not a folder."""
-        if rel == self.rel:
-            return self.fd
-        self.close()
-        below = rel[len(self.prefix):].lstrip("/")
-        self.rel, self.fd = rel, open_below(self.dfd, below)
-        return self.fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-        self.rel = self.fd = None
-
-    def __enter__(self) -> "_FolderOpener":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_below(dfd: int, below: str) -> int | None:
-    """A new descriptor of the folder ``below`` (a relative path, "" for ``dfd`` itself),
-    opened one component at a time with O_NOFOLLOW; None if it is gone or not a folder
-    (a symlink included)."""
-    fd = os.dup(dfd)
-    try:
-        for part in below.split("/") if below else ():
-            sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            raise
-        return None
-    return fd
-
-
-def _check_depth(prefix: str) -> None:
-    if prefix.count("/") > MAX_DEPTH:
-        raise _too_deep(prefix)
-
-
-def _too_deep(path: str) -> FailedPrecondition:
-    return FailedPrecondition(f"{path[:120]}... is more than {MAX_DEPTH} folders deep;"
-                              " worldline captures trees up to that depth")
-
-
-def _remove(dfd: int, name: str) -> None:
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if st_.S_ISDIR(st.st_mode):
-        try:
-            _make_tree_writable(dfd, name)
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            os.unlink(name, dir_fd=dfd)  # swapped for a symlink or file since the stat
-            return
-        shutil.rmtree(name, dir_fd=dfd)
-    else:
-        os.unlink(name, dir_fd=dfd)
-
-
-def _ours_to_remove(dfd: int, name: str) -> bool:
-    """Whether a temporary name is a write's leftover to remove: a file, or a staging
-    folder (the daemon's own, 0700: the agent can neither make one nor move one of
-    another folder's in); never a folder of anyone else's given a temporary's name."""
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return not st_.S_ISDIR(st.st_mode) or (
-        st.st_uid == os.geteuid() and not st_.S_IMODE(st.st_mode) & 0o077)
-
-
-def _make_tree_writable(dfd: int, name: str) -> None:
-    """Give the owner rwx on every folder below ``name`` so a non-root daemon can empty it."""
-    def writable(fd: int, _rel: str) -> None:
-        os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
-
-    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-    try:
-        for _ in folders_below(sub, MAX_DEPTH, writable):
-            pass
-    except RecursionError as exc:
-        raise _too_deep(join_path(name, str(exc))) from None
-    finally:
-        os.close(sub)
-
-
-_RESCAN = "\0rescan"  # a key no file name can be (names never hold NUL)
-
-
-def _nothing_cached() -> tuple[dict, dict]:
-    """The caches of a scan that trusts no stat: no file, no folder memo."""
-    return {}, {}
-
-
-def _without_parents(folders: dict, untrusted: frozenset[str] | set[str]) -> dict:
-    """The folder memos less those of the folders holding an ``untrusted`` file: a copy
-    only when there is one to leave out."""
-    parents = {p.rpartition("/")[0] for p in untrusted}
-    if not any(p in folders for p in parents):
-        return folders
-    return {rel: memo for rel, memo in folders.items() if rel not in parents}
-
-
-def _trie(changes: Changes, mapped: frozenset[str] = frozenset()) -> dict:
-    """Nested dicts of the changed paths (and of every file with other hard links: a
-    write through one name gives no event for the others; and of every file mapped
-    shared and writable: no event at all); a rescan path's node is marked
-    ``_RESCAN``."""
-    root: dict = {}
-    for paths, rescan in ((changes.dirty, False), (changes.linked, False),
-                          (mapped, False), (changes.rescan, True)):
-        for path in paths:
-            node = root
-            for part in path.split("/"):
-                node = node.setdefault(part, {})
-            if rescan:
-                node[_RESCAN] = True
-    return root
-
-
-# -- the reference snapshotter ---------------------------------------------------
-
-@dataclass(frozen=True)
-class MemoryFile:
-    kind: str  # FILE | SYMLINK | DIR
-    mode: int = 0o644
-    data: bytes = b""  # content of a FILE, target of a SYMLINK (UTF-8)
-
-
-class MemorySnapshotter:
-    """A world held in a dict {relative path: MemoryFile}; parents are implied folders
-    unless listed. The reference implementation of the Snapshotter contract."""
-
-    def __init__(self, blobs: BlobStore, trees: TreeReader,
-                 files: dict[str, MemoryFile] | None = None) -> None:
-        self.blobs = blobs
-        self.trees = trees
-        self.files: dict[str, MemoryFile] = dict(files or {})
-
-    def capture(self, persist: bool = True, changes: Changes | None = None,
-                base: str | None = None, mapped: frozenset[str] = frozenset()) -> Capture:
-        """Everything, always: a dict has no stat to trust."""
-        nested: dict = {}
-        for path, f in self.files.items():
-            parts = path.split("/")
-            for part in parts:
-                check_name(part)
-            node = nested
-            for part in parts[:-1]:
-                node = node.setdefault(part, ({}, 0o755))[0]
-            if f.kind == DIR:
-                node.setdefault(parts[-1], ({}, f.mode))
-                node[parts[-1]] = (node[parts[-1]][0], f.mode)
-            else:
-                node[parts[-1]] = f
-        scan = _Scan(persist, None, None, -1)
-        root, size = self._build(nested, scan)
-        return Capture(root, size, scan.trees, [], {}, persist)
-
-    def _build(self, nested: dict, scan: _Scan) -> tuple[str, int]:
-        tree, total = Tree(), 0
-        for name, node in nested.items():
-            if isinstance(node, MemoryFile):
-                if node.kind == FILE:
-                    d = self.blobs.put_bytes(node.data) if scan.persist else self.blobs.address(
-                        node.data)
-                    tree[name] = Entry(FILE, node.mode, d, len(node.data))
-                    total += len(node.data)
-                else:
-                    tree[name] = Entry(SYMLINK, 0, node.data.decode("utf-8", "surrogateescape"))
-            else:
-                digest, size = self._build(node[0], scan)
-                tree[name] = Entry(DIR, node[1], digest, size)
-                total += size
-        data = encode(tree)
-        if scan.persist:
-            digest = self.blobs.put_bytes(data)
-        else:
-            digest = self.blobs.address(data)
-            scan.trees[digest] = tree
-        return digest, total
-
-    def apply(self, current: Capture, target_root: str) -> None:
-        files: dict[str, MemoryFile] = {}
-        for path, entry in self.trees.walk(target_root):
-            if entry.kind == FILE:
-                files[path] = MemoryFile(FILE, entry.mode, self.blobs.read_bytes(entry.ref))
-            elif entry.kind == SYMLINK:
-                files[path] = MemoryFile(SYMLINK, 0, entry.ref.encode("utf-8", "surrogateescape"))
-            else:
-                files[path] = MemoryFile(DIR, entry.mode)
-        self.files = files
-
-    def commit(self, capture: Capture) -> None:
-        return None

@@ -49,8 +49,9 @@ and the record that references them are durable (a crash before it costs a rehas
 never a file). A restore: capture(persist=False) -> apply(current, target_root) ->
 a capture of the result recorded as above.
 
-Implementations: ``WorkspaceSnapshotter`` and ``MemorySnapshotter`` (the reference) in
-snapshot.py; tests/test_snapshotter_contract.py holds every one to this contract.
+Implementations: ``WorkspaceSnapshotter`` in snapshot.py and ``MemorySnapshotter``
+(the reference) in memory_snapshot.py; tests/test_snapshotter_contract.py holds
+every one to this contract.
 """
 
 from __future__ import annotations

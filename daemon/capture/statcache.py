@@ -326,7 +326,7 @@ def _open(db_path: str | None) -> sqlite3.Connection:
     db = sqlite3.connect(db_path or ":memory:", check_same_thread=False, isolation_level=None)
     try:
         if db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
-            to_incremental_vacuum(db, db_path)  # a file made before 0.7.21
+            to_incremental_vacuum(db, db_path)  # a file an older version made without it
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("DROP TABLE IF EXISTS stat")  # 0.1's row-per-file cache: rehash once

@@ -40,7 +40,7 @@ MAPPED = (SPARSE, CHUNKED)  # kinds whose ref names a map of pieces (chunks.read
 FILES = (FILE, SPARSE, CHUNKED)  # kinds with content
 DEVICES = (CHAR, BLOCK)
 _KINDS = {v: k for k, v in _CODES.items()}
-NO_OWNER = -1  # uid/gid of an entry recorded before 0.4: no owner, times or xattrs
+NO_OWNER = -1  # uid/gid of an entry of the oldest tree format: no owner, times or xattrs
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +50,10 @@ class Entry:
     ``mode`` is ``st_mode & 0o7777`` (setuid, setgid and sticky included; 0 for
     symlinks), ``mtime`` nanoseconds, ``extra`` the canonical JSON of what only some
     entries have (``make_extra``): xattrs (ACLs included), device numbers, and on a root
-    tree's own entry its hard-link groups. Entries read from trees written before 0.4
-    have ``uid == NO_OWNER`` and are restored as 0.3 restored them."""
+    tree's own entry its hard-link groups. Entries of the oldest tree format, which
+    recorded none of owner, times and xattrs, have ``uid == NO_OWNER`` (``has_meta``
+    false) and are restored with their mode alone (fsmeta.py), as when they were
+    written."""
 
     kind: str  # FILE | SPARSE | CHUNKED | SYMLINK | DIR | OPAQUE | WHITEOUT | FIFO | CHAR |
     #   BLOCK | SOCKET
@@ -236,8 +238,8 @@ except ImportError:
 def _settled(tree: Tree | dict[str, Entry]) -> None:
     """A tree about to be kept, and its entries, untracked by the cycle collector: they
     hold only strings and numbers and can be in no cycle, and the trees a busy daemon
-    keeps were most of what each young collection traversed, for nothing (tests/bench
-    load: 35 ms pauses of every call, none found garbage)."""
+    keeps were most of what each young collection traversed, for nothing (under the
+    eight-session load, pauses of every call that found no garbage)."""
     untrack(tree.values())
     own = getattr(tree, "own", None)
     untrack((tree,) if own is None else (tree, own))

@@ -78,7 +78,7 @@ class Location(NamedTuple):
     len: int
     size: int
     codec: str  # "zstd" (a zstd frame), "raw", "delta" (bucket_packs.py) or "pack" (zlib,
-    # before 0.7.8)
+    # what older versions wrote)
     stored_at: float
 
 

@@ -39,9 +39,9 @@ Errors
   caller's file, not in the store); ``DataLoss`` for bytes that no longer match;
   ``Unavailable`` for a bucket that cannot be reached.
 
-Implementations: ``LocalBlobStore`` (a pack and files under the data root) and
-``MemoryBlobStore`` (the reference) in blobs.py, ``S3BlobStore`` (a fleet's bucket,
-with a local store as its cache) in s3_blobs.py; tests/test_blob_contract.py holds
+Implementations: ``LocalBlobStore`` (a pack and files under the data root) in
+blobs.py, ``MemoryBlobStore`` (the reference) in memory_blobs.py, ``S3BlobStore`` (a
+fleet's bucket, with a local store as its cache) in s3_blobs.py; tests/test_blob_contract.py holds
 every one to this contract.
 """
 
@@ -69,6 +69,17 @@ def check_digest(digest: str) -> str:
     if not _DIGEST_RE.match(digest):
         raise InvalidArgument(f"{digest!r} is not a blob digest")
     return digest
+
+
+def store_address(store, data: bytes) -> str:
+    """``address`` of a store holding its data key (or None) as ``key``: the keyed
+    address with a key, else the SHA-256. Implementations take it as their method."""
+    return store.key.address(data) if store.key is not None else digest_of(data)
+
+
+def store_hasher(store):
+    """``hasher`` of a store holding its data key (or None) as ``key``."""
+    return store.key.hasher() if store.key is not None else hashlib.sha256()
 
 
 class BlobStore(Protocol):

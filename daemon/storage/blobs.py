@@ -1,63 +1,37 @@
-"""Blob stores kept on this host: ``LocalBlobStore`` (a pack and files under the data
-root, packs.py) and ``MemoryBlobStore`` (the reference, and the store of tests). The
-contract they keep is ``BlobStore`` in blob_store.py; a fleet's bucket keeps it too
-(s3_blobs.py).
+"""The blob store kept on this host: ``LocalBlobStore``, a pack and files under the
+data root (packs.py). The contract it keeps is ``BlobStore`` in blob_store.py; the
+reference, ``MemoryBlobStore``, is in memory_blobs.py (and importable here), a
+fleet's bucket in s3_blobs.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import hashlib
-import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from worldline.wire.errors import (
     DataLoss,
     NotFound,
-    ResourceExhausted,
     Unavailable,
 )
 
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
-from .blob_store import DestinationFull, Overread, check_digest, digest_of
+from . import blob_files
+from .blob_files import DIGEST_RE
+from .blob_store import DestinationFull, check_digest, store_address, store_hasher
 from .crypto import OVERHEAD, DataKey
-from .durable import fsync_folder, out_of_space
+from .memory_blobs import MemoryBlobStore  # noqa: F401 - importable here
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger(__name__)
-
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-CHUNK = 1 << 20
-
-
-def _disk_full(exc: OSError, kind: type[ResourceExhausted] = ResourceExhausted) -> Exception:
-    """The error to raise for an OSError: a full disk becomes ResourceExhausted (for the
-    store's own files) or DestinationFull (for the file a blob is copied to)."""
-    if out_of_space(exc):
-        where = "where the blob is copied to" if kind is DestinationFull else "for blobs"
-        return kind(f"no space left {where}: {exc.strerror}")
-    return exc
-
-
-def _address(self, data: bytes) -> str:
-    """The digest ``data`` is stored under: its keyed address with a data key, else its
-    SHA-256 (the contract's ``address``)."""
-    return self.key.address(data) if self.key is not None else digest_of(data)
-
-
-def _hasher(self):
-    """An incremental hasher whose digest is ``address``'s (the contract's ``hasher``)."""
-    return self.key.hasher() if self.key is not None else hashlib.sha256()
+from .streams import (  # noqa: F401 - CHUNK and within: importable here
+    CHUNK,
+    disk_full,
+    file_chunks,
+    within,
+    write_all,
+)
 
 
 class LocalBlobStore:
@@ -73,12 +47,13 @@ class LocalBlobStore:
     durable. The renames themselves need no second flush: a crash can only lose a rename
     whose temporary is durable and named after its digest, and ``recover()`` at the next
     start verifies such a temporary against its name and finishes the rename. Anything
-    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed."""
+    else in ``tmp`` (a temporary whose bytes never reached the disk) is removed. The
+    files' part (temporaries, the flush and renames, recovery) is blob_files.py's."""
 
     local = True
 
-    address = _address
-    hasher = _hasher
+    address = store_address
+    hasher = store_hasher
 
     def __init__(self, root: str, durable: bool = True, pack_file: str = "",
                  store_lock: threading.RLock | None = None, key: DataKey | None = None
@@ -138,8 +113,9 @@ class LocalBlobStore:
 
         ``size``, when known and at most MAX_BLOB: the blob can only be a row of the pack,
         so no file is looked for (a failed stat per new blob, each a hand-off of the
-        interpreter lock in the middle of a capture). Only a data root of 0.1 holds such
-        blobs as files; one found there again is stored in the pack as well, once."""
+        interpreter lock in the middle of a capture). Only data roots written by the
+        first versions hold such blobs as files; one found there again is stored in the
+        pack as well, once."""
         with self._lock:
             if self._in_flight(digest):
                 return True
@@ -161,7 +137,7 @@ class LocalBlobStore:
         if len(data) > MAX_BLOB:
             self._add_pending(digest, self._write_temp(self._sealing([data]), digest))
             return digest
-        usable = base is not None and base != digest and _DIGEST_RE.match(base) is not None
+        usable = base is not None and base != digest and DIGEST_RE.match(base) is not None
         if usable:
             with self._lock:  # gc leaves a pinned base be until its delta is pending
                 self._pins[base] = self._pins.get(base, 0) + 1
@@ -305,29 +281,9 @@ class LocalBlobStore:
                 self._pending[digest] = tmp
 
     def _write_temp(self, chunks, digest: str = "") -> str:
-        """Write ``chunks`` to a new read-only temporary; return its path. On any error
-        the temporary is removed, and a full disk is ResourceExhausted."""
-        fd, tmp = self._open_temp(digest)
-        try:
-            for chunk in chunks:
-                _write_all(fd, chunk)
-            os.fchmod(fd, 0o444)
-        except OSError as exc:
-            _discard(fd, tmp)
-            raise _disk_full(exc) from exc
-        except BaseException:
-            _discard(fd, tmp)
-            raise
-        os.close(fd)
-        return tmp
-
-    def _open_temp(self, digest: str = "") -> tuple[int, str]:
-        prefix = f"{digest}." if digest else "stream-"
-        name = os.path.join(self.tmp, f"{prefix}{os.urandom(8).hex()}")
-        try:
-            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
-        except OSError as exc:
-            raise _disk_full(exc) from exc
+        """Write ``chunks`` to a new read-only temporary in ``tmp``; return its path
+        (blob_files.write_temp)."""
+        return blob_files.write_temp(self.tmp, chunks, digest)
 
     @contextmanager
     def committing(self):
@@ -360,47 +316,13 @@ class LocalBlobStore:
                     for digest in batch:
                         self._moving.pop(digest, None)
                 if isinstance(exc, OSError):
-                    raise _disk_full(exc) from exc
+                    raise disk_full(exc) from exc
                 raise
             with self._lock:
                 self.pack.committing = {}
             if not batch:
                 return
-            renamed: set[str] = set()
-            flushed = False
-            try:
-                _flush_filesystem(self.tmp, batch.values())
-                flushed = True
-                folders = set()
-                for digest, tmp in batch.items():
-                    final = self._path(digest)
-                    folder = os.path.dirname(final)
-                    if folder not in folders:
-                        os.makedirs(folder, mode=0o700, exist_ok=True)
-                        folders.add(folder)
-                    os.rename(tmp, final)
-                    renamed.add(digest)
-                if _syncfs is None:  # each blob was fsynced alone: make its name durable too
-                    for folder in folders | {self.tmp, self.root}:
-                        fsync_folder(folder)
-            except OSError as exc:
-                with self._lock:  # what was not renamed waits for the next sync
-                    self._pending.update({d: t for d, t in batch.items() if d not in renamed})
-                if not flushed and self.pack.durable:
-                    # The pages it could not write may be gone, and a later flush would
-                    # succeed without them: no temporary of this store is trusted again
-                    # in this process (the next start verifies each against its name).
-                    # A bucket's cache (not durable) only fails this call.
-                    self.failed = f"flushing blob files: {exc.strerror or exc}"
-                    log.error("%s: %s; no more syncs until the daemon restarts",
-                              self.root, self.failed)
-                    if not out_of_space(exc):
-                        raise self._refusal() from exc
-                raise _disk_full(exc) from exc
-            finally:
-                with self._lock:
-                    for digest in batch:
-                        self._moving.pop(digest, None)
+            blob_files.place(self, batch)
 
     def broken(self) -> str | None:
         """Why this store takes no more syncs in this process (a flush of its files or of
@@ -468,9 +390,9 @@ class LocalBlobStore:
         packed = self._packed(digest)
         if packed is not None:
             try:
-                _write_all(dst, packed)
+                write_all(dst, packed)
             except OSError as exc:
-                raise _disk_full(exc, DestinationFull) from exc
+                raise disk_full(exc, DestinationFull) from exc
             return len(packed)
         fd = self._open_verified(digest)
         hasher = self.hasher()
@@ -480,9 +402,9 @@ class LocalBlobStore:
             for chunk in self.opening(file_chunks(fd)):
                 hasher.update(chunk)
                 size += len(chunk)
-                _write_all(dst, chunk)
+                write_all(dst, chunk)
         except OSError as exc:
-            raise _disk_full(exc, DestinationFull) from exc
+            raise disk_full(exc, DestinationFull) from exc
         finally:
             os.close(fd)
         if hasher.hexdigest() != digest:
@@ -571,7 +493,7 @@ class LocalBlobStore:
         for prefix in os.listdir(self.root):
             if len(prefix) == 2:
                 found.update(prefix + rest for rest in os.listdir(os.path.join(self.root, prefix))
-                             if _DIGEST_RE.match(prefix + rest))
+                             if DIGEST_RE.match(prefix + rest))
         return iter(packed + sorted(found - set(packed)))
 
     def inventory(self) -> Iterator[tuple[str, int]]:
@@ -582,7 +504,7 @@ class LocalBlobStore:
             if len(prefix) != 2:
                 continue
             for rest in os.listdir(os.path.join(self.root, prefix)):
-                if _DIGEST_RE.match(prefix + rest):
+                if DIGEST_RE.match(prefix + rest):
                     try:
                         yield prefix + rest, os.stat(
                             os.path.join(self.root, prefix, rest)).st_size - self._overhead
@@ -590,184 +512,6 @@ class LocalBlobStore:
                         continue
 
     def recover(self) -> tuple[int, int]:
-        """At start, before any put: finish the renames a crash interrupted (a temporary
-        whose bytes match the digest it is named after) and remove every other
-        temporary. Returns (renamed, removed)."""
-        renamed = removed = 0
-        for name in os.listdir(self.tmp):
-            path = os.path.join(self.tmp, name)
-            digest = name.split(".", 1)[0]
-            if _DIGEST_RE.match(digest) and not os.path.exists(self._path(digest)):
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    whole = self._file_digest(fd)[0] == digest
-                except DataLoss:
-                    whole = False
-                finally:
-                    os.close(fd)
-                if whole:
-                    os.makedirs(os.path.dirname(self._path(digest)), mode=0o700,
-                                exist_ok=True)
-                    os.rename(path, self._path(digest))
-                    renamed += 1
-                    continue
-            os.unlink(path)
-            removed += 1
-        if renamed:
-            try:
-                _flush_filesystem(self.root, ())
-            except OSError as exc:  # the daemon does not start on them: say why
-                raise Unavailable(f"the blob store {self.root} could not make the {renamed}"
-                                  f" blob file(s) a crash left behind durable"
-                                  f" ({exc.strerror or exc}): check the disk, then start"
-                                  " the daemon again") from None
-        return renamed, removed
-
-
-def file_chunks(fd: int, limit: int | None = None) -> Iterator[bytes]:
-    """The file open at ``fd`` from its start, in chunks (pread: its offset is
-    untouched); past ``limit`` bytes, Overread, one byte past it at the most."""
-    offset = 0
-    while chunk := os.pread(fd, within(CHUNK, offset, limit), offset):
-        offset += len(chunk)
-        if limit is not None and offset > limit:
-            raise Overread(limit)
-        yield chunk
-
-
-def within(n: int, got: int, limit: int | None) -> int:
-    """A read of ``n`` bytes cut to one past ``limit`` (``got`` read so far): enough to
-    tell a file that holds more than ``limit`` bytes."""
-    return n if limit is None else min(n, limit + 1 - got)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a write may take fewer)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_syncfs = getattr(_libc, "syncfs", None)
-
-
-def _flush_filesystem(folder: str, files) -> bool:
-    """Make ``files`` (and every metadata change on the file system) durable with one
-    syncfs; where the platform has none, fsync each of ``files`` and return False."""
-    if _syncfs is not None:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if _syncfs(fd) == 0:
-                return True
-            failed = ctypes.get_errno()
-            if failed != errno.ENOSYS:  # a write-back failed: never fall back to fsyncs,
-                raise OSError(failed, os.strerror(failed))  # which may not see it again
-        finally:
-            os.close(fd)
-    for path in files:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return False
-
-
-def _discard(fd: int, tmp: str) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-
-
-class MemoryBlobStore:
-    """The reference blob store: a dict. Durable for as long as the process lives."""
-
-    local = True
-
-    def __init__(self, key: DataKey | None = None) -> None:
-        self._blobs: dict[str, bytes] = {}  # with a key: sealed, the digest bound to it
-        self._stored_at: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self.key = key
-
-    address = _address
-    hasher = _hasher
-
-    def has(self, digest: str) -> bool:
-        return check_digest(digest) in self._blobs
-
-    def put_bytes(self, data: bytes, base: str | None = None) -> str:
-        digest = self.address(data)  # the reference store keeps every blob whole
-        with self._lock:
-            if digest not in self._blobs:
-                self._blobs[digest] = (bytes(data) if self.key is None else
-                                       self.key.seal_blob(data, bytes.fromhex(digest)))
-            self._stored_at[digest] = time.time()  # stored or reused: gc's clock
-        return digest
-
-    def put_many(self, blobs: list[bytes]) -> list[str]:
-        return [self.put_bytes(data) for data in blobs]
-
-    def put_fd(self, fd: int, limit: int | None = None) -> tuple[str, int]:
-        data = b"".join(file_chunks(fd, limit))
-        return self.put_bytes(data), len(data)
-
-    def read_bytes(self, digest: str) -> bytes:
-        try:
-            data = self._blobs[check_digest(digest)]
-        except KeyError:
-            raise NotFound(f"blob {digest} does not exist") from None
-        if self.key is not None:
-            data = self.key.open_blob(data, bytes.fromhex(digest))
-        if self.address(data) != digest:
-            raise DataLoss(f"blob {digest} is corrupt: its bytes no longer match its digest")
-        return data
-
-    def verify(self, digest: str) -> None:
-        self.read_bytes(digest)
-
-    def copy_to_fd(self, digest: str, fd: int) -> int:
-        data = self.read_bytes(digest)
-        _write_all(fd, data)
-        return len(data)
-
-    def size(self, digest: str) -> int:
-        return len(self.read_bytes(digest))
-
-    def stored_at(self, digest: str) -> float:
-        self.read_bytes(digest)
-        return self._stored_at[digest]
-
-    def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
-        with self._lock:
-            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
-                return 0
-            data = self._blobs.get(digest)
-        return len(data) if data is not None else 0
-
-    def delete(self, digest: str, older_than: float | None = None) -> int:
-        with self._lock:
-            if older_than is not None and self._stored_at.get(digest, 0.0) >= older_than:
-                return 0
-            data = self._blobs.pop(check_digest(digest), None)
-        return len(data) if data is not None else 0
-
-    def digests(self) -> Iterator[str]:
-        return iter(sorted(self._blobs))
-
-    def sync(self) -> None:
-        return None
-
-    @contextmanager
-    def committing(self):
-        yield []
-
-    def corrupt(self, digest: str, data: bytes) -> None:
-        """Replace a blob's bytes behind its digest: for fault-injection tests only."""
-        self._blobs[digest] = data
+        """At start, before any put: finish the renames a crash interrupted and remove
+        every other temporary (blob_files.recover). Returns (renamed, removed)."""
+        return blob_files.recover(self)

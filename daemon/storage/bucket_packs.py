@@ -4,11 +4,11 @@ a host rewrites packs at rest, stored as a delta from another entry of the same 
 A checkpoint uploads what it added as one small pack object of whole entries, each a
 zstd frame at level 3 (``zstd``) or its raw bytes (``raw``): quick to make while the
 agent waits, and every object readable alone. Over a real history that is the whole
-content of every changed file again at every checkpoint: replaying the 400 commits of
-history-400 on a fleet left 397 objects holding 12.4 MB in the bucket, 7.3 × the pack
-`git gc --aggressive` makes of them (0.7.13, measured), while the host's own pack held
-them in 1.47 ×. At rest a host *rewrites* its small objects into one (s3_blobs.py,
-``consolidate``): each entry is stored as a delta from an earlier entry of the same
+content of every changed file again at every checkpoint: several times the size of
+the pack `git gc --aggressive` makes of the same commits, where the host's own pack
+(deltas from the previous version) is about one and a half times it (measured:
+docs/benchmark.md). At rest a host *rewrites* its small objects into one
+(s3_sweep.py, ``consolidate``): each entry is stored as a delta from an earlier entry of the same
 object when that is smaller (the base the host's cache stores it against: the version
 the same path had, or the better one the idle repack found), else whole at zstd's
 strongest level.
@@ -49,7 +49,7 @@ ASK_EVERY = 64  # entries encoded between two questions whether to go on
 
 # A whole entry's codec in the index -> the pack's row of the same bytes (a cache
 # filled from the bucket keeps them as they are). "pack" (deflate of the hex-packed
-# bytes) is what hosts before 0.7.8 wrote; "zstd" is a frame of the whole blob.
+# bytes) is what hosts of older versions wrote; "zstd" is a frame of the whole blob.
 CODECS = {"raw": packs.RAW, "pack": packs.ZLIB, "zstd": packs.ZSTD}
 
 

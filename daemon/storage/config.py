@@ -105,8 +105,8 @@ class StorageConfig:
 
 def pack_file(root: str) -> str:
     """The SQLite file that holds the pack of the embedded data root ``root``: its
-    ``meta.db`` (from 0.7.7 on: a checkpoint's blobs and its record are made durable by
-    one fsync), or ``blobs/pack.db`` in a data root made before, which keeps it."""
+    ``meta.db`` (a checkpoint's blobs and its record are made durable by one fsync), or
+    ``blobs/pack.db`` in a data root an older version made, which keeps it there."""
     meta = os.path.join(root, "meta.db")
     legacy = os.path.join(root, "blobs", "pack.db")
     if not os.path.exists(legacy) or _has_pack(meta):

@@ -148,16 +148,16 @@ class _Bucket:
     """The keyring object of a fleet's bucket."""
 
     def __init__(self, url: str, store: str) -> None:
-        from . import s3_blobs
+        from . import s3_bucket
         self.store = store
-        if s3_blobs.obstore is None:
+        if s3_bucket.obstore is None:
             raise InvalidArgument("s3 blobs need obstore: pip install 'worldline[fleet]'")
         self.url = url
-        self.obstore = s3_blobs.obstore
-        name, prefix = s3_blobs.parse_url(url)
-        options, retry = s3_blobs.bucket_client(s3_blobs.REQUEST_SECONDS)
-        self.bucket = s3_blobs.S3Store(name, prefix=prefix or None, client_options=options,
-                                       retry_config=retry)
+        self.obstore = s3_bucket.obstore
+        name, prefix = s3_bucket.parse_url(url)
+        options, retry = s3_bucket.bucket_client(s3_bucket.REQUEST_SECONDS)
+        self.bucket = s3_bucket.S3Store(name, prefix=prefix or None, client_options=options,
+                                        retry_config=retry)
 
     def _asking(self, what: str, fn):
         """``fn()``; the bucket not answering is Unavailable (a line, no traceback)."""

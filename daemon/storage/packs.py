@@ -5,31 +5,11 @@ Why: a checkpoint after a small edit stores a few changed files and the trees of
 the folders above them, a dozen blobs of a few KB each. As files, each costs a
 file-system block and an inode, and each stores the whole content again although
 one line changed. In the pack each is a row; a changed file or tree whose previous
-version is given as its *base* is stored as a *delta*, made by a checkpoint in
-microseconds because the agent is waiting (``quick_delta``), of one of two kinds:
-- a *splice* (``DELTA``) when the change is one small region, the usual single edit:
-  the length of the prefix and suffix it shares with the base, and the middle
-  deflated (a few bytes of framing);
-- else *copies* (``COPIES``, since 0.7.12): the bytes it shares with its base,
-  anywhere in it and in any order, as copies, and the rest inserted (git's copy/insert
-  delta; ``copy_delta``, in C), hex-packed, then compressed as one zstd frame at level
-  ``FAST`` with this thread's compressor, which needs no dictionary to be set up.
-The idle repack (repack.py) later stores a row as the smallest splice or *zstd frame*
-(``ZDELTA``) it can make at zstd's strongest level, when that is an eighth smaller: a
-frame compressed with the whole base as a raw-content dictionary, so every part of
-the new version that the base holds is a copy and what is new is entropy coded.
-Until 0.7.12 a checkpoint wrote those zstd frames itself. Over the 1,368 deltas of
-more than one region that a replay of history-400 makes, in a loop: such a frame 23
-us (median; 61 mean) and 590 KB in all, copies 10 us (19 mean) and 632 KB (4 us and
-889 KB before their compression); inside a checkpoint the frame took about twice as
-long.
-Until 0.7 every delta was a splice, which stores everything between two edits far
-apart.
-Other rows are stored whole: a zstd frame (``ZSTD``, level ``FAST``) when that saves an
-eighth, else raw; the idle repack may later store a row at zstd's strongest level.
-Packs made before 0.7.8 also hold zlib rows (``ZLIB``: deflate of the hex-packed
-bytes), which stay readable, and a cache filled from a bucket written before 0.7.8
-takes its entries as such rows.
+version is given as its *base* is stored as a *delta*: a splice when the change is
+one small region, else copies from anywhere in the base, and later, by the idle
+repack, the smallest of those or a zstd frame with the base as dictionary. The
+encodings of a row are rows.py's; this module keeps the rows: the SQLite table, its
+index, the rows pending a commit and a cache of recent blobs.
 
 Rules that keep every blob readable:
 - A delta's base is itself in the pack, and a chain of deltas is at most
@@ -69,23 +49,56 @@ import zstandard
 from worldline.wire.errors import DataLoss, NotFound
 
 from ..faults import crash_point
+from .rows import (  # noqa: F401 - the encodings, importable from here as they always were
+    COPIES,
+    COPY_BLOCK,
+    DELTA,
+    FAST,
+    MAX_BLOB,
+    RAW,
+    SMALL,
+    SPLICE_MAX,
+    WHOLE,
+    ZDELTA,
+    ZLIB,
+    ZSTD,
+    _read_varint,
+    _varint,
+    apply_copies,
+    apply_copies_python,
+    apply_copies_row,
+    apply_delta,
+    best_delta,
+    compress,
+    compress_whole,
+    copy_delta,
+    copy_delta_python,
+    decode_whole,
+    decompress,
+    encode_delta,
+    pack_hex,
+    pack_hex_python,
+    quick_delta,
+    shared_ends,
+    shared_ends_python,
+    unpack_hex,
+    unpack_hex_python,
+    zstd_apply,
+    zstd_delta,
+    zstd_whole,
+)
 from .sqlite_store import SqliteDatabase, to_incremental_vacuum
 
 log = logging.getLogger("worldline.pack")
 
-MAX_BLOB = 1 << 20  # bigger blobs stay files: streamed, never held whole in memory
 MAX_DEPTH = 100  # a cold read rebuilds at most this many versions (about 3 ms)
-RAW, ZLIB, DELTA, ZDELTA, ZSTD, COPIES = 0, 1, 2, 3, 4, 5  # DELTA: a splice; ZDELTA: a
-# zstd frame with the base as dictionary; COPIES: copies and inserts (copy_delta), zstd
-WHOLE = (RAW, ZLIB, ZSTD)  # the kinds of a row that needs no base (decode_whole)
-FAST, SMALL = 3, 19  # zstd levels: a checkpoint's deltas, and the idle repack's
 _CACHE_BYTES = 32 << 20
 
-# The index key: the digest's first KEY_BYTES bytes. A pack made before 0.7.4 keys its
-# rows by 8 (and keeps them: the key is read from its index at open). Four bytes tell
-# rows apart as well in practice (a lookup among ten million rows meets another row of
-# its key one time in 400, checked whole) and make each index entry 4 bytes smaller:
-# the index is a fifth smaller, and what a checkpoint adds to it too.
+# The index key: the digest's first KEY_BYTES bytes. A pack written by older versions
+# keys its rows by 8 (and keeps them: the key is read from its index at open). Four
+# bytes tell rows apart as well in practice (a lookup among ten million rows meets
+# another row of its key one time in 400, checked whole) and make each index entry 4
+# bytes smaller: the index is a fifth smaller, and what a checkpoint adds to it too.
 KEY_BYTES = 4
 
 SCHEMA = f"""
@@ -102,7 +115,8 @@ CREATE INDEX IF NOT EXISTS objects_by_base ON objects (base) WHERE base IS NOT N
 CREATE TABLE IF NOT EXISTS marks (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 # A new pack gives freed pages back to the file system a few at a time (the repack's
-# `incremental_vacuum`); a pack made before 0.7 is converted once at open when small.
+# `incremental_vacuum`); a pack an older version made without that is converted once
+# at open when small.
 FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
 CONVERT_AT_OPEN = 1 << 30
 
@@ -133,375 +147,6 @@ class Row:
     stored_at: float
     data: bytes
     sealed: bool = False  # ``data`` as the pack file holds it, sealed (Pack.key)
-
-
-_BLOCK = 4096
-
-
-def _shared_prefix(a: bytes, b: bytes) -> int:
-    limit = min(len(a), len(b))
-    lo = 0
-    while lo + _BLOCK <= limit and a[lo:lo + _BLOCK] == b[lo:lo + _BLOCK]:
-        lo += _BLOCK  # whole blocks first (memcmp speed), then a binary search in one
-    hi = min(limit, lo + _BLOCK)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _shared_suffix(a: bytes, b: bytes, limit: int) -> int:
-    la, lb = len(a), len(b)
-    lo = 0
-    while lo + _BLOCK <= limit and a[la - lo - _BLOCK:la - lo] == b[lb - lo - _BLOCK:lb - lo]:
-        lo += _BLOCK
-    hi = min(limit, lo + _BLOCK)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[la - mid:la - lo] == b[lb - mid:lb - lo]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-_HEX_RUN = re.compile(rb"(?:[0-9a-f]{2}){16,}")
-
-
-def pack_hex_python(data: bytes) -> bytes:
-    """``data`` with every run of 32 or more lowercase hex digits (the digests trees,
-    states and task lists are full of) replaced by the bytes it spells, half as many:
-    varint(literal length), literal, varint(run length), run, ..., a literal last."""
-    out = bytearray()
-    at = 0
-    for m in _HEX_RUN.finditer(data):
-        run = bytes.fromhex(m.group().decode())
-        out += _varint(m.start() - at) + data[at:m.start()] + _varint(len(run)) + run
-        at = m.end()
-    out += _varint(len(data) - at) + data[at:]
-    return bytes(out)
-
-
-def unpack_hex_python(packed: bytes) -> bytes:
-    parts, at, literal = [], 0, True
-    while True:
-        n, at = _read_varint(packed, at)
-        chunk = packed[at:at + n]
-        if len(chunk) != n:
-            raise ValueError("a packed blob is cut short")
-        parts.append(chunk if literal else chunk.hex().encode())
-        at += n
-        if literal and at == len(packed):
-            return b"".join(parts)
-        literal = not literal
-
-
-try:  # the same codec in C (daemon/_codec.c): no Python loop per run
-    from .._codec import pack_hex, unpack_hex
-except ImportError:
-    pack_hex, unpack_hex = pack_hex_python, unpack_hex_python
-
-
-def compress(data: bytes) -> bytes:
-    """A ``ZLIB`` row's bytes (and a bucket entry's of codec "pack"): what worldline
-    wrote before 0.7.8, kept as the format ``decompress`` reads; nothing writes it now."""
-    return zlib.compress(pack_hex(data), 1)
-
-
-def decompress(data: bytes) -> bytes:
-    return unpack_hex(zlib.decompress(data))
-
-
-def shared_ends_python(base: bytes, data: bytes) -> tuple[int, int]:
-    """The lengths of the prefix ``data`` shares with ``base``, and of the suffix they
-    share in what is left after that prefix."""
-    prefix = _shared_prefix(base, data)
-    return prefix, _shared_suffix(base, data, min(len(base), len(data)) - prefix)
-
-
-try:  # in C: a word at a time, outside the interpreter lock (7-14 us a call in Python)
-    from .._codec import shared_ends
-except ImportError:
-    shared_ends = shared_ends_python
-
-
-def encode_delta(base: bytes, data: bytes, ends: tuple[int, int] | None = None) -> bytes:
-    """A *splice*: varint(shared prefix), varint(shared suffix), then the middle of
-    ``data``, hex-packed and deflated with the part of ``base`` it replaces as
-    dictionary. The smallest delta of an edit in one place (a few bytes of framing)."""
-    prefix, suffix = ends or shared_ends(base, data)
-    middle = pack_hex(data[prefix:len(data) - suffix])
-    replaced = pack_hex(base[prefix:len(base) - suffix])[-32768:]
-    packer = (zlib.compressobj(6, zlib.DEFLATED, -15, zdict=replaced) if replaced
-              else zlib.compressobj(6, zlib.DEFLATED, -15))
-    return _varint(prefix) + _varint(suffix) + packer.compress(middle) + packer.flush()
-
-
-COPY_BLOCK = 16  # bytes of the base hashed together: the shortest copy a delta makes
-_K1, _K2, _M64 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, (1 << 64) - 1
-
-
-def _block_hash(data: bytes, at: int, bits: int) -> int:
-    low = int.from_bytes(data[at:at + 8], "little")
-    high = int.from_bytes(data[at + 8:at + 16], "little")
-    return (((low * _K1) ^ (high * _K2)) & _M64) >> (64 - bits)
-
-
-def copy_delta_python(base: bytes, data: bytes) -> bytes:
-    """``data`` as copies from ``base`` and inserts (what a ``COPIES`` row holds,
-    hex-packed and compressed). Operations follow each other to the end:
-    varint(length << 1 | 1), varint(offset in the base) for a copy; varint(length <<
-    1), then the bytes, for an insert.
-
-    The shared prefix and suffix are one copy each; the middle is matched against an
-    index of the base's ``COPY_BLOCK``-byte blocks (one offset per hash, the first;
-    a table of at least twice as many slots as blocks, 16 at least), at every byte
-    until a block matches, each match extended forward, then backward into the bytes
-    not yet written. No entropy coding: made in a few microseconds on the checkpoint's
-    path, then stored at zstd's strongest level by the idle repack (repack.py) when
-    that is an eighth smaller."""
-    prefix, suffix = shared_ends(base, data)
-    lo, hi = prefix, len(data) - suffix
-    out = bytearray(_copy(prefix, 0) if prefix else b"")
-    literal = lo
-    if hi - lo >= 2 * COPY_BLOCK and COPY_BLOCK <= len(base) < 1 << 32:
-        blocks = len(base) // COPY_BLOCK
-        bits = max(4, (2 * blocks - 1).bit_length())
-        table: dict[int, int] = {}
-        for k in range(blocks):
-            table.setdefault(_block_hash(base, k * COPY_BLOCK, bits), k * COPY_BLOCK)
-        pos = lo
-        while pos + COPY_BLOCK <= hi:
-            found = table.get(_block_hash(data, pos, bits))
-            if found is None or base[found:found + COPY_BLOCK] != data[pos:pos + COPY_BLOCK]:
-                pos += 1
-                continue
-            at, to = found, pos
-            n = _shared_prefix(base[at:], data[to:hi])
-            while to > literal and at > 0 and data[to - 1] == base[at - 1]:
-                to, at, n = to - 1, at - 1, n + 1
-            out += _insert(data[literal:to]) + _copy(n, at)
-            pos = literal = to + n
-    out += _insert(data[literal:hi])
-    if suffix:
-        out += _copy(suffix, len(base) - suffix)
-    return bytes(out)
-
-
-def _copy(length: int, offset: int) -> bytes:
-    return _varint(length << 1 | 1) + _varint(offset)
-
-
-def _insert(chunk: bytes) -> bytes:
-    return _varint(len(chunk) << 1) + chunk if chunk else b""
-
-
-def apply_copies_python(base: bytes, delta: bytes, size: int) -> bytes:
-    """The bytes of a ``copy_delta``, which must make exactly ``size`` bytes; raises
-    ValueError for any delta that does not, or reads outside its base or itself."""
-    if size < 0:
-        raise ValueError("a negative size")
-    out = bytearray()
-    at = 0
-    while at < len(delta):
-        tag, at = _varint_at(delta, at, "an operation is cut short")
-        n = tag >> 1
-        if n == 0:
-            raise ValueError("an operation of no bytes")
-        if n > size - len(out):
-            raise ValueError("the operations make more bytes than the row says")
-        if tag & 1:
-            offset, at = _varint_at(delta, at, "a copy is cut short")
-            if offset > len(base) or n > len(base) - offset:
-                raise ValueError("a copy reaches past the end of its base")
-            out += base[offset:offset + n]
-        else:
-            if n > len(delta) - at:
-                raise ValueError("an insert is cut short")
-            out += delta[at:at + n]
-            at += n
-    if len(out) != size:
-        raise ValueError("the operations make fewer bytes than the row says")
-    return bytes(out)
-
-
-def _varint_at(data: bytes, at: int, wrong: str) -> tuple[int, int]:
-    """A varint of at most 64 bits (as in C), else ValueError(wrong)."""
-    try:
-        n, at = _read_varint(data, at)
-    except ValueError:
-        raise ValueError(wrong) from None
-    if n >> 64:
-        raise ValueError(wrong)
-    return n, at
-
-
-try:  # in C, outside the interpreter lock: a few microseconds for a usual edit
-    from .._codec import apply_copies, copy_delta
-except ImportError:
-    copy_delta, apply_copies = copy_delta_python, apply_copies_python
-
-
-SPLICE_MAX = 512  # changed bytes (old and new) in one region up to which a splice wins
-
-
-def _splice(base: bytes, data: bytes) -> bytes | None:
-    """The splice of ``data`` from ``base`` when the change is one small region (then
-    the smallest delta there is: its framing is a few bytes, a zstd frame's a dozen);
-    None otherwise. Both the checkpoint's choice and the repack's start here."""
-    prefix, suffix = ends = shared_ends(base, data)
-    if len(base) + len(data) - 2 * (prefix + suffix) <= SPLICE_MAX:
-        return encode_delta(base, data, ends)
-    return None
-
-
-def quick_delta(base: bytes, data: bytes) -> tuple[int, bytes]:
-    """(kind, bytes) of the checkpoint's delta of ``data`` from ``base``: a splice when
-    the change is one small region (about 11 us), else its copies, hex-packed and
-    compressed with zstd's level 3 (``COPIES``: 10 us where a zstd frame with the base
-    as dictionary takes 23, and within a tenth of its size)."""
-    splice = _splice(base, data)
-    if splice is not None:
-        return DELTA, splice
-    return COPIES, zstd_whole(pack_hex(copy_delta(base, data)), FAST)
-
-
-def apply_copies_row(base: bytes, stored: bytes, size: int) -> bytes:
-    """The bytes (``size`` of them, at most ``MAX_BLOB``, as any row's) of a ``COPIES``
-    row: a zstd frame of its copy delta, hex-packed. A size past that, or a frame that
-    says it holds more than any copy delta of ``size`` bytes can be, is refused before
-    anything is allocated."""
-    if size > MAX_BLOB:
-        raise ValueError(f"a delta of {size} bytes")
-    try:
-        said = zstandard.frame_content_size(stored)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"not a zstd frame: {exc}") from None
-    if not 0 <= said <= 2 * size + 1024:
-        raise ValueError(f"a copy delta of {said} bytes for a blob of {size}")
-    return apply_copies(base, unpack_hex(zstd_apply(None, stored, said)), size)
-
-
-def best_delta(base: bytes, data: bytes, level: int = FAST) -> tuple[int, bytes]:
-    """(kind, bytes) of the better delta of ``data`` from ``base`` (the repack's): a
-    splice when the change is one small region, else a zstd frame that copies from
-    anywhere in the base."""
-    splice = _splice(base, data)
-    if splice is not None:
-        return DELTA, splice
-    return ZDELTA, zstd_delta(base, data, level)
-
-
-def zstd_delta(base: bytes, data: bytes, level: int = FAST) -> bytes:
-    """``data`` as a zstd frame compressed with ``base`` as its dictionary (raw content:
-    the frame may copy from anywhere in it). The frame records its content size."""
-    if not base:
-        return zstd_whole(data, level)
-    dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    return zstandard.ZstdCompressor(level=level, dict_data=dictionary, write_checksum=False,
-                                    write_content_size=True, write_dict_id=False).compress(data)
-
-
-_contexts = threading.local()  # zstd contexts: made once per thread, not per blob
-
-
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    """This thread's compressor at ``level``: making one costs about 15 us, more than
-    compressing a small file (a ZstdCompressor is not to be shared between threads)."""
-    made = _contexts.__dict__.setdefault("compressors", {})
-    found = made.get(level)
-    if found is None:
-        found = made[level] = zstandard.ZstdCompressor(
-            level=level, write_checksum=False, write_content_size=True, write_dict_id=False)
-    return found
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    found = getattr(_contexts, "decompressor", None)
-    if found is None:
-        found = _contexts.decompressor = zstandard.ZstdDecompressor()
-    return found
-
-
-def zstd_whole(data: bytes, level: int = SMALL) -> bytes:
-    """``data`` as one zstd frame that records its content size (``ZSTD`` rows; the
-    bucket's ``zstd`` entries at level ``FAST``)."""
-    return _compressor(level).compress(data)
-
-
-def compress_whole(data: bytes, level: int = FAST) -> tuple[int, bytes]:
-    """(kind, bytes) of ``data`` stored whole: a zstd frame at ``level`` (``ZSTD``) when
-    that saves an eighth, else its raw bytes (``RAW``). A checkpoint's whole rows, and a
-    bucket's whole entries (bucket_packs.whole)."""
-    if len(data) >= 64:
-        packed = zstd_whole(data, level)
-        if len(packed) < len(data) * 7 // 8:
-            return ZSTD, packed
-    return RAW, data
-
-
-def decode_whole(kind: int, stored: bytes, size: int) -> bytes:
-    """The bytes of a blob stored whole as ``kind`` (one of ``WHOLE``): a pack's row, or
-    a bucket's entry (bucket_packs.CODECS). Raises ValueError, zlib.error or ZstdError when
-    ``stored`` is not such an encoding of ``size`` bytes."""
-    if kind == RAW:
-        return stored
-    if kind == ZLIB:
-        return decompress(stored)
-    if kind == ZSTD:
-        return zstd_apply(None, stored, size)
-    raise ValueError(f"a row of kind {kind} is not stored whole")
-
-
-def zstd_apply(base: bytes | None, frame: bytes, size: int) -> bytes:
-    """The bytes of a ``zstd_delta`` (or, with no base, ``zstd_whole``) frame, which must
-    say it holds ``size`` bytes: a damaged header never makes a huge allocation."""
-    try:
-        said = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"not a zstd frame: {exc}") from None
-    if said != size:
-        raise ValueError(f"a zstd frame says {said} bytes, the row {size}")
-    if not base:
-        return _decompressor().decompress(frame)
-    dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(frame)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise ValueError("a varint is cut short")
-        byte = data[at]
-        n |= (byte & 0x7F) << shift
-        at, shift = at + 1, shift + 7
-        if not byte & 0x80:
-            return n, at
-
-
-def apply_delta(base: bytes, delta: bytes) -> bytes:
-    prefix, at = _read_varint(delta, 0)
-    suffix, at = _read_varint(delta, at)
-    if prefix + suffix > len(base):
-        raise ValueError("a delta's shared prefix and suffix are longer than its base")
-    replaced = pack_hex(base[prefix:len(base) - suffix])[-32768:]
-    unpacker = (zlib.decompressobj(-15, zdict=replaced) if replaced
-                else zlib.decompressobj(-15))
-    middle = unpack_hex(unpacker.decompress(delta[at:]) + unpacker.flush())
-    return base[:prefix] + middle + base[len(base) - suffix:]
 
 
 _SIX_WORDS = struct.Struct("<6I")
@@ -576,8 +221,9 @@ class Pack(SqliteDatabase):
             return
         size = os.path.getsize(self.path)
         if size > CONVERT_AT_OPEN:
-            log.warning("%s (%d MB) was made before 0.7: the space gc frees in it is reused"
-                        " but not given back to the file system", self.path, size >> 20)
+            log.warning("%s (%d MB) was made by an older worldline: the space gc frees in"
+                        " it is reused but not given back to the file system", self.path,
+                        size >> 20)
             return
         log.info("converting %s (%d MB) to give freed space back, once", self.path,
                  size >> 20)

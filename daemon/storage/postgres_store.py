@@ -46,22 +46,22 @@ MIGRATIONS = (
         " ALTER COLUMN container TYPE BYTEA USING decode(container, 'hex');"
         " ALTER TABLE audit ALTER COLUMN prev_hash TYPE BYTEA USING decode(prev_hash, 'hex'),"
         " ALTER COLUMN hash TYPE BYTEA USING decode(hash, 'hex')")),
-    # No change: a host before 0.7.8 reads the bucket's "zstd" entries as raw bytes (and
-    # fails them as corrupt, DataLoss); the version makes such a host refuse the store at
-    # start. Hosts already running are not asked again: stop them before the first
-    # 0.7.8 host starts (README, Running a fleet).
+    # No change: a host older than this step reads the bucket's "zstd" entries as raw
+    # bytes (and fails them as corrupt, DataLoss); the version makes such a host refuse
+    # the store at start. Hosts already running are not asked again: stop them before
+    # the first host of this version starts (docs/fleet.md, Upgrading a fleet).
     Migration(10, "0.7.8: the bucket's entries may be zstd frames (codec 'zstd')",
               lambda db: None),
-    # No change either: a host before 0.7.14 fails the bucket's entries of codec "delta"
-    # (a host's packs rewritten at rest, bucket_packs.py) as an unknown codec; the
-    # version makes such a host refuse the store at start, as for 0.7.8.
+    # No change either: a host older than this step fails the bucket's entries of codec
+    # "delta" (a host's packs rewritten at rest, bucket_packs.py) as an unknown codec;
+    # the version makes such a host refuse the store at start, as above.
     Migration(11, "0.7.14: the bucket's entries may be deltas within their object"
               " (codec 'delta')", lambda db: None),
     Migration(12, "0.7.15: a checkpoint's new blobs may be staged in the metadata store"
               " (blob_objects.body)", lambda db: db.execute(
                   "ALTER TABLE blob_objects ADD COLUMN IF NOT EXISTS body BYTEA")),
-    # A host before 0.7.28 neither publishes the holds of its restores and forks nor
-    # reads other hosts' before gc: the version makes it refuse the store at start.
+    # A host older than this step neither publishes the holds of its restores and forks
+    # nor reads other hosts' before gc: the version makes it refuse the store at start.
     Migration(13, "0.7.28: the checkpoints each host's restores and forks hold (holds);"
               " the audit log by kind and time (gc reads its recent prunes)",
               lambda db: db.execute(

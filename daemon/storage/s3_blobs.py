@@ -1,7 +1,7 @@
 """The fleet's blob store: an S3-compatible bucket shared by every host, with the
 host's ``LocalBlobStore`` as a cache in front of it.
 
-Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
+Contract: ``BlobStore``'s (blob_store.py), with durability meaning *in the bucket*.
 
 - **Puts** go to the cache (which keeps deltas, as on a single host) and are noted
   for upload. ``sync()`` asks the blob index once which of the noted digests the
@@ -39,30 +39,18 @@ Contract: ``BlobStore``'s (blobs.py), with durability meaning *in the bucket*.
   (``cache_bytes``): after a sync, blobs the bucket holds are
   evicted least recently used first until the cache is under its bound. Blobs still
   to be uploaded are never evicted.
-- **Garbage collection** (one host at a time, under the store's gc lock): ``delete``
-  removes a digest's index row (and its cached copy) if it is older than the grace
-  period; ``compact`` then deletes objects no row names and rewrites packs that are
-  mostly garbage (``_rewrite``, below).
-- **Rewriting at rest** (``consolidate``, under the gc lock too, called by the daemon
-  once the host has rested): this host's small packs become one object, each entry a
-  delta from an earlier entry of the same object where that is smaller (the base its
-  cache stores the blob against; bucket_packs.py), so what checkpoints uploaded whole
-  is stored about as git's pack stores it, and still reads with one GET. ``_rewrite``
-  reads the live entries (from the cache, verified, when it holds them all), PUTs the
-  new object, points the rows at it and forgets the old objects in one transaction,
-  then deletes them. A kill between those steps leaves an object no row names, which
-  ``compact`` deletes; a reader that had located a blob in an old object finds it gone
-  or no longer naming the blob (``_Vanished``) and looks it up again. gc rewrites
-  every host's small packs the same way (``any_host``: those of a host gone before it
-  rested), with bases from the checkpoints' trees (maintenance.base_hints).
-
-- **fsck** reads the durable copy (``check_objects``): every object the index names,
-  from the bucket (a staged one from its row), each blob verified in memory, nothing
-  written to the cache, so a host whose cache holds every blob still sees what the
-  bucket lost, and a full disk does not stop it. ``mend`` puts good copies the host
-  holds back under new write-once names, and points the rows at them as a rewrite
-  does (only rows that still name the broken object).
-
+- **Garbage collection and rewriting at rest** (s3_sweep.py): ``delete`` removes a
+  digest's index row (and its cached copy) if it is older than the grace period;
+  ``compact`` then deletes objects no row names and rewrites packs that are mostly
+  garbage; ``consolidate`` rewrites small packs into one, with deltas, once the host
+  has rested. ``flush_staged`` moves staged objects to the bucket.
+- **fsck** (s3_fsck.py) reads the durable copy (``check_objects``, ``read_uncached``)
+  and ``mend`` puts good copies back under new write-once names.
+- **Transfers** (s3_transfer.py): a sync's batch packed and uploaded, a large blob
+  streamed up; a missed read's pack fetched into the cache, a large blob streamed
+  down. The store keeps what they are for: what waits, what is indexed, what is cached.
+- **The bucket's client** (s3_bucket.py): its settings, the objects' names, each
+  request counted.
 - **With a data key** (the cache's, ``--encryption-key``): a pack object, staged or
   PUT, is sealed whole (AES-256-GCM) after its entries are compressed, and opened as
   it is read, before any entry is decoded; its name carries the keyed address of its
@@ -78,48 +66,53 @@ bucket lacks, or bytes that do not match, ``DataLoss``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import timedelta
 
-from worldline.wire.errors import DataLoss, InvalidArgument, NotFound, Unavailable
+from worldline.wire.errors import DataLoss, NotFound
 
-from .. import progress
 from ..faults import crash_point
-from ..observe import BUCKET_REQUESTS, MOVED_OBJECTS, STAGED_BYTES
-from . import bucket_packs, packs
+from ..observe import MOVED_OBJECTS, STAGED_BYTES
+from . import bucket_packs, s3_fsck, s3_sweep, s3_transfer
 from .blob_index import STAGED, BlobIndex, Location, StoredObject, is_staged
-from .blob_store import check_digest, digest_of
+from .blob_store import check_digest
 from .blobs import LocalBlobStore
-from .crypto import KEYRING, OVERHEAD, STREAM_CONTEXT
+from .s3_bucket import (  # noqa: F401 - the names this module has always offered
+    ALONE,
+    CLIENT_SETTINGS,
+    OBJECT_CONTEXT,
+    PACK_LIMIT,
+    PART_BYTES,
+    REQUEST_SECONDS,
+    RETRY_SHARE,
+    Bucket,
+    S3Store,
+    Vanished,
+    bucket_client,
+    content_of,
+    duration_seconds,
+    obstore,
+    pack_name,
+    parse_url,
+)
+from .s3_fsck import Broken, BucketCheck  # noqa: F401
+from .s3_sweep import (  # noqa: F401
+    CONSOLIDATE_BYTES,
+    CONSOLIDATE_MIN,
+    CONSOLIDATE_SMALL,
+    REPACK_BELOW,
+)
+from .s3_transfer import ASK_ALL_OVER  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-try:
-    import obstore
-    from obstore.exceptions import AlreadyExistsError, BaseError
-    from obstore.store import S3Store
-except ImportError:  # pragma: no cover - the fleet extra is not installed
-    obstore = None
-
-ALONE = 8 << 20  # a blob larger than this is an object of its own
-ASK_ALL_OVER = 1 << 20  # a batch larger than this asks the index about every digest
-PART_BYTES = 16 << 20  # its parts
-PACK_LIMIT = 64 << 20  # entries in one pack object, at most
 RECENT_BYTES = 96 << 20  # fetched blobs kept in memory for the reads that follow
 UNINDEXED_SECONDS = 60.0  # an upload not indexed within this is sent again (gc grace: 600)
-REPACK_BELOW = 0.5  # a pack whose live entries are less than this share is rewritten
-CONSOLIDATE_SMALL = 2 << 20  # a pack smaller than this is rewritten with others at rest
-CONSOLIDATE_MIN = 16  # ...once this host has made this many
-CONSOLIDATE_BYTES = 16 << 20  # ...at most this many bytes of them into one
 STAGE_BYTES = 1 << 20  # a pack this small is staged in the metadata store, not PUT
 STAGE_LIMIT = 64 << 20  # ...while this host's staged bytes stay under this
 # Staged objects go to the bucket (in objects of at most FLUSH_BYTES, or one staged
@@ -128,116 +121,6 @@ STAGE_LIMIT = 64 << 20  # ...while this host's staged bytes stay under this
 FLUSH_BYTES = 1 << 20
 FLUSH_OBJECTS = 256
 FLUSH_SECONDS = 30.0
-# A request to the bucket gives up after REQUEST_SECONDS (object_store's default: a
-# 16 MiB part or a 64 MiB pack on a slow link). An error that comes back (5xx, a
-# refused or dropped connection) is retried for RETRY_SHARE of that, with backoff; a
-# request that hangs is not tried again, so a bucket that accepts and never answers
-# fails a call in about REQUEST_SECONDS, not the SDK's 3 minutes of retried GETs.
-REQUEST_SECONDS = 30.0
-RETRY_SHARE = 0.6
-# The HTTP client's settings the SDK takes from AWS_<NAME> (AWS_ALLOW_HTTP, ...): passed
-# on explicitly, since options given to the store replace what it read from there.
-CLIENT_SETTINGS = (
-    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type",
-    "http1_only", "http2_keep_alive_interval", "http2_keep_alive_timeout",
-    "http2_keep_alive_while_idle", "http2_only", "pool_idle_timeout",
-    "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
-    "randomize_addresses", "read_timeout", "timeout", "user_agent")
-
-
-@dataclass
-class Broken:
-    """A blob the index names that its object cannot give whole: ``missing`` (the
-    object is not in the bucket) or ``damaged`` (its bytes do not decode, or not to
-    the digest)."""
-    digest: str
-    object: str
-    state: str
-    reason: str
-
-
-@dataclass
-class BucketCheck:
-    """What ``check_objects`` found."""
-    objects_total: int = 0  # the objects the index names
-    objects_checked: int = 0  # ...read and verified
-    bytes_read: int = 0
-    blobs_checked: int = 0
-    broken: list[Broken] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)  # what was not read, and why
-
-
-class _Vanished(Exception):
-    """An object was deleted after its rows were read (a repack moved them)."""
-
-
-OBJECT_CONTEXT = b"worldline bucket object"  # a sealed pack object's associated data
-
-
-def pack_name(body: bytes, address=digest_of) -> str:
-    """A new pack object's name: its content's SHA-256 and a random part. Never the
-    name of an object that exists or existed: a delete (gc's sweep of an object no row
-    names, a rewrite's of the objects it replaced) decided on an earlier look can only
-    hit the object it looked at, never one a host has just uploaded the same bytes as
-    and is about to record (0.7.16; before, a pack was named by its content alone)."""
-    return f"packs/{address(body)}-{os.urandom(8).hex()}.pack"
-
-
-def content_of(name: str) -> str | None:
-    """The content's SHA-256 a pack's name carries (``packs/<sha256>[-<random>].pack``,
-    either generation), None for any other object."""
-    return name[6:70] if name.startswith("packs/") else None
-
-
-def bucket_client(request_seconds: float) -> tuple[dict[str, str], dict]:
-    """(client options, retry config) for the store: the environment's AWS_<setting>
-    values, a request timeout of ``request_seconds`` unless AWS_TIMEOUT says, and
-    retries for RETRY_SHARE of whichever timeout holds (so a request that hangs is not
-    tried again however short AWS_TIMEOUT is; a value the SDK cannot read keeps
-    ``request_seconds`` here, and the SDK refuses it)."""
-    options = {key: os.environ[f"AWS_{key.upper()}"] for key in CLIENT_SETTINGS
-               if f"AWS_{key.upper()}" in os.environ}
-    timeout = request_seconds
-    if "timeout" in options:
-        timeout = duration_seconds(options["timeout"]) or request_seconds
-    else:
-        options["timeout"] = f"{int(request_seconds * 1000)}ms"
-    retry = {"retry_timeout": timedelta(seconds=timeout * RETRY_SHARE)}
-    return options, retry
-
-
-_UNIT_SECONDS = {
-    **dict.fromkeys(("nsec", "ns"), 1e-9), **dict.fromkeys(("usec", "us", "\u00b5s"), 1e-6),
-    **dict.fromkeys(("msec", "ms", "millis"), 1e-3),
-    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1.0),
-    **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), 60.0),
-    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), 3600.0),
-    **dict.fromkeys(("days", "day", "d"), 86400.0),
-    **dict.fromkeys(("weeks", "week", "w"), 604800.0)}
-_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z\u00b5]+)")
-
-
-def duration_seconds(text: str) -> float | None:
-    """A duration as the SDK's client settings spell it (humantime, case and all:
-    ``30s``, ``500ms``, ``1m 30s``), in seconds; None if it is not one this reads (the
-    SDK may still take it: months, years) or is zero."""
-    total, at = 0.0, 0
-    text = text.strip()
-    while at < len(text):
-        part = _DURATION_PART.match(text, at)
-        if part is None or part.group(2) not in _UNIT_SECONDS:
-            return None
-        total += float(part.group(1)) * _UNIT_SECONDS[part.group(2)]
-        at = part.end()
-    return total or None
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/prefix`` -> (bucket, prefix without slashes at its ends)."""
-    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise InvalidArgument(f"blob store {url!r} is not s3://bucket[/prefix]")
-    bucket, _, prefix = url[5:].partition("/")
-    return bucket, prefix.strip("/")
 
 
 class S3BlobStore:
@@ -246,20 +129,10 @@ class S3BlobStore:
     def __init__(self, url: str, cache: LocalBlobStore, index: BlobIndex, host: str,
                  cache_bytes: int = 16 << 30, stage_bytes: int | None = None,
                  request_seconds: float = REQUEST_SECONDS) -> None:
-        if obstore is None:
-            raise Unavailable("s3 blobs need obstore: pip install 'worldline[fleet]'")
         self.url = url
-        name, prefix = parse_url(url)
-        # Endpoint, region and credentials the SDK's usual way: AWS_ENDPOINT_URL,
-        # AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
-        # (AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
-        options, retry = bucket_client(request_seconds)
-        try:
-            self.bucket = S3Store(name, prefix=prefix or None, client_options=options,
-                                  retry_config=retry)
-        except BaseError as exc:  # a setting of the environment's the SDK cannot take
-            raise InvalidArgument(f"blob store {url}: the environment's AWS_* settings are"
-                                  f" not valid: {str(exc).splitlines()[0]}") from None
+        self.client = Bucket(url, request_seconds)  # every request to the bucket
+        self.bucket = self.client.store  # the SDK's store
+        self.requests = self.client.requests  # since start, for metrics/bench
         self.cache = cache
         self.key = cache.key  # seals what goes to the bucket, as the cache's files
         self.pack = cache.pack  # the cache's pack file (its WAL is compacted when idle)
@@ -282,7 +155,6 @@ class S3BlobStore:
         self._behind = threading.Condition(self._lock)  # the cache's commits: _commit_behind
         self._behind_due = self._closing = False
         self._behind_thread: threading.Thread | None = None
-        self.requests = {"put": 0, "get": 0, "delete": 0}  # since start, for metrics/bench
         # This host's staged objects recorded: name -> (bytes, created_at); an earlier
         # run's too, which the first flush moves.
         self._staged: dict[str, tuple[int, float]] = {
@@ -334,22 +206,7 @@ class S3BlobStore:
                 with self._lock:
                     self._behind_due = True
 
-    # -- the bucket ------------------------------------------------------------------------
-    def _count(self, op: str) -> None:
-        self.requests[op] += 1
-        BUCKET_REQUESTS.labels(op).inc()
-
-    def _call(self, what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except FileNotFoundError:
-            raise
-        except AlreadyExistsError:
-            raise
-        except (BaseError, OSError) as exc:
-            raise Unavailable(f"the blob bucket {self.url} did not answer {what}:"
-                              f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
-
+    # -- the bucket's objects, sealed with a key ------------------------------------------
     def _sealed(self, body: bytes) -> bytes:
         """A pack object's bytes as the bucket (or its staged row) holds them."""
         return body if self.key is None else self.key.seal_blob(body, OBJECT_CONTEXT)
@@ -369,35 +226,22 @@ class S3BlobStore:
     def _put_object(self, name: str, body) -> None:
         """A pack: one PUT under a name of its own (pack_name), write-once
         (If-None-Match: *); sealed with a key."""
-        body = self._sealed(body)
-        self._count("put")
-        try:
-            self._call(f"PUT {name}", obstore.put, self.bucket, name, body, mode="create")
-        except AlreadyExistsError:
-            pass  # nobody else writes this name: a retry whose first attempt landed
-
-    def _put_parts(self, name: str, body) -> None:
-        """A large blob: a multipart upload (under a name of its own, like a pack's: S3
-        has no write-once condition on multipart uploads that every server honours)."""
-        self._count("put")
-        self._call(f"PUT {name} (multipart)", obstore.put, self.bucket, name, body,
-                   use_multipart=True, chunk_size=PART_BYTES)
+        self.client.put_once(name, self._sealed(body))
 
     def _get_object(self, name: str, opened: bool = True) -> bytes:
         """A pack object's bytes (``opened``: as they were before ``_sealed``)."""
         if is_staged(name):  # its bytes are its row's; no row: moved to the bucket
             body = self.index.staged_body(name)
             if body is None:
-                raise _Vanished(name)
+                raise Vanished(name)
             return self._opened(name, body) if opened else body
-        self._count("get")
         try:
-            body = bytes(self._call(f"GET {name}", obstore.get, self.bucket, name).bytes())
+            body = bytes(self.client.get(name).bytes())
             return self._opened(name, body) if opened else body
         except FileNotFoundError:
             if self.index.object_entries(name):
                 raise DataLoss(f"object {name} of {self.url} is indexed but missing") from None
-            raise _Vanished(name) from None
+            raise Vanished(name) from None
 
     # -- putting ---------------------------------------------------------------------------
     def _note(self, digest: str, data: bytes | None, size: int) -> None:
@@ -468,7 +312,7 @@ class S3BlobStore:
                 self._uploading = batch
             try:
                 if batch:
-                    self._upload_batch(batch, reput)
+                    s3_transfer.upload_batch(self, batch, reput)
             except BaseException:
                 with self._lock:  # the next sync tries them again
                     for digest, data in batch.items():
@@ -510,31 +354,6 @@ class S3BlobStore:
                     self._staged[o.name] = (o.nbytes, o.created_at)
             self._gauges()
 
-    def _upload_batch(self, batch: dict[str, bytes | None], reput: set[str]) -> None:
-        now = time.time()
-        large = (any(data is None for data in batch.values())
-                 or sum(len(data) for data in batch.values()) > ASK_ALL_OVER)
-        ask = sorted(batch) if large else sorted(reput.intersection(batch))
-        stored = self.index.touch_blobs(ask, now) if ask else set()
-        entries: list[tuple[str, int, int, int, str]] = []
-        pack = bytearray()
-        for digest in sorted(d for d in batch if d not in stored):
-            data = batch[digest]
-            if data is None:
-                size = self.cache.size(digest)
-                if size > ALONE:
-                    self._upload_alone(digest, size, now)
-                    continue
-                data = self.cache.read_bytes(digest)
-            packed, codec = bucket_packs.whole(data, packs.FAST)
-            entries.append((digest, len(pack), len(packed), len(data), codec))
-            pack += packed
-            if len(pack) >= PACK_LIMIT:
-                self._upload_pack(pack, entries, now)
-                pack, entries = bytearray(), []
-        if entries:
-            self._upload_pack(pack, entries, now)
-
     def _upload_pack(self, pack: bytearray, entries, now: float) -> None:
         """A pack: staged (its bytes go into the metadata store with its row, in the
         transaction that records it) when it is small and this host has not staged too
@@ -559,30 +378,6 @@ class S3BlobStore:
         with self._lock:
             self._unindexed[o.name] = o
 
-    def _upload_alone(self, digest: str, size: int, now: float) -> None:
-        name = f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}"
-        if self.key is not None:  # the cache's file as it is: sealed, verified first
-            self.cache.verify(digest)
-            fd = self.cache.open_blob(digest)
-            try:
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    self._put_parts(name, f)
-            finally:
-                os.close(fd)
-            self._uploaded(StoredObject(name, size + OVERHEAD, self.host, now,
-                                        [(digest, 0, size + OVERHEAD, size, "raw")]))
-            return
-        fd, tmp = self._scratch()
-        try:
-            self.cache.copy_to_fd(digest, fd)
-            with open(tmp, "rb") as f:
-                self._put_parts(name, f)
-        finally:
-            os.close(fd)
-            os.unlink(tmp)
-        self._uploaded(StoredObject(name, size, self.host, now,
-                                    [(digest, 0, size, size, "raw")]))
-
     # -- reading ---------------------------------------------------------------------------
     def _locate(self, digest: str) -> Location:
         loc = self.index.locate_blobs([check_digest(digest)]).get(digest)
@@ -596,7 +391,7 @@ class S3BlobStore:
         on another host repacked it) is looked up once more."""
         try:
             self._fetch(digest)
-        except _Vanished:
+        except Vanished:
             self._fetch(digest)
 
     def _fetch(self, digest: str) -> None:
@@ -614,32 +409,10 @@ class S3BlobStore:
                 return
             loc = self._locate(digest)
             if loc.codec == "raw" and loc.off == 0 and loc.size > ALONE:
-                self._fetch_alone(digest, loc)
+                s3_transfer.fetch_alone(self, digest, loc)
             else:
-                self._fetch_pack(loc.object, digest)
+                s3_transfer.fetch_pack(self, loc.object, digest)
             self._commit_behind()
-
-    def _fetch_pack(self, name: str, wanted: str) -> None:
-        """Every entry of object ``name`` the cache lacks, verified, into the cache. If
-        the index no longer places ``wanted`` there (a rewrite moved it after it was
-        looked up), ``_Vanished``: the caller looks it up again."""
-        body = self._get_object(name)
-        entries = self.index.object_entries(name)
-        if wanted not in {d for d, _ in entries}:
-            raise _Vanished(name)
-        fresh = [(d, loc) for d, loc in entries if not self.cache.has(d)]
-        found = self._decoded(name, body, fresh)
-        for digest, loc in fresh:
-            data = found[digest]
-            kind = bucket_packs.CODECS.get(loc.codec)
-            if kind is not None:  # a whole entry: the cache's row takes its bytes as they are
-                packed = (kind, body[loc.off:loc.off + loc.len])
-            else:  # a delta within the object: the cache keeps the blob whole
-                packed = packs.compress_whole(data, packs.FAST)
-            self.cache.put_verified(digest, data, packed)
-            with self._lock:
-                self._used(digest, len(data))
-                self._keep_recent(digest, data)
 
     def _decoded(self, name: str, body: bytes,
                  entries: list[tuple[str, Location]]) -> dict[str, bytes]:
@@ -648,49 +421,6 @@ class S3BlobStore:
         return bucket_packs.decode_all(
             bucket_packs.ObjectReader(body, f"{name} of {self.url}", self.cache.address),
             [(d, loc.off, loc.len, loc.codec, loc.size) for d, loc in entries])
-
-    def _fetch_alone(self, digest: str, loc: Location) -> None:
-        """A large blob: streamed to a temporary beside the cache, hashed on the way,
-        and put into the cache only if it matches its digest."""
-        self._count("get")
-        fd, tmp = self._scratch()
-        try:
-            try:
-                result = self._call(f"GET {loc.object}", obstore.get, self.bucket, loc.object)
-            except FileNotFoundError:
-                if self.index.object_entries(loc.object):
-                    raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
-                                   " missing") from None
-                raise _Vanished(loc.object) from None
-            hasher = hashlib.sha256()
-            for chunk in result.stream(min_chunk_size=1 << 20):
-                hasher.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-            if self.key is not None:  # the cache's file as it is: it verifies it, takes it
-                os.close(fd)
-                fd = -1
-                size = self.cache.put_sealed_file(digest, tmp)
-                with self._lock:
-                    self._used(digest, size)
-                return
-            if hasher.hexdigest() != digest:
-                raise DataLoss(f"object {loc.object} of {self.url} does not match its digest")
-            got, size = self.cache.put_fd(fd)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-                os.unlink(tmp)
-        if got != digest:  # the temporary is ours alone: this would be a local fault
-            raise DataLoss(f"blob {digest} changed on its way into the cache")
-        with self._lock:
-            self._used(digest, size)
-
-    def _scratch(self) -> tuple[int, str]:
-        """A new temporary file beside the cache's, open for reading and writing."""
-        path = os.path.join(self.cache.tmp, f"s3-{os.urandom(8).hex()}")
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
 
     def address(self, data: bytes) -> str:
         return self.cache.address(data)  # names are the cache's (its key's)
@@ -777,240 +507,20 @@ class S3BlobStore:
         indexed = list(self.index.indexed_digests())
         return iter(indexed + sorted(pending - set(indexed)))
 
-    # -- fsck: the durable copy ---------------------------------------------------------------
+    # -- fsck: the durable copy (s3_fsck.py) --------------------------------------------------
     def check_objects(self, takes: Callable[[str], bool] = lambda name: True) -> BucketCheck:
-        """Read every object the index names (those ``takes(name)`` chooses: a sampled
-        pass) from where it is durable, the bucket (a staged object: its row), and
-        verify each blob the index places in it against its digest: in memory, nothing
-        written to the cache or the disk (a large blob streamed and hashed on the way).
-        The cache is not asked: a host whose cache holds every blob still finds an
-        object the bucket lost. An object that cannot be read (the bucket does not
-        answer) is reported unchecked, and so is every one after it."""
-        check = BucketCheck()
-        objects = self.index.blob_objects()
-        check.objects_total = len(objects)
-        chosen = [name for name, _bytes, _at, _live, _host in objects if takes(name)]
-        progress.begin("reading the bucket's objects", len(chosen), "objects")
-        for n, name in enumerate(chosen):
-            progress.advance()
-            try:
-                self._check_object(name, check)
-            except Unavailable as exc:
-                check.unchecked.append(f"object {name}: not read: {exc.message}")
-                check.unchecked.extend(f"object {later}: not read: the bucket did not answer"
-                                       " before it" for later in chosen[n + 1:])
-                break
-            check.objects_checked += 1
-        return check
-
-    def _check_object(self, name: str, check: BucketCheck) -> None:
-        alone = name.startswith("blobs/")
-        try:
-            if alone:
-                body, got = None, self._stream_digest(name, check)
-            else:
-                body = self._get_object(name, opened=False)
-                check.bytes_read += len(body)
-        except (_Vanished, DataLoss):  # a rewrite deleted it after the listing, or lost
-            body = got = None
-            entries = self.index.object_entries(name)
-            if entries:
-                check.blobs_checked += len(entries)
-                check.broken.extend(Broken(d, name, "missing", f"object {name} is not in"
-                                           f" {self.url}") for d, _ in entries)
-            return
-        entries = self.index.object_entries(name)  # after the read: what is still in it
-        check.blobs_checked += len(entries)
-        if alone:
-            for digest, loc in entries:
-                if got != (digest, loc.size):
-                    check.broken.append(Broken(digest, name, "damaged", f"object {name}"
-                                               " does not match its digest"))
-            return
-        try:
-            body = self._opened(name, body)
-        except DataLoss as exc:  # every entry is in the sealed whole: each is damaged
-            check.broken.extend(Broken(d, name, "damaged", exc.message) for d, _ in entries)
-            return
-        for digest, found in self._decode_each(name, body, entries).items():
-            if isinstance(found, DataLoss):
-                check.broken.append(Broken(digest, name, "damaged", found.message))
-
-    def _stream_digest(self, name: str, check: BucketCheck) -> tuple[str, int]:
-        """(SHA-256, size) of a large blob's object, read in chunks (FileNotFoundError:
-        ``_Vanished`` or ``DataLoss``, as ``_get_object``)."""
-        self._count("get")
-        try:
-            result = self._call(f"GET {name}", obstore.get, self.bucket, name)
-        except FileNotFoundError:
-            raise _Vanished(name) from None
-        hasher, size, read = self.cache.hasher(), 0, 0
-
-        def counted():
-            nonlocal read
-            for chunk in result.stream(min_chunk_size=1 << 20):
-                read += len(chunk)
-                yield chunk
-
-        try:
-            for chunk in self.cache.opening(counted()):
-                hasher.update(chunk)
-                size += len(chunk)
-        except (BaseError, OSError) as exc:
-            raise Unavailable(f"the blob bucket {self.url} did not answer GET {name}:"
-                              f" {str(exc).splitlines()[0] if str(exc) else exc}") from None
-        except DataLoss:  # its tag: no digest of it matches
-            check.bytes_read += read
-            return "", size
-        check.bytes_read += read
-        return hasher.hexdigest(), size
-
-    def _decode_each(self, name: str, body: bytes, entries: list[tuple[str, Location]]
-                     ) -> dict[str, bytes | DataLoss]:
-        """digest -> bytes of each of ``entries`` of object ``name``, verified, or the
-        DataLoss that entry alone raised (one damaged entry spoils only itself and the
-        entries built on it)."""
-        out: dict[str, bytes | DataLoss] = {}
-        reader = bucket_packs.ObjectReader(body, f"{name} of {self.url}", self.cache.address)
-        for digest, loc in entries:
-            try:
-                out[digest] = bucket_packs.decode_all(
-                    reader, [(digest, loc.off, loc.len, loc.codec, loc.size)])[digest]
-            except DataLoss as exc:
-                out[digest] = exc
-        return out
+        """Every object the index names (those ``takes(name)`` chooses) read from the
+        bucket and verified in memory (s3_fsck.check_objects)."""
+        return s3_fsck.check_objects(self, takes)
 
     def read_uncached(self, digest: str) -> bytes:
-        """The blob's bytes, verified, with nothing written to the cache: from the cache
-        when it holds it whole, else from its object, whose other entries are kept in
-        memory a while (``_keep_recent``) for the reads that follow. fsck's walk of the
-        trees reads so: it needs no space on a full disk."""
-        data = self._recently_fetched(digest)
-        if data is not None:
-            return data
-        try:
-            return self.cache.read_bytes(digest)
-        except (NotFound, DataLoss):  # not cached, or its copy there is damaged
-            pass
-        for _ in range(2):  # once more if a rewrite moved it meanwhile
-            loc = self._locate(digest)
-            if loc.object.startswith("blobs/"):
-                try:
-                    body = bytes(self._call(f"GET {loc.object}", obstore.get, self.bucket,
-                                            loc.object).bytes())
-                except FileNotFoundError:
-                    raise DataLoss(f"object {loc.object} of {self.url} is indexed but"
-                                   " missing") from None
-                if self.key is not None:
-                    try:
-                        body = self.key.open_blob(body, STREAM_CONTEXT)
-                    except DataLoss:
-                        raise DataLoss(f"object {loc.object} of {self.url} fails its"
-                                       " authentication tag") from None
-                if self.cache.address(body) != digest:
-                    raise DataLoss(f"object {loc.object} of {self.url} does not match its"
-                                   " digest")
-                return body
-            try:
-                body = self._get_object(loc.object)
-            except _Vanished:
-                continue
-            entries = self.index.object_entries(loc.object)
-            if digest not in {d for d, _ in entries}:
-                continue
-            found = self._decode_each(loc.object, body, entries)
-            with self._lock:
-                for d, data in found.items():
-                    if not isinstance(data, DataLoss):
-                        self._keep_recent(d, data)
-            data = found[digest]
-            if isinstance(data, DataLoss):
-                raise data
-            return data
-        raise NotFound(f"blob {digest} moved twice while it was read")
+        """The blob's bytes, verified, nothing written to the cache (s3_fsck)."""
+        return s3_fsck.read_uncached(self, digest)
 
     def mend(self, broken: dict[str, str], sources: list[LocalBlobStore]
              ) -> tuple[dict[str, str], dict[str, str]]:
-        """Put a good copy of each blob of ``broken`` (digest -> the object the index
-        places it in, which the bucket lost or holds damaged) back in the bucket, from
-        the first of this host's cache and ``sources`` (other data roots' blob stores)
-        that holds it whole: small ones as one new pack object, large ones as objects
-        of their own, each under a new write-once name as every upload (never a name
-        that exists or existed: nothing is overwritten in place), then their rows
-        pointed at it in one transaction with the damaged objects no row names any
-        longer forgotten, and those deleted (``rewrite_blobs``, as a rewrite does: a row
-        another host moved or forgot meanwhile is left as it is, and what was uploaded
-        for it is garbage for gc). The caller holds the store's gc lock. Returns
-        (digest -> the new object, for each row now pointed there; digest -> why it
-        was not mended)."""
-        small: dict[str, bytes] = {}
-        large: dict[str, LocalBlobStore] = {}
-        why: dict[str, str] = {}
-        roots = ", ".join(s.root for s in [self.cache, *sources])
-        for digest in sorted(broken):
-            reasons = []
-            for source in [self.cache, *sources]:
-                try:
-                    if not source.has(digest):
-                        continue
-                    if source.size(digest) > ALONE:
-                        source.verify(digest)
-                        large[digest] = source
-                    else:
-                        small[digest] = source.read_bytes(digest)
-                    break
-                except (NotFound, DataLoss) as exc:
-                    reasons.append(f"{source.root}: {exc.message}")
-            else:
-                why[digest] = ("no good copy on this host"
-                               + (f" ({'; '.join(reasons)})" if reasons else
-                                  f" (looked in {roots})"))
-        done: dict[str, str] = {}
-        groups: list[dict[str, bytes]] = [{}]
-        for digest, data in small.items():
-            if groups[-1] and sum(map(len, groups[-1].values())) + len(data) > PACK_LIMIT:
-                groups.append({})
-            groups[-1][digest] = data
-        try:
-            for group in filter(None, groups):
-                body, entries = bucket_packs.build(group, {})
-                self._mended(self._pack_name(body), body, entries, broken, done, parts=False)
-            for digest, source in large.items():
-                fd = source.open_blob(digest)  # (with a key: sealed, as the bucket's)
-                try:
-                    with os.fdopen(fd, "rb", closefd=False) as f:
-                        size = os.fstat(fd).st_size
-                        self._mended(f"blobs/{digest[:2]}/{digest}-{os.urandom(8).hex()}",
-                                     f, [(digest, 0, size, source.size(digest), "raw")],
-                                     broken, done, parts=True)
-                finally:
-                    os.close(fd)
-        except Unavailable as exc:  # the bucket or the index away: the rest waits
-            for digest in set(small) | set(large):
-                if digest not in done:
-                    why[digest] = f"not mended: {exc.message}"
-        for digest in set(small) | set(large):
-            if digest not in done and digest not in why:
-                why[digest] = ("its row was moved or forgotten meanwhile (gc, or a"
-                               " rewrite): fsck again")
-        return done, why
-
-    def _mended(self, name: str, body, entries, broken: dict[str, str], done: dict[str, str],
-                parts: bool) -> None:
-        """One mending object: uploaded, its rows pointed at it, the objects it replaces
-        forgotten and deleted; ``done`` gains the digests whose rows now name it."""
-        nbytes = entries[0][2] if parts else len(body)
-        if parts:
-            self._put_parts(name, body)
-        else:
-            self._put_object(name, body)
-        read_from = {d: broken[d] for d, *_ in entries}
-        forgotten = self.index.rewrite_blobs(
-            StoredObject(name, nbytes, self.host, time.time(), entries), read_from)
-        self._unstage(read_from.values())
-        self._delete_objects(forgotten)
-        located = self.index.locate_blobs(list(read_from))
-        done.update((d, name) for d in read_from if d in located and located[d].object == name)
+        """Good copies of ``broken`` blobs put back in the bucket (s3_fsck.mend)."""
+        return s3_fsck.mend(self, broken, sources)
 
     # -- garbage collection ------------------------------------------------------------------
     def freeable(self, digest: str, older_than: float | None, gone: set[str]) -> int:
@@ -1053,165 +563,22 @@ class S3BlobStore:
             if data is not None:
                 self._recent_bytes -= len(data)
 
+    # -- rewriting the bucket (s3_sweep.py) ----------------------------------------------------
     def compact(self, older_than: float) -> tuple[int, int]:
-        """Delete objects no index row names (and objects of the bucket the index never
-        recorded: a crash between a PUT and its index) and rewrite packs that are mostly
-        garbage, among objects made before ``older_than``; return (objects removed,
-        bytes freed). The caller holds the store's gc lock."""
-        removed = freed = 0
-        with self._rewrite_lock:
-            for name, nbytes, created_at, live, _host in self.index.blob_objects():
-                if created_at >= older_than:
-                    continue  # a sync may still be indexing it
-                if live and (not name.startswith("packs/") or live >= nbytes * REPACK_BELOW):
-                    continue
-                if live:  # its live entries go to a new object, then it is deleted
-                    if self._rewrite([name]) is None:
-                        continue  # rewritten to the very same bytes: nothing to free
-                else:
-                    self._delete_objects([name])
-                    self.index.remove_blob_object(name)
-                    self._unstage([name])
-                removed += 1
-                freed += nbytes - live
-            known = {row[0] for row in self.index.blob_objects()}  # rewrites included
-            known.add(KEYRING)  # not a blob's: the fleet's data key, wrapped
-            for batch in self._call("LIST", obstore.list, self.bucket):
-                for meta in batch:
-                    if (meta["path"] in known
-                            or meta["last_modified"].timestamp() >= older_than):
-                        continue
-                    self._delete_objects([meta["path"]])
-                    removed += 1
-                    freed += meta["size"]
-        return removed, freed
+        """gc's sweep of the bucket (s3_sweep.compact); the caller holds the gc lock."""
+        return s3_sweep.compact(self, older_than)
 
     def consolidate(self, keep_going: Callable[[], bool] = lambda: True,
                     older_than: float | None = None, any_host: bool = False,
                     hints: Callable[[], dict[str, str]] | None = None
                     ) -> tuple[int, int, int]:
-        """Rewrite this host's small pack objects (every host's with ``any_host``: gc's)
-        made before ``older_than`` (default: now) into one, once there are
-        ``CONSOLIDATE_MIN`` of them or one is staged or was moved from the stage by this
-        host (flush_staged) since its last rewrite, each entry a delta from an earlier
-        one where that is smaller (bucket_packs.py), then delete them. A blob's base is
-        the one this host's cache stores it against, else its base in what ``hints()``
-        returns (digest -> the digest the same path held before: gc finds them in the
-        trees; asked only when there is a group to rewrite). One group of at most
-        ``CONSOLIDATE_BYTES`` per call; gives up unchanged when ``keep_going()``
-        turns false before the upload. Returns (objects rewritten, their bytes, the new
-        object's bytes): (0, 0, 0) when there was nothing to do. The caller holds the
-        store's gc lock (one rewriter across the fleet)."""
-        cutoff = time.time() if older_than is None else older_than
-        with self._rewrite_lock:
-            small = sorted((created_at, name, nbytes) for name, nbytes, created_at, live, host
-                           in self.index.blob_objects()
-                           if (any_host or host == self.host)
-                           and (name.startswith("packs/") or is_staged(name))
-                           and live and nbytes < CONSOLIDATE_SMALL and created_at < cutoff)
-            if len(small) < CONSOLIDATE_MIN and not any(
-                    is_staged(n) or n in self._moved for _, n, _ in small):
-                return 0, 0, 0  # (staged or moved ones are rewritten however few they are)
-            group, before = [], 0
-            for _, name, nbytes in small:
-                if group and before + nbytes > CONSOLIDATE_BYTES:
-                    break
-                group.append(name)
-                before += nbytes
-            after = self._rewrite(group, keep_going, hints() if hints else None)
-            if after is None:
-                return 0, 0, 0
-            return len(group), before, after
-
-    def _cached_entries(self, wanted: list[tuple[str, Location]]) -> dict[str, bytes] | None:
-        """The bytes of every blob of ``wanted``, verified, if the cache holds them all
-        (a host rewriting what it uploaded, the usual case: no GET); else None."""
-        if not all(self.cache.has(d) for d, _ in wanted):
-            return None
-        try:
-            return {d: self.cache.read_bytes(d) for d, _ in wanted}
-        except NotFound:  # evicted meanwhile
-            return None
+        """Small packs rewritten into one, with deltas (s3_sweep.consolidate); the
+        caller holds the gc lock."""
+        return s3_sweep.consolidate(self, keep_going, older_than, any_host, hints)
 
     def _delete_objects(self, names: list[str]) -> None:
-        """Delete objects: several in one request (S3's DeleteObjects, up to a thousand
-        per request), or one by one where the server does not take that; one already
-        gone is no error."""
-        names = [name for name in names if not is_staged(name)]  # never in the bucket
-        if len(names) > 1:
-            self._count("delete")
-            try:
-                obstore.delete(self.bucket, list(names))
-                return
-            except FileNotFoundError:
-                return
-            except (BaseError, OSError) as exc:  # no DeleteObjects here: one at a time
-                log.info("the bucket refused a bulk delete (%s); deleting one by one",
-                         str(exc).splitlines()[0] if str(exc) else exc)
-        for name in names:
-            self._count("delete")
-            try:
-                self._call(f"DELETE {name}", obstore.delete, self.bucket, name)
-            except FileNotFoundError:
-                pass
-
-    def _rewrite(self, names: list[str], keep_going: Callable[[], bool] = lambda: True,
-                 hints: dict[str, str] | None = None) -> int | None:
-        """The live entries of objects ``names``, read and verified, written as one new
-        object (bucket_packs.build: each a delta from the base this host's cache stores
-        it against, or else ``hints`` gives, when that base is among them and the delta
-        is smaller), and their index rows pointed at it in one transaction that also
-        forgets the old objects, which are then deleted (in one request: S3's
-        DeleteObjects). Returns the new
-        object's size, or None if nothing changed (given up, nothing live left to read,
-        or the rewrite is one of ``names`` already)."""
-        blobs: dict[str, bytes] = {}
-        read_from: dict[str, str] = {}
-        for name in names:
-            wanted = self.index.object_entries(name)
-            if not wanted:
-                continue
-            found = self._cached_entries(wanted)
-            if found is None:  # not all in the cache: the object itself
-                try:
-                    body = self._get_object(name)
-                except _Vanished:  # no row names it any longer: nothing of it to keep
-                    continue
-                found = self._decoded(name, body, wanted)
-            blobs.update(found)
-            read_from.update(dict.fromkeys(found, name))
-            if not keep_going():
-                return None
-        if not blobs:
-            return None
-        bases = {}
-        for digest in blobs:
-            row = self.cache.pack.row(digest)
-            if row is not None and row.base in blobs:
-                bases[digest] = row.base
-            elif hints and hints.get(digest) in blobs:
-                bases[digest] = hints[digest]
-        try:
-            body, entries = bucket_packs.build(blobs, bases, keep_going=keep_going)
-        except bucket_packs.GaveUp:
-            return None
-        new = self._pack_name(body)
-        if content_of(new) in {content_of(name) for name in names}:
-            # the very bytes of one of them: nothing to gain (nor to try again, if moved)
-            with self._lock:
-                self._moved.difference_update(names)
-                self._gauges()
-            return None
-        if not keep_going():
-            return None
-        self._put_object(new, body)
-        crash_point("blobs.rewrite_after_put")
-        forgotten = self.index.rewrite_blobs(
-            StoredObject(new, len(body), self.host, time.time(), entries), read_from)
-        self._unstage(read_from.values())
-        crash_point("blobs.rewrite_after_index")  # the old objects: compact's LIST sweep
-        self._delete_objects(forgotten)  # not one a checkpoint recorded rows in meanwhile
-        return len(body)
+        """Delete objects of the bucket (a staged one is never there)."""
+        self.client.delete([name for name in names if not is_staged(name)])
 
     def _unstage(self, names) -> None:
         """Staged objects (or objects moved from them) no longer recorded: moved to the
@@ -1266,47 +633,9 @@ class S3BlobStore:
             total += nbytes
         moved = nbytes_put = 0
         for group in groups:
-            nbytes_put += self._move(group)
+            nbytes_put += s3_sweep.move(self, group)
             moved += len(group)
         return moved, nbytes_put
-
-    def _move(self, names: list[str]) -> int:
-        """Staged objects ``names`` as one object of the bucket: their live entries
-        copied as they are (whole entries, nothing to decode: this runs while
-        checkpoints do), one PUT, then one transaction points the rows at it and
-        forgets the staged rows with their bytes. A kill after the PUT leaves an object
-        no row names (compact deletes it) and the staged rows as they were. Returns the
-        bytes PUT."""
-        with self._rewrite_lock:
-            parts: list[bytes] = []
-            entries: list[tuple[str, int, int, int, str]] = []
-            read_from: dict[str, str] = {}
-            off = 0
-            for name, (sealed, rows) in self.index.staged_entries(names).items():
-                body = self._opened(name, sealed)
-                for digest, loc in rows:
-                    if loc.codec in bucket_packs.CODECS:  # whole: its bytes as they are
-                        chunk, codec = body[loc.off:loc.off + loc.len], loc.codec
-                    else:  # (a staged object holds whole entries; anything else: made so)
-                        data = self._decoded(name, body, [(digest, loc)])[digest]
-                        chunk, codec = bucket_packs.whole(data, packs.FAST)
-                    parts.append(chunk)
-                    entries.append((digest, off, len(chunk), loc.size, codec))
-                    read_from[digest] = name
-                    off += len(chunk)
-            body = b"".join(parts)
-            if entries:
-                new = self._pack_name(body)
-                self._put_object(new, body)
-                crash_point("blobs.flush_after_put")
-                self.index.rewrite_blobs(
-                    StoredObject(new, len(body), self.host, time.time(), entries), read_from)
-                with self._lock:
-                    self._moved.add(new)
-            for name in set(names) - set(read_from.values()):  # nothing live left in it
-                self.index.remove_blob_object(name)
-            self._unstage(names)  # (the gauges too)
-            return len(body)
 
     # -- the cache's bound -----------------------------------------------------------------
     def _evict(self) -> None:

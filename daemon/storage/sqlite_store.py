@@ -82,21 +82,23 @@ MIGRATIONS = (
     Migration(8, "0.7.4: checkpoints keyed by their id (no second index of ids)",
               lambda db: _checkpoints_by_id(db)),
     # Nothing to change in an older file (its pack stays in blobs/pack.db); the version
-    # keeps a worldline before 0.7.7 from opening a data root whose pack is here, where
-    # it would find no blobs at all.
+    # keeps a worldline older than this step from opening a data root whose pack is
+    # here, where it would find no blobs at all.
     Migration(9, "0.7.7: the pack may live in this file (data roots made from 0.7.7 on)",
               lambda db: None),
-    # Nothing to change either: the version keeps a worldline before 0.7.8, which reads
-    # an entry of codec "zstd" as raw bytes (and fails it as corrupt), from a bucket
-    # this store indexes.
+    # Nothing to change either: the version keeps a worldline older than this step,
+    # which reads an entry of codec "zstd" as raw bytes (and fails it as corrupt), from
+    # a bucket this store indexes.
     Migration(10, "0.7.8: a bucket's entries may be zstd frames (codec 'zstd')",
               lambda db: None),
-    # Nor here: the version keeps a worldline before 0.7.12, which fails a pack row of
-    # kind COPIES as an unknown encoding, from a data root whose pack may hold them.
+    # Nor here: the version keeps a worldline older than this step, which fails a pack
+    # row of kind COPIES as an unknown encoding, from a data root whose pack may hold
+    # them.
     Migration(11, "0.7.12: the pack may hold copy deltas (rows of kind COPIES)",
               lambda db: None),
-    # Nor here: the version keeps a worldline before 0.7.14, which fails a bucket's entry
-    # of codec "delta" as an unknown codec, from a bucket this store indexes.
+    # Nor here: the version keeps a worldline older than this step, which fails a
+    # bucket's entry of codec "delta" as an unknown codec, from a bucket this store
+    # indexes.
     Migration(12, "0.7.14: a bucket's entries may be deltas within their object"
               " (codec 'delta')", lambda db: None),
     Migration(13, "0.7.15: a checkpoint's new blobs may be staged in the metadata store"
@@ -112,7 +114,7 @@ MIGRATIONS = (
 
 
 def _binary_digests(db) -> None:
-    """Rewrite the digests a data root made before 0.7 holds as hex text."""
+    """Rewrite the digests an older data root holds as hex text (migration 7)."""
     for table, key, columns in (
             ("checkpoints", "id", ("tree", "state_digest", "tasks_digest", "container")),
             ("audit", "seq", ("prev_hash", "hash"))):
@@ -123,8 +125,9 @@ def _binary_digests(db) -> None:
 
 
 def _checkpoints_by_id(db) -> None:
-    """Rebuild a checkpoints table made before 0.7.4 as SCHEMA's (keyed by id), every row
-    copied as it is, in the migration's transaction."""
+    """Rebuild an older checkpoints table (keyed by rowid, with a second index of ids)
+    as SCHEMA's (keyed by id), every row copied as it is, in the migration's
+    transaction (migration 8)."""
     made = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"
                       " AND name = 'checkpoints'").fetchone()[0]
     if "WITHOUT ROWID" in made.upper():
@@ -147,7 +150,7 @@ _WRITING = threading.local()
 # The commits whose fsync each thread takes later, if it asked to (``flushes_deferred``).
 _DEFERRED = threading.local()
 # A new file gives freed pages back to the file system when asked (the pack's
-# ``incremental_vacuum``: a data root made from 0.7.7 on keeps its pack in this file).
+# ``incremental_vacuum``: a data root may keep its pack in this file, migration 9).
 FIRST = "PRAGMA auto_vacuum=INCREMENTAL;"
 # Files an fsync failed for, with their connections, never closed (SqliteDatabase.close)
 _LEFT_OPEN: list[tuple[str, list[sqlite3.Connection]]] = []
@@ -164,10 +167,10 @@ def to_incremental_vacuum(db: sqlite3.Connection, path: str | None) -> None:
     copies the file into a temporary one and writes that back through the file's log,
     so it takes about twice the file's size. With less free than that and the reserve's
     size more, the file is left as it is until an open with room (logged): a start must
-    not fill the disk, which stops every session's checkpoints (before 0.7.34 the
-    ``VACUUM`` ran on until the disk was full, at each start, and its log kept the
-    space). One that fails anyway (another writer took the room meanwhile) gives its
-    log's space back at once. What a start opens never stops it."""
+    not fill the disk, which stops every session's checkpoints (a ``VACUUM`` run
+    regardless would fill the disk at each start, and its log keep the space). One
+    that fails anyway (another writer took the room meanwhile) gives its log's space
+    back at once. What a start opens never stops it."""
     if path is not None:
         need = 2 * os.path.getsize(path) + reserve.SIZE
         free = reserve.free_bytes(os.path.dirname(os.path.abspath(path)))

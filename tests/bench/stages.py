@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from worldline.client import Client
+from worldline.daemon.capture import tree_scan
 from worldline.daemon.capture.layers import Layer
 from worldline.daemon.capture.snapshot import WorkspaceSnapshotter
 from worldline.daemon.capture.tracker import WorkspaceTracker
@@ -57,7 +58,7 @@ STAGES: list[tuple[object, str, str]] = [
     (Checkpoints, "_capture", "capture (all layers, state, tasks)"),
     (WorkspaceTracker, "prepare", "  tracker barrier and changes"),
     (WorkspaceSnapshotter, "capture", "  workspace capture"),
-    (WorkspaceSnapshotter, "_update_dir", "    folders updated"),
+    (tree_scan, "update_dir", "    folders updated"),
     (WorkspaceSnapshotter, "_read_file", "    files read and put"),
     (LocalBlobStore, "put_bytes", "    puts (files and trees)"),
     (Checkpoints, "_commit", "commit"),
