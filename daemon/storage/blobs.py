@@ -21,7 +21,13 @@ from worldline.wire.errors import (
 from ..observe import BLOB_REUSED, BLOB_WRITTEN
 from . import blob_files
 from .blob_files import DIGEST_RE
-from .blob_store import DestinationFull, check_digest, store_address, store_hasher
+from .blob_store import (
+    DestinationFull,
+    check_digest,
+    digest_of,  # noqa: F401 - importable here
+    store_address,
+    store_hasher,
+)
 from .crypto import OVERHEAD, DataKey
 from .memory_blobs import MemoryBlobStore  # noqa: F401 - importable here
 from .packs import MAX_BLOB, RAW, WHOLE, Pack, Row
