@@ -249,12 +249,12 @@ def case(bench):
                 if i == 0 and sha256(big) != want:
                     wrong.append("worldline")
                 session.restore(after_insert)
-                target = run / f"bigfile-restic-restore-{i}"
+                into = run / f"bigfile-restic-restore-{i}"
                 os.sync()
-                restic_restore.append(restic.restore(snapshot_before, target))
-                if i == 0 and sha256(target / big.relative_to("/")) != want:
+                restic_restore.append(restic.restore(snapshot_before, into))
+                if i == 0 and sha256(into / big.relative_to("/")) != want:
                     wrong.append("restic")
-                shutil.rmtree(target)
+                shutil.rmtree(into)
 
             rows = sqlite_rows(db)
             sql_rounds = [measured(session_sql, ws_sql, lambda: update_rows(
