@@ -21,6 +21,13 @@ from .fidelity import AGENT_UID, in_child_as
 from .test_gateway_limits import _ask, _connected, _gateway, place  # noqa: F401 -- a fixture
 
 
+def _ctrl_c_default() -> None:
+    """Ctrl-C as a terminal gives it: a suite started in the background of a shell
+    without job control inherits SIGINT ignored, and a Python started so never raises
+    KeyboardInterrupt (the follow's usual end would then never come)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Follow:
     """A following command's stdout, line by line, as it comes (a thread reads it)."""
 
@@ -28,7 +35,8 @@ class Follow:
                  env: dict | None = None) -> None:
         self.proc = subprocess.Popen((prefix or []) + WORLDLINE + args, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=os.path.dirname(os.path.dirname(__file__)))
+                                     cwd=os.path.dirname(os.path.dirname(__file__)),
+                                     preexec_fn=_ctrl_c_default)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
