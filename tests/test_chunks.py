@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,27 @@ def test_a_big_file_costs_what_changed_and_restores_from_the_file_on_disk(
             >= len(data) - 4 * AVG
 
 
+@contextmanager
+def _held_at_chunk_source(pauses, restore):
+    """``restore()`` run in a thread and held once the file on disk is open as the
+    source of its chunks (the pause point ``restore.chunk_source``): the block acts as
+    the agent there; on leaving it the restore goes on. Yields the list the restore's
+    answer is put in."""
+    (pauses / "restore.chunk_source.hold").touch()
+    out: list = []
+    done = threading.Thread(target=lambda: out.append(restore()))
+    done.start()
+    deadline = time.monotonic() + 20
+    while not (pauses / "restore.chunk_source.reached").exists():
+        assert time.monotonic() < deadline and done.is_alive()
+        time.sleep(0.005)
+    try:
+        yield out
+    finally:
+        (pauses / "restore.chunk_source.go").touch()
+        done.join(30)
+
+
 def test_a_range_changed_under_the_restore_is_written_from_the_store(tmp_path):
     """A restore copies from the file on disk only the chunks it reads back equal to
     their digests: the agent writing into the file (same inode, its time put back, so
@@ -164,21 +186,12 @@ def test_a_range_changed_under_the_restore_is_written_from_the_store(tmp_path):
             first = s.checkpoint()
             big.write_bytes(data[:400_000] + b"x" + data[400_001:])
             s.checkpoint()
-            (pauses / "restore.chunk_source.hold").touch()
-            out: list = []
-            done = threading.Thread(target=lambda: out.append(s.restore(first.id)))
-            done.start()
-            deadline = time.monotonic() + 20
-            while not (pauses / "restore.chunk_source.reached").exists():
-                assert time.monotonic() < deadline and done.is_alive()
-                time.sleep(0.005)
-            st = big.stat()
-            with open(big, "r+b") as f:  # the agent scribbles where the plan trusts it,
-                f.seek(800_000)
-                f.write(b"\1" * 100)
-            os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))  # and covers its tracks
-            (pauses / "restore.chunk_source.go").touch()
-            done.join(30)
+            with _held_at_chunk_source(pauses, lambda: s.restore(first.id)) as out:
+                st = big.stat()
+                with open(big, "r+b") as f:  # the agent scribbles where the plan trusts it,
+                    f.seek(800_000)
+                    f.write(b"\1" * 100)
+                os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))  # and covers its tracks
         assert out and not out[0].warnings, out
         assert big.read_bytes() == data
     finally:
@@ -399,31 +412,22 @@ def test_a_restore_held_with_the_file_on_disk_open_as_its_source(tmp_path, swap)
             first = s.checkpoint()
             big.write_bytes(data[:300_000] + b"x" + data[300_001:])
             s.checkpoint()
-            (pauses / "restore.chunk_source.hold").touch()
-            out: list = []
-            done = threading.Thread(target=lambda: out.append(s.restore(first.id)))
-            done.start()
-            deadline = time.monotonic() + 20
-            while not (pauses / "restore.chunk_source.reached").exists():
-                assert time.monotonic() < deadline and done.is_alive()
-                time.sleep(0.005)
-            st = big.stat()
-            if swap == "truncate":
-                os.truncate(big, 200_000)
-            elif swap == "grow":
-                with open(big, "ab") as f:
-                    f.write(b"more" * 1000)
-            if swap in ("truncate", "grow"):  # its time put back: the name still passes
-                os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
-            else:
-                big.unlink()
-                if swap == "symlink":
-                    big.symlink_to(secret)
+            with _held_at_chunk_source(pauses, lambda: s.restore(first.id)) as out:
+                st = big.stat()
+                if swap == "truncate":
+                    os.truncate(big, 200_000)
+                elif swap == "grow":
+                    with open(big, "ab") as f:
+                        f.write(b"more" * 1000)
+                if swap in ("truncate", "grow"):  # its time put back: the name still passes
+                    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
                 else:
-                    os.link(secret, ws / "second")
-                    os.rename(ws / "second", big)
-            (pauses / "restore.chunk_source.go").touch()
-            done.join(30)
+                    big.unlink()
+                    if swap == "symlink":
+                        big.symlink_to(secret)
+                    else:
+                        os.link(secret, ws / "second")
+                        os.rename(ws / "second", big)
         assert out, "the restore did not answer"
         if swap in ("truncate", "grow"):  # the same file, changed in place: written over
             assert big.read_bytes() == data and not out[0].warnings
