@@ -144,6 +144,27 @@ def test_a_big_file_costs_what_changed_and_restores_from_the_file_on_disk(
             >= len(data) - 4 * AVG
 
 
+def _held_daemon(tmp_path):
+    """A daemon chunking small files that holds its restores at ``restore.chunk_source``
+    when asked (``_held_at_chunk_source``); and its pause folder."""
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    d = DaemonProcess(tmp_path / "root", env={
+        **SMALL, "WORLDLINE_FAULTS": "restore.chunk_source~",
+        "WORLDLINE_PAUSE_DIR": str(pauses), "WORLDLINE_PAUSE_TIMEOUT": "20"}).start()
+    return d, pauses
+
+
+def _a_byte_changed_since(c, ws, big, data: bytes, at: int):
+    """A session over ``ws`` checkpointed with ``big`` holding ``data``, then again with
+    the byte at ``at`` changed: the session and its first checkpoint."""
+    s = c.create_session(str(ws))
+    first = s.checkpoint()
+    big.write_bytes(data[:at] + b"x" + data[at + 1:])
+    s.checkpoint()
+    return s, first
+
+
 @contextmanager
 def _held_at_chunk_source(pauses, restore):
     """``restore()`` run in a thread and held once the file on disk is open as the
@@ -170,11 +191,7 @@ def test_a_range_changed_under_the_restore_is_written_from_the_store(tmp_path):
     their digests: the agent writing into the file (same inode, its time put back, so
     nothing else tells) after the restore checked it and before it copies still gets
     the checkpoint's bytes."""
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
-    d = DaemonProcess(tmp_path / "root", env={
-        **SMALL, "WORLDLINE_FAULTS": "restore.chunk_source~",
-        "WORLDLINE_PAUSE_DIR": str(pauses), "WORLDLINE_PAUSE_TIMEOUT": "20"}).start()
+    d, pauses = _held_daemon(tmp_path)
     ws = tmp_path / "ws"
     ws.mkdir()
     data = random.Random(2).randbytes(1 << 20)
@@ -182,10 +199,7 @@ def test_a_range_changed_under_the_restore_is_written_from_the_store(tmp_path):
     big.write_bytes(data)
     try:
         with d.client() as c:
-            s = c.create_session(str(ws))
-            first = s.checkpoint()
-            big.write_bytes(data[:400_000] + b"x" + data[400_001:])
-            s.checkpoint()
+            s, first = _a_byte_changed_since(c, ws, big, data, 400_000)
             with _held_at_chunk_source(pauses, lambda: s.restore(first.id)) as out:
                 st = big.stat()
                 with open(big, "r+b") as f:  # the agent scribbles where the plan trusts it,
@@ -391,11 +405,7 @@ def test_a_restore_held_with_the_file_on_disk_open_as_its_source(tmp_path, swap)
     root-owned 0600 file (a second name of root's) at its name. What is restored is
     the checkpoint's bytes or nothing (the name left to what is there now, said in a
     warning): never the secret's bytes, and the secret as it was."""
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
-    d = DaemonProcess(tmp_path / "root", env={
-        **SMALL, "WORLDLINE_FAULTS": "restore.chunk_source~",
-        "WORLDLINE_PAUSE_DIR": str(pauses), "WORLDLINE_PAUSE_TIMEOUT": "20"}).start()
+    d, pauses = _held_daemon(tmp_path)
     ws, keep = tmp_path / "ws", tmp_path / "keep"
     ws.mkdir()
     keep.mkdir(mode=0o700)
@@ -408,10 +418,7 @@ def test_a_restore_held_with_the_file_on_disk_open_as_its_source(tmp_path, swap)
     big.write_bytes(data)
     try:
         with d.client() as c:
-            s = c.create_session(str(ws))
-            first = s.checkpoint()
-            big.write_bytes(data[:300_000] + b"x" + data[300_001:])
-            s.checkpoint()
+            s, first = _a_byte_changed_since(c, ws, big, data, 300_000)
             with _held_at_chunk_source(pauses, lambda: s.restore(first.id)) as out:
                 st = big.stat()
                 if swap == "truncate":
